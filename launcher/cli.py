@@ -1,0 +1,96 @@
+"""Entry points only: parse the command line, compose, resolve, and hand off.
+
+    launcher show  [overrides]            resolved config, layout, DeepSpeed JSON
+    launcher plan  [overrides] [--json]   the layout table (or one JSON object)
+
+Bad input exits with status 2 and a message naming the key, the value, the
+rule and a fix; the Python traceback only with --debug (or LAUNCHER_DEBUG=1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Optional, Sequence
+
+from launcher.config.errors import ConfigError
+
+EXIT_CONFIG_ERROR = 2
+
+
+def _console(stderr: bool = False):
+    from rich.console import Console
+
+    return Console(stderr=stderr, highlight=False, soft_wrap=True)
+
+
+def _resolve(overrides: Sequence[str]):
+    from launcher.config.compose import compose
+    from launcher.config.layout import resolve_layout
+
+    cfg = compose(overrides)
+    return cfg, resolve_layout(cfg)
+
+
+def cmd_show(args) -> int:
+    from launcher.config.compose import to_yaml
+    from launcher.deepspeed_config import build_deepspeed_config
+    from launcher.plan.report import plan_summary, render_plan
+
+    cfg, layout = _resolve(args.overrides)
+    con = _console()
+    con.rule("resolved config")
+    con.print(to_yaml(cfg), markup=False)
+    con.rule("layout")
+    render_plan(plan_summary(cfg, layout), con)
+    con.rule("DeepSpeed config")
+    con.print(json.dumps(build_deepspeed_config(cfg, layout), indent=2), markup=False)
+    return 0
+
+
+def cmd_plan(args) -> int:
+    from launcher.plan.report import plan_summary, render_plan
+
+    cfg, layout = _resolve(args.overrides)
+    summary = plan_summary(cfg, layout)
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        render_plan(summary, _console())
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="launcher", description="Validated LLM pretraining layouts on DeepSpeed + SLURM.")
+    parser.add_argument("--debug", action="store_true", help="show Python tracebacks for errors")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def add(name: str, func, help_text: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.add_argument("overrides", nargs="*", help="Hydra overrides: recipe=NAME, model=NAME, key=value ...")
+        p.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+        p.set_defaults(func=func)
+        return p
+
+    add("show", cmd_show, "print the resolved config, the derived layout and the DeepSpeed JSON")
+    plan = add("plan", cmd_plan, "print the layout: world, TP/PP/DP, batch arithmetic, parameters, bubble")
+    plan.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    debug = args.debug or os.environ.get("LAUNCHER_DEBUG") == "1"
+    try:
+        return args.func(args)
+    except ConfigError as err:
+        if debug:
+            raise
+        _console(stderr=True).print(f"[bold red]config error:[/bold red] {err}", markup=True, highlight=False)
+        return EXIT_CONFIG_ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,133 @@
+"""Compose conf/ + recipes/ + command-line overrides into one read-only config.
+
+Hydra does the composition (config groups, `recipe=NAME`, `key=value`
+overrides); this module turns Hydra's and OmegaConf's exceptions into a
+`ConfigError` that names the full key and suggests the closest valid key or
+option, and checks that nothing required was left unset.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from dataclasses import fields, is_dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+from omegaconf import DictConfig, OmegaConf
+
+from launcher.config.errors import ConfigError, join_or
+from launcher.config.schema import Config, register_configs
+
+# conf/ and recipes/ live beside the package in the checkout (editable install).
+REPO_ROOT = Path(__file__).resolve().parents[2]
+HYDRA_VERSION_BASE = "1.3"
+
+
+def conf_dir() -> Path:
+    """The Hydra config directory; LAUNCHER_CONF_DIR points elsewhere (e.g. a site copy)."""
+    return Path(os.environ.get("LAUNCHER_CONF_DIR", REPO_ROOT / "conf")).resolve()
+
+
+def schema_keys(path: str) -> list[str]:
+    """Field names of the schema node at dotted `path` ('' = root)."""
+    node = Config
+    for part in filter(None, path.split(".")):
+        match = [f for f in fields(node) if f.name == part]
+        if not match:
+            return []
+        node = match[0].default_factory() if match[0].default_factory is not None else None  # type: ignore[misc]
+        if not is_dataclass(node):
+            return []
+        node = type(node)
+    return [f.name for f in fields(node)]
+
+
+def group_options(group: str) -> list[str]:
+    folder = conf_dir() / group
+    return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
+
+
+def _suggest(word: str, choices: Sequence[str]) -> str:
+    close = difflib.get_close_matches(word, choices, n=2, cutoff=0.5)
+    return f"did you mean {join_or(close)}?" if close else f"valid: {', '.join(choices)}"
+
+
+def _translate(exc: BaseException) -> ConfigError:
+    """Turn a Hydra/OmegaConf composition error into a ConfigError (key, value, rule, fix)."""
+    from hydra.errors import MissingConfigException, OverrideParseException
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
+
+    cause = exc
+    while cause.__cause__ is not None and not isinstance(cause, (ConfigKeyError, ConfigAttributeError, ValidationError)):
+        cause = cause.__cause__
+    text = str(cause)
+
+    if isinstance(cause, (ConfigKeyError, ConfigAttributeError)):
+        full_key = getattr(cause, "full_key", None) or ""
+        if not full_key:
+            m = re.search(r"full_key: (\S+)", text) or re.search(r"Key '([^']+)'", text)
+            full_key = m.group(1) if m else "?"
+        parent, _, leaf = full_key.rpartition(".")
+        keys = schema_keys(parent)
+        where = f"'{parent}'" if parent else "the top level"
+        return ConfigError(full_key, leaf, f"is not a config key of {where}", _suggest(leaf, keys) if keys else "remove it")
+    if isinstance(cause, ValidationError):
+        full_key = getattr(cause, "full_key", None) or "?"
+        value = getattr(cause, "value", None)
+        first = text.splitlines()[0]
+        return ConfigError(full_key, value, f"has the wrong type ({first})",
+                           f"give {full_key} a value of the type its schema field declares (see launcher/config/schema.py)")
+    if isinstance(exc, MissingConfigException):
+        group, _, name = (getattr(exc, "missing_cfg_file", None) or "?/?").rpartition("/")
+        options = list(getattr(exc, "options", None) or group_options(group))
+        where = "recipes/" if group == "recipe" else f"conf/{group}/"
+        return ConfigError(group, name, f"there is no {where}{name}.yaml", _suggest(name, options) if options else "check the name")
+    if isinstance(exc, OverrideParseException):
+        return ConfigError("(command line)", text.splitlines()[0], "is not a valid override", "write overrides as key=value, e.g. batch.micro_batch_size=2")
+    return ConfigError("(config)", type(exc).__name__, text.splitlines()[0] if text else "composition failed", "check the overrides and the YAML files named above")
+
+
+def _check_required(cfg: DictConfig) -> None:
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if missing:
+        raise ConfigError(missing[0], "???", f"is required and has no value (also unset: {', '.join(missing[1:]) or 'nothing else'})",
+                          "select a model/recipe that sets it (e.g. model=llama-7b or recipe=tiny) or pass it on the command line")
+
+
+def compose(overrides: Sequence[str] = (), config_name: str = "config") -> DictConfig:
+    """Compose the config for `overrides` (Hydra syntax). Raises ConfigError on any bad input."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    register_configs()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base=HYDRA_VERSION_BASE):
+            cfg = hydra_compose(config_name=config_name, overrides=list(overrides))
+    except ConfigError:
+        raise
+    except Exception as exc:  # Hydra wraps everything in its own exception types
+        raise _translate(exc) from exc
+    _check_required(cfg)
+    OmegaConf.set_readonly(cfg, True)
+    return cfg
+
+
+def load_frozen(path: str | Path) -> DictConfig:
+    """Read a config frozen into a run or job directory, typed against the schema again."""
+    register_configs()
+    merged = OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.load(path))
+    OmegaConf.set_readonly(merged, True)
+    return merged  # type: ignore[return-value]
+
+
+def to_yaml(cfg: DictConfig) -> str:
+    return OmegaConf.to_yaml(cfg, resolve=True)
+
+
+def selected_name(cfg: DictConfig) -> Optional[str]:
+    """The recipe's name, else the model's: used for run and job names."""
+    return cfg.recipe_name or cfg.model.name

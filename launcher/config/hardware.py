@@ -1,0 +1,48 @@
+"""Catalog of accelerator types: peak throughput, memory and links, each with its source.
+
+`cluster.gpu` names an entry here. An unknown name is accepted only when the
+user gives `cluster.peak_tflops` (and, for step-time estimates, the
+bandwidths): we never guess a peak.
+
+Bandwidths are per GPU and per direction, in GB/s (1e9 bytes/s).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    name: str
+    peak_tflops: dict  # dtype -> dense TFLOP/s (no 2:4 sparsity)
+    memory_gb: float
+    intra_node_gbps: float  # NVLink, per GPU, one direction
+    inter_node_gbps: float  # network, per GPU, one direction
+    source: str
+
+
+# A100 SXM: NVIDIA A100 Tensor Core GPU datasheet (2021): bf16/fp16 312, tf32 156, fp32 19.5 TFLOP/s dense;
+# NVLink 3 600 GB/s total = 300 GB/s per direction; DGX A100 has 8x 200 Gb/s HDR InfiniBand = 25 GB/s per GPU.
+_A100 = dict(peak_tflops={"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5},
+             intra_node_gbps=300.0, inter_node_gbps=25.0)
+# H100 SXM5: NVIDIA H100 datasheet: bf16/fp16 989.4, tf32 494.7, fp32 66.9 TFLOP/s dense (the sheet's
+# 1979 is with sparsity); NVLink 4 900 GB/s total = 450 per direction; DGX H100 8x 400 Gb/s NDR = 50 GB/s per GPU.
+_H100 = dict(peak_tflops={"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9},
+             intra_node_gbps=450.0, inter_node_gbps=50.0)
+
+CATALOG: dict[str, GpuSpec] = {
+    "a100-40gb": GpuSpec("a100-40gb", memory_gb=40.0, source="NVIDIA A100 datasheet (SXM4 40GB)", **_A100),
+    "a100-80gb": GpuSpec("a100-80gb", memory_gb=80.0, source="NVIDIA A100 datasheet (SXM4 80GB)", **_A100),
+    "h100-80gb": GpuSpec("h100-80gb", memory_gb=80.0, source="NVIDIA H100 datasheet (SXM5 80GB)", **_H100),
+    # H200 SXM: same Hopper compute as H100 SXM, 141 GB HBM3e (NVIDIA H200 datasheet).
+    "h200": GpuSpec("h200", memory_gb=141.0, source="NVIDIA H200 datasheet (SXM 141GB)", **_H100),
+}
+
+CPU = "cpu"
+
+
+def lookup(name: str) -> Optional[GpuSpec]:
+    """The catalog entry for `name` (case-insensitive), or None for cpu / unknown."""
+    return CATALOG.get(name.lower())

@@ -1,0 +1,310 @@
+"""Layout resolution: the one place where the parallel and batch arithmetic is done.
+
+    world_size        = cluster.nodes x cluster.gpus_per_node
+    model_parallel    = tensor_degree x pipeline_degree x sequence_degree
+    data_degree       = world_size / model_parallel
+    grad_accum_steps  = global_batch_size / (micro_batch_size x data_degree)
+    tokens_per_step   = global_batch_size x seq_length
+    pipeline micro-batches m = grad_accum_steps (DeepSpeed's pipeline engine runs
+                        one micro-batch per accumulation step)
+    bubble_fraction   = (pipeline_degree - 1) / m   (GPipe / 1F1B idle share of
+                        ideal compute; Narayanan et al. 2021, "Efficient Large-Scale
+                        Language Model Training on GPU Clusters", section 2.2.1)
+
+Sequence parallelism (DeepSpeed Ulysses) splits each sample's sequence across
+`sequence_degree` ranks that all see the same samples, so it takes ranks away
+from data parallelism exactly like tensor parallelism does.
+
+`resolve_layout` checks every rule before anything starts and raises
+`ConfigError` naming the key, the value, the rule with the user's arithmetic and
+the nearest valid values. It never writes back into the config.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from launcher.config import hardware
+from launcher.config.errors import ConfigError, join_or, nearest_divisors, nearest_multiples
+
+ARCHS = ("llama", "bloom", "gpt")
+DTYPES = ("fp32", "bf16", "fp16")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Every derived number of a run, computed once by `resolve_layout`."""
+
+    world_size: int
+    nodes: int
+    gpus_per_node: int
+    tensor_degree: int
+    pipeline_degree: int
+    sequence_degree: int
+    data_degree: int
+    zero_stage: int
+    micro_batch_size: int
+    global_batch_size: int
+    grad_accum_steps: int
+    seq_length: int
+    tokens_per_step: int
+    pipeline_micro_batches: int
+    bubble_fraction: float
+    vocab_size: int
+    padded_vocab_size: int
+    device: str  # "cuda" or "cpu"
+    dtype: str
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def model_parallel_size(self) -> int:
+        return self.tensor_degree * self.pipeline_degree * self.sequence_degree
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _positive(key: str, value, fix: str = "use a whole number >= 1") -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(key, value, "must be a whole number >= 1", fix)
+    return value
+
+
+def _check_names(cfg) -> None:
+    arch = cfg.model.arch
+    if arch not in ARCHS:
+        raise ConfigError("model.arch", arch, f"must be one of {', '.join(ARCHS)}", "set model.arch=llama (or bloom, gpt)")
+    dtype = cfg.precision.dtype
+    if dtype not in DTYPES:
+        raise ConfigError("precision.dtype", dtype, f"must be one of {', '.join(DTYPES)}", "select precision=bf16, precision=fp16 or precision=fp32")
+    stage = cfg.parallel.zero_stage
+    if stage not in (0, 1, 2, 3):
+        raise ConfigError("parallel.zero_stage", stage, "DeepSpeed ZeRO has stages 0, 1, 2 and 3", "set parallel.zero_stage to 0, 1, 2 or 3")
+
+
+def _check_model_shape(cfg) -> None:
+    m = cfg.model
+    for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size", "max_position_embeddings"):
+        _positive(f"model.{key}", getattr(m, key))
+    heads = m.num_attention_heads
+    if m.hidden_size % heads:
+        lo_hi = nearest_multiples(m.hidden_size, heads)
+        raise ConfigError(
+            "model.hidden_size", m.hidden_size,
+            f"must be divisible by model.num_attention_heads: {m.hidden_size} % {heads} = {m.hidden_size % heads}",
+            f"set model.hidden_size to {join_or(lo_hi)}, or num_attention_heads to one of {join_or(nearest_divisors(m.hidden_size, heads, 3))}")
+    kv = m.num_key_value_heads
+    if kv is not None:
+        _positive("model.num_key_value_heads", kv, "use a divisor of num_attention_heads, or null for multi-head attention")
+        if heads % kv:
+            raise ConfigError(
+                "model.num_key_value_heads", kv,
+                f"grouped-query attention needs num_attention_heads divisible by num_key_value_heads: {heads} % {kv} = {heads % kv}",
+                f"set model.num_key_value_heads to one of {join_or(nearest_divisors(heads, kv, 3))}")
+        if m.arch != "llama" and kv != heads:
+            raise ConfigError("model.num_key_value_heads", kv, f"model.arch={m.arch} has no grouped-query attention",
+                              f"set model.num_key_value_heads=null (or {heads}), or use model.arch=llama")
+    if m.intermediate_size is not None:
+        _positive("model.intermediate_size", m.intermediate_size)
+        if m.arch != "llama" and m.intermediate_size != 4 * m.hidden_size:
+            raise ConfigError("model.intermediate_size", m.intermediate_size,
+                              f"model.arch={m.arch} always uses 4 x hidden_size = {4 * m.hidden_size}",
+                              "set model.intermediate_size=null, or use model.arch=llama")
+
+
+def _check_cluster(cfg) -> str:
+    c = cfg.cluster
+    _positive("cluster.nodes", c.nodes)
+    _positive("cluster.gpus_per_node", c.gpus_per_node)
+    if c.gpu.lower() == hardware.CPU:
+        return "cpu"
+    if hardware.lookup(c.gpu) is None and c.peak_tflops is None:
+        raise ConfigError(
+            "cluster.gpu", c.gpu,
+            f"is not in the GPU catalog ({', '.join(sorted(hardware.CATALOG))}) and no peak throughput was given, so MFU and step time cannot be computed",
+            "use a catalog name, or give cluster.peak_tflops=<dense TFLOP/s in the training dtype> "
+            "with cluster.memory_gb, cluster.intra_node_gbps and cluster.inter_node_gbps")
+    return "cuda"
+
+
+def _data_degree(cfg, world: int, tp: int, pp: int, sp: int) -> int:
+    mp = tp * pp * sp
+    if world % mp:
+        c = cfg.cluster
+        valid_tp = [d for d in nearest_divisors(world // math.gcd(world, pp * sp) if world % (pp * sp) == 0 else world, tp, 4)
+                    if cfg.model.num_attention_heads % d == 0][:2]
+        node_fix = [n for n in range(max(1, c.nodes - 8), c.nodes + 9) if (n * c.gpus_per_node) % mp == 0]
+        nodes_hint = f"cluster.nodes to {join_or(sorted(node_fix, key=lambda n: abs(n - c.nodes))[:2])}" if node_fix else "the cluster size"
+        tp_hint = f"parallel.tensor_degree to {join_or(valid_tp)}, or " if valid_tp else ""
+        raise ConfigError(
+            "parallel.tensor_degree", tp,
+            f"world size cluster.nodes x cluster.gpus_per_node = {c.nodes} x {c.gpus_per_node} = {world} is not divisible by "
+            f"tensor_degree x pipeline_degree x sequence_degree = {tp} x {pp} x {sp} = {mp}",
+            f"set {tp_hint}{nodes_hint}")
+    dp = world // mp
+    explicit = cfg.parallel.data_degree
+    if explicit is not None and explicit != dp:
+        raise ConfigError(
+            "parallel.data_degree", explicit,
+            f"disagrees with the derived world / (tensor x pipeline x sequence) = {world} / ({tp} x {pp} x {sp}) = {dp}",
+            f"set parallel.data_degree=null (derived) or {dp}, or change the cluster size to "
+            f"{explicit * mp} GPUs ({explicit} x {mp})")
+    return dp
+
+
+def _check_batch(cfg, dp: int) -> int:
+    b = cfg.batch
+    micro = _positive("batch.micro_batch_size", b.micro_batch_size)
+    gbs = _positive("batch.global_batch_size", b.global_batch_size)
+    per_step = micro * dp
+    if gbs % per_step:
+        micros = [m for m in range(1, min(gbs, 64) + 1) if gbs % (m * dp) == 0][-3:]
+        micro_hint = f"; or set batch.micro_batch_size to {join_or(micros)}" if micros else ""
+        raise ConfigError(
+            "batch.global_batch_size", gbs,
+            f"is not divisible by micro_batch_size x data_degree = {micro} x {dp} = {per_step}, "
+            f"so the gradient accumulation steps would not be whole",
+            f"nearest valid global_batch_size: {join_or(nearest_multiples(gbs, per_step))}{micro_hint}")
+    return gbs // per_step
+
+
+def _check_tensor_parallel(cfg, tp: int, warnings: list[str]) -> int:
+    m = cfg.model
+    heads = m.num_attention_heads
+    kv = m.num_key_value_heads or heads
+    if heads % tp:
+        raise ConfigError(
+            "parallel.tensor_degree", tp,
+            f"each tensor-parallel rank holds whole attention heads: model.num_attention_heads % tensor_degree = {heads} % {tp} = {heads % tp}",
+            f"set parallel.tensor_degree to one of {join_or(nearest_divisors(heads, tp, 3))}")
+    if kv % tp:
+        raise ConfigError(
+            "parallel.tensor_degree", tp,
+            f"each tensor-parallel rank holds whole key/value heads: model.num_key_value_heads % tensor_degree = {kv} % {tp} = {kv % tp}",
+            f"set parallel.tensor_degree to one of {join_or(nearest_divisors(kv, tp, 3))}")
+    inter = m.intermediate_size or 4 * m.hidden_size
+    if inter % tp:
+        raise ConfigError(
+            "parallel.tensor_degree", tp,
+            f"the MLP is split column-wise: intermediate_size % tensor_degree = {inter} % {tp} = {inter % tp}",
+            f"set parallel.tensor_degree to one of {join_or(nearest_divisors(inter, tp, 3))}")
+    if tp > cfg.cluster.gpus_per_node:
+        warnings.append(
+            f"parallel.tensor_degree={tp} > cluster.gpus_per_node={cfg.cluster.gpus_per_node}: tensor-parallel all-reduces "
+            f"will cross the inter-node network (TP belongs inside a node)")
+    # Megatron pads the embedding so every TP rank gets an equal slice (Shoeybi et al. 2019, section 3;
+    # BLOOM padded 250,680 tokens to 250,880).
+    vocab = m.vocab_size
+    padded = -(-vocab // tp) * tp
+    if padded != vocab:
+        warnings.append(f"model.vocab_size={vocab} is not divisible by tensor_degree={tp}: padded to {padded} rows")
+    return padded
+
+
+def _check_pipeline(cfg, pp: int, zero: int, accum: int, warnings: list[str]) -> None:
+    layers = cfg.model.num_hidden_layers
+    if pp > layers:
+        raise ConfigError(
+            "parallel.pipeline_degree", pp,
+            f"each pipeline stage needs at least one block: pipeline_degree > model.num_hidden_layers ({pp} > {layers})",
+            f"set parallel.pipeline_degree to at most {layers} (divisors of {layers}: {join_or(nearest_divisors(layers, pp, 3))})")
+    if pp > 1 and layers % pp:
+        warnings.append(f"model.num_hidden_layers={layers} is not divisible by pipeline_degree={pp}: stages get "
+                        f"{layers // pp} or {layers // pp + 1} blocks")
+    if pp > 1 and zero > 1:
+        raise ConfigError(
+            "parallel.zero_stage", zero,
+            f"DeepSpeed's pipeline engine supports ZeRO stage 0 or 1 only (pipeline_degree={pp} > 1); "
+            "stages 2 and 3 partition gradients/parameters in ways the pipeline schedule does not support",
+            "set parallel.zero_stage=1 (or 0), or parallel.pipeline_degree=1")
+    if pp > 1 and accum < pp:
+        warnings.append(f"only {accum} pipeline micro-batches for {pp} stages: bubble (p-1)/m = {(pp - 1) / accum:.0%}; "
+                        f"raise batch.global_batch_size or lower batch.micro_batch_size")
+
+
+def _check_sequence_parallel(cfg, sp: int, pp: int) -> None:
+    if sp == 1:
+        return
+    seq = cfg.data.seq_length
+    heads = cfg.model.num_attention_heads
+    if seq % sp:
+        raise ConfigError("parallel.sequence_degree", sp,
+                          f"Ulysses splits the sequence evenly: data.seq_length % sequence_degree = {seq} % {sp} = {seq % sp}",
+                          f"set data.seq_length to {join_or(nearest_multiples(seq, sp))}, or sequence_degree to one of {join_or(nearest_divisors(seq, sp, 3))}")
+    if heads % sp:
+        raise ConfigError("parallel.sequence_degree", sp,
+                          f"Ulysses' all-to-all hands each rank whole heads: model.num_attention_heads % sequence_degree = {heads} % {sp} = {heads % sp}",
+                          f"set parallel.sequence_degree to one of {join_or(nearest_divisors(heads, sp, 3))}")
+    if pp > 1:
+        raise ConfigError("parallel.sequence_degree", sp,
+                          f"sequence parallelism is not supported together with pipeline_degree={pp} > 1",
+                          "set parallel.sequence_degree=1, or parallel.pipeline_degree=1")
+
+
+def _check_precision(cfg, device: str, dtype: str) -> None:
+    if dtype == "fp16" and device == "cpu":
+        raise ConfigError("precision.dtype", "fp16",
+                          "fp16 training needs a GPU; DeepSpeed's CPU accelerator refuses it (cluster.gpu=cpu)",
+                          "select precision=bf16 or precision=fp32 for CPU ranks")
+
+
+def _check_offload(cfg, zero: int) -> None:
+    p = cfg.parallel
+    if p.offload_optimizer and zero == 0:
+        raise ConfigError("parallel.offload_optimizer", True, "optimizer offload is part of ZeRO and needs zero_stage >= 1",
+                          "set parallel.zero_stage=1 (or 2, 3), or parallel.offload_optimizer=false")
+    if p.offload_param and zero != 3:
+        raise ConfigError("parallel.offload_param", True, f"parameter offload needs ZeRO stage 3 (zero_stage={zero})",
+                          "set parallel.zero_stage=3, or parallel.offload_param=false")
+
+
+def resolve_layout(cfg) -> Layout:
+    """Check every layout rule and derive the numbers above. `cfg` is the composed config."""
+    _check_names(cfg)
+    _check_model_shape(cfg)
+    device = _check_cluster(cfg)
+    warnings: list[str] = []
+
+    p = cfg.parallel
+    tp = _positive("parallel.tensor_degree", p.tensor_degree)
+    pp = _positive("parallel.pipeline_degree", p.pipeline_degree)
+    sp = _positive("parallel.sequence_degree", p.sequence_degree)
+    seq = _positive("data.seq_length", cfg.data.seq_length)
+    if seq > cfg.model.max_position_embeddings:
+        raise ConfigError("data.seq_length", seq,
+                          f"is longer than model.max_position_embeddings = {cfg.model.max_position_embeddings}",
+                          f"set data.seq_length <= {cfg.model.max_position_embeddings}, or raise model.max_position_embeddings")
+    world = cfg.cluster.nodes * cfg.cluster.gpus_per_node
+
+    padded_vocab = _check_tensor_parallel(cfg, tp, warnings)
+    _check_sequence_parallel(cfg, sp, pp)
+    dp = _data_degree(cfg, world, tp, pp, sp)
+    accum = _check_batch(cfg, dp)
+    _check_pipeline(cfg, pp, p.zero_stage, accum, warnings)
+    _check_precision(cfg, device, cfg.precision.dtype)
+    _check_offload(cfg, p.zero_stage)
+
+    gbs = cfg.batch.global_batch_size
+    return Layout(
+        world_size=world,
+        nodes=cfg.cluster.nodes,
+        gpus_per_node=cfg.cluster.gpus_per_node,
+        tensor_degree=tp,
+        pipeline_degree=pp,
+        sequence_degree=sp,
+        data_degree=dp,
+        zero_stage=p.zero_stage,
+        micro_batch_size=cfg.batch.micro_batch_size,
+        global_batch_size=gbs,
+        grad_accum_steps=accum,
+        seq_length=seq,
+        tokens_per_step=gbs * seq,
+        pipeline_micro_batches=accum,
+        bubble_fraction=(pp - 1) / accum,
+        vocab_size=cfg.model.vocab_size,
+        padded_vocab_size=padded_vocab,
+        device=device,
+        dtype=cfg.precision.dtype,
+        warnings=tuple(warnings),
+    )

@@ -1,0 +1,279 @@
+"""The typed schema of every config group, registered in Hydra's ConfigStore.
+
+One dataclass per group; a docstring under every field. The schema stays
+mutable so Hydra can compose and override it; what comes out of composition is
+turned into a read-only config and a frozen `Layout` (see layout.py), and
+derived numbers are never written back here.
+
+Field names that map 1:1 to transformers or DeepSpeed keep that library's name.
+This module imports neither torch nor deepspeed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+
+@dataclass
+class ModelConfig:
+    arch: str = "llama"
+    """Architecture family: `llama` (LlamaForCausalLM), `bloom` (BloomForCausalLM) or `gpt` (GPT2LMHeadModel)."""
+    hidden_size: int = MISSING
+    """Width of the residual stream (transformers: hidden_size; GPT-2 calls it n_embd)."""
+    num_hidden_layers: int = MISSING
+    """Number of transformer blocks."""
+    num_attention_heads: int = MISSING
+    """Query heads per block."""
+    num_key_value_heads: Optional[int] = None
+    """Key/value heads (grouped-query attention); null means equal to num_attention_heads."""
+    intermediate_size: Optional[int] = None
+    """MLP inner width; null means 4 x hidden_size (bloom and gpt always use 4 x hidden_size)."""
+    vocab_size: int = MISSING
+    """Embedding rows. For data=stdlib it is also the size of the BPE tokenizer trained on the corpus."""
+    max_position_embeddings: int = 2048
+    """Longest sequence the positional scheme supports; must be >= data.seq_length."""
+    tie_word_embeddings: bool = False
+    """Share the input embedding with the output head (bloom and gpt always tie)."""
+    rms_norm_eps: float = 1e-6
+    """Epsilon of the RMSNorm (llama) or LayerNorm (bloom, gpt)."""
+    rope_theta: float = 10000.0
+    """Base of the rotary embedding (llama only)."""
+    activation_checkpointing: bool = False
+    """Recompute each block's activations in the backward pass (saves memory, costs ~33% more compute)."""
+    init_from: Optional[str] = None
+    """Path of a transformers checkpoint directory to start from instead of random init."""
+    name: str = "custom"
+    """Human-readable name of this shape (set by the conf/model files)."""
+
+
+@dataclass
+class DataConfig:
+    source: str = "stdlib"
+    """Where text comes from: `stdlib` (this interpreter's standard library sources), `hf` (datasets.load_dataset) or `tokens` (a pretokenized file)."""
+    seq_length: int = 256
+    """Tokens per training sample."""
+    paths: list[str] = field(default_factory=list)
+    """data=hf: local json/jsonl/parquet/txt files; data=stdlib: extra directories to read (empty = the stdlib)."""
+    hf_name: Optional[str] = None
+    """data=hf: a dataset name on the hub (needs a network), used when `paths` is empty."""
+    text_field: str = "text"
+    """data=hf: the column holding the text."""
+    tokens_path: Optional[str] = None
+    """data=tokens: a packed token file written by a previous run (`*.bin` with its `*.idx.json`)."""
+    tokenizer_path: Optional[str] = None
+    """A trained tokenizer.json to use instead of training a byte-level BPE on the corpus."""
+    val_fraction: float = 0.01
+    """Fraction of the packed tokens held out for evaluation (taken from the end)."""
+    cache_dir: str = "~/.cache/launcher"
+    """Where tokenizers and packed token files are cached, keyed by a content hash."""
+
+
+@dataclass
+class ParallelConfig:
+    tensor_degree: int = 1
+    """Tensor-parallel ranks per model replica (TP); keep it within one node."""
+    pipeline_degree: int = 1
+    """Pipeline stages per model replica (PP)."""
+    sequence_degree: int = 1
+    """Ulysses sequence-parallel ranks (SP); they take ranks like TP does."""
+    data_degree: Optional[int] = None
+    """Data-parallel replicas (DP). null: derived as world / (TP x PP x SP); an explicit value is checked against that."""
+    zero_stage: int = 1
+    """DeepSpeed ZeRO stage 0-3 (only 0 and 1 compose with pipeline_degree > 1)."""
+    offload_optimizer: bool = False
+    """ZeRO-Offload: keep optimizer states (and the step) on the CPU; needs zero_stage >= 1."""
+    offload_param: bool = False
+    """ZeRO-Infinity parameter offload to CPU; needs zero_stage = 3."""
+    partition_method: str = "parameters"
+    """How pipeline stages split the layers: `uniform`, `parameters` or `type:<regex>` (DeepSpeed PipelineModule)."""
+
+
+@dataclass
+class BatchConfig:
+    micro_batch_size: int = 4
+    """Sequences per rank per forward pass (DeepSpeed: train_micro_batch_size_per_gpu)."""
+    global_batch_size: int = 8
+    """Sequences per optimizer step over all data-parallel replicas; accumulation steps are derived."""
+
+
+@dataclass
+class PrecisionConfig:
+    dtype: str = "bf16"
+    """Training dtype: `fp32`, `bf16` or `fp16` (fp16 needs GPUs and uses dynamic loss scaling)."""
+    initial_scale_power: int = 16
+    """fp16: the dynamic loss scale starts at 2**initial_scale_power."""
+    loss_scale_window: int = 1000
+    """fp16: overflow-free steps before the loss scale is raised."""
+    hysteresis: int = 2
+    """fp16: overflows tolerated before the loss scale is lowered."""
+    min_loss_scale: float = 1.0
+    """fp16: the loss scale never drops below this."""
+    grad_accum_dtype: Optional[str] = None
+    """Dtype of gradient accumulation buffers (DeepSpeed data_types.grad_accum_dtype); null = DeepSpeed's default."""
+
+
+@dataclass
+class OptimizerConfig:
+    name: str = "adamw"
+    """Only `adamw` for now (decoupled weight decay, Loshchilov & Hutter 2019)."""
+    lr: float = 3e-4
+    """Peak learning rate, reached after the warmup."""
+    weight_decay: float = 0.1
+    """Decoupled weight decay."""
+    beta1: float = 0.9
+    """Adam beta1."""
+    beta2: float = 0.95
+    """Adam beta2 (0.95 as in LLaMA and GPT-3)."""
+    eps: float = 1e-8
+    """Adam epsilon."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this (0 disables); always emitted because DeepSpeed defaults it to 1.0."""
+    torch_adam: bool = True
+    """Use torch's AdamW instead of DeepSpeed's fused/CPU Adam, which JIT-compile C++ ops (1-2 min each) on first use."""
+
+
+@dataclass
+class SchedulerConfig:
+    name: str = "cosine"
+    """`cosine` (linear warmup, cosine decay to min_lr) or `constant` (warmup then flat)."""
+    warmup_steps: int = 100
+    """Optimizer steps of linear warmup from 0 to optimizer.lr."""
+    min_lr: float = 3e-5
+    """The floor the cosine decays to."""
+    decay_steps: Optional[int] = None
+    """Steps over which to decay; null = train.steps."""
+
+
+@dataclass
+class ClusterConfig:
+    name: str = "custom"
+    """Name of the cluster preset."""
+    gpu: str = "a100-80gb"
+    """Accelerator type, a key of the catalog in launcher/config/hardware.py, or `cpu` for CPU ranks."""
+    nodes: int = 1
+    """Nodes in the job."""
+    gpus_per_node: int = 8
+    """GPUs per node (for gpu=cpu: CPU ranks per node)."""
+    cpus_per_task: Optional[int] = None
+    """CPU cores per SLURM task (one task per node); null = leave it to the site."""
+    peak_tflops: Optional[float] = None
+    """Dense peak TFLOP/s per GPU in the training dtype; null = from the catalog (required for an unknown gpu)."""
+    memory_gb: Optional[float] = None
+    """GPU memory in GB; null = from the catalog."""
+    intra_node_gbps: Optional[float] = None
+    """Per-GPU intra-node bandwidth in GB/s (NVLink); null = from the catalog."""
+    inter_node_gbps: Optional[float] = None
+    """Per-GPU inter-node bandwidth in GB/s (InfiniBand/RoCE); null = from the catalog."""
+    partition: Optional[str] = None
+    """SLURM partition (sbatch --partition)."""
+    account: Optional[str] = None
+    """SLURM account (sbatch --account)."""
+    time: str = "24:00:00"
+    """SLURM time limit (sbatch --time)."""
+    signal_grace_s: int = 300
+    """Seconds before the time limit that SLURM sends SIGUSR1 so the run can checkpoint and requeue."""
+    setup: Optional[str] = None
+    """Site hook: shell lines run in the job before training (module loads, exports)."""
+    master_port: int = 29500
+    """Rendezvous port on the first node."""
+    preflight: Optional[bool] = None
+    """Run a per-node check (torch import, GPU count, all-reduce) before training; null = on for GPU clusters."""
+    extra_sbatch: list[str] = field(default_factory=list)
+    """Additional `#SBATCH` options, e.g. ['--exclusive']."""
+
+
+@dataclass
+class WandbConfig:
+    enabled: bool = False
+    """Log to Weights & Biases. The API key comes from WANDB_API_KEY and is never written to disk."""
+    project: str = "launcher"
+    """W&B project."""
+    entity: Optional[str] = None
+    """W&B entity (team); null = the key's default."""
+    mode: str = "online"
+    """`online`, `offline` or `disabled`."""
+
+
+@dataclass
+class LoggingConfig:
+    log_every: int = 1
+    """Print and record metrics every N optimizer steps."""
+    progress_bar: bool = True
+    """Rank 0 shows a rich progress bar with ETA."""
+    tensorboard: bool = False
+    """Also write TensorBoard event files into the run directory."""
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    """Weights & Biases settings."""
+
+
+@dataclass
+class CheckpointConfig:
+    save_every: int = 100
+    """Save a checkpoint every N optimizer steps (and always at the end); 0 = only at the end."""
+    keep_last: int = 3
+    """Keep the newest K checkpoints, delete older ones."""
+    export_hf: bool = False
+    """At the end of training also export a transformers directory to <run_dir>/hf."""
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 200
+    """Optimizer steps to run."""
+    tokens: Optional[int] = None
+    """Total training tokens for planning (`launcher plan` reports days); null = steps x tokens per step."""
+    seed: int = 1234
+    """Seed for weights, data order and dropout."""
+    eval_every: int = 50
+    """Evaluate on the held-out split every N steps (0 = never)."""
+    eval_batches: int = 4
+    """Micro-batches per rank per evaluation."""
+    nan_policy: str = "stop"
+    """On a non-finite loss or grad norm: `stop` (checkpoint and exit non-zero) or `skip` (drop the step)."""
+    dist_timeout_s: int = 60
+    """Collective timeout: a dead or hung rank fails the job after this many seconds."""
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The network's shape."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """Corpus, tokenizer and sequence length."""
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    """Tensor / pipeline / sequence / data degrees and ZeRO."""
+    batch: BatchConfig = field(default_factory=BatchConfig)
+    """Micro and global batch sizes."""
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    """Mixed precision."""
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    """Optimizer and gradient clipping."""
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    """Learning-rate schedule."""
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    """Nodes, GPUs and SLURM settings."""
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    """Metrics, progress, TensorBoard, W&B."""
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    """When and how many checkpoints."""
+    train: TrainConfig = field(default_factory=TrainConfig)
+    """Steps, seed, evaluation."""
+    run_name: Optional[str] = None
+    """Name of the run directory under runs_dir; null = <recipe or model>-<timestamp>. Letters, digits, '.', '_', '-' only."""
+    runs_dir: str = "runs"
+    """Parent directory of run directories."""
+    resume: str = "never"
+    """`never`, `auto` (continue the newest run of this name from its latest checkpoint) or a checkpoint path."""
+    recipe_name: Optional[str] = None
+    """Set by the recipe file itself; the published run this config reproduces."""
+    extras: dict[str, Any] = field(default_factory=dict)
+    """Free-form notes carried into the run directory (provenance, tags); never read by the launcher."""
+
+
+def register_configs() -> None:
+    """Register the root schema so conf/config.yaml can name it in its defaults list."""
+    ConfigStore.instance().store(name="config_schema", node=Config)

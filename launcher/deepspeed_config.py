@@ -1,0 +1,151 @@
+"""The DeepSpeed engine config, from one pure function with an explicit key-by-key mapping.
+
+No reflection over "non-default fields" and no "auto" values: every key we
+emit is written below, with why where it is not obvious. Tests pin the output
+with golden files and feed every recipe's config through DeepSpeed's own parser.
+This module imports neither torch nor deepspeed.
+"""
+
+from __future__ import annotations
+
+from launcher.config.layout import Layout
+
+# We print our own metrics every step; DeepSpeed's own periodic print would only duplicate them.
+STEPS_PER_PRINT = 1_000_000_000
+
+
+def deepspeed_batch_world(layout: Layout) -> int:
+    """The rank count DeepSpeed multiplies into its batch assertion.
+
+    DeepSpeed checks train_batch_size == micro x accum x W when it parses the
+    config (deepspeed/runtime/config.py, DeepSpeedConfig.__init__):
+    - with a pipeline, the PipelineModule's topology is passed as `mpu` and
+      W = its data-parallel size, our data_degree;
+    - without one, the config is parsed before AutoTP installs its groups, so
+      W = the whole world / sequence_parallel_size, i.e. data_degree x
+      tensor_degree: the assertion counts each TP rank as if it were a replica
+      even though the TP ranks of a group see the same samples.
+    So with AutoTP the train_batch_size we emit is larger than the real global
+    batch by the factor tensor_degree, and that is what DeepSpeed accepts.
+    """
+    if layout.pipeline_degree > 1:
+        return layout.data_degree
+    return layout.data_degree * layout.tensor_degree
+
+
+def _precision(cfg, layout: Layout) -> dict:
+    p = cfg.precision
+    out: dict = {
+        "bf16": {"enabled": layout.dtype == "bf16"},
+        "fp16": {"enabled": layout.dtype == "fp16"},
+    }
+    if layout.dtype == "fp16":
+        # loss_scale 0 = dynamic loss scaling (Micikevicius et al. 2018, "Mixed Precision Training", section 3.2).
+        out["fp16"].update({
+            "loss_scale": 0,
+            "initial_scale_power": p.initial_scale_power,
+            "loss_scale_window": p.loss_scale_window,
+            "hysteresis": p.hysteresis,
+            "min_loss_scale": p.min_loss_scale,
+        })
+    if p.grad_accum_dtype is not None:
+        out["data_types"] = {"grad_accum_dtype": p.grad_accum_dtype}
+    return out
+
+
+def _zero(cfg, layout: Layout) -> dict:
+    par = cfg.parallel
+    zero: dict = {
+        "stage": layout.zero_stage,
+        "contiguous_gradients": True,
+        # Overlapping the gradient reduction with the backward pass pays on GPUs; on CPU ranks (gloo)
+        # it only adds buffer copies.
+        "overlap_comm": layout.device == "cuda",
+        "reduce_scatter": True,
+        "reduce_bucket_size": 500_000_000,
+        "allgather_bucket_size": 500_000_000,
+    }
+    if layout.zero_stage == 3:
+        # Export needs the full 16-bit weights gathered on save (launcher export reads them).
+        zero["stage3_gather_16bit_weights_on_model_save"] = True
+    if par.offload_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": layout.device == "cuda"}
+    if par.offload_param:
+        zero["offload_param"] = {"device": "cpu", "pin_memory": layout.device == "cuda"}
+    return zero
+
+
+def _optimizer(cfg) -> dict:
+    o = cfg.optimizer
+    return {
+        "type": "AdamW",
+        "params": {
+            "lr": o.lr,
+            "betas": [o.beta1, o.beta2],
+            "eps": o.eps,
+            "weight_decay": o.weight_decay,
+            # torch's AdamW instead of FusedAdam / DeepSpeedCPUAdam, which JIT-compile a C++
+            # extension on first use (~73 s and ~133 s on a 2-core machine).
+            "torch_adam": o.torch_adam,
+            "adam_w_mode": True,
+        },
+    }
+
+
+def _scheduler(cfg) -> dict:
+    s = cfg.scheduler
+    lr = cfg.optimizer.lr
+    if s.name == "constant":
+        return {"type": "WarmupLR", "params": {
+            "warmup_min_lr": 0.0, "warmup_max_lr": lr, "warmup_num_steps": s.warmup_steps, "warmup_type": "linear"}}
+    total = s.decay_steps if s.decay_steps is not None else cfg.train.steps
+    # Linear warmup then cosine decay to a floor, as in LLaMA (Touvron et al. 2023, section 2.2: final lr = 10% of peak).
+    return {"type": "WarmupCosineLR", "params": {
+        "total_num_steps": max(total, s.warmup_steps + 1),
+        "warmup_num_steps": s.warmup_steps,
+        "warmup_min_ratio": 0.0,
+        "warmup_type": "linear",
+        "cos_min_ratio": s.min_lr / lr if lr > 0 else 0.0,
+    }}
+
+
+def _pipeline(cfg, layout: Layout) -> dict:
+    return {
+        "stages": layout.pipeline_degree,
+        "partition": cfg.parallel.partition_method,
+        "seed_layers": False,
+        "activation_checkpoint_interval": 1 if cfg.model.activation_checkpointing else 0,
+        # Splitting activations sent between stages across the TP ranks only helps when there are TP ranks.
+        "pipe_partitioned": layout.tensor_degree > 1,
+        "grad_partitioned": layout.tensor_degree > 1,
+    }
+
+
+def build_deepspeed_config(cfg, layout: Layout) -> dict:
+    """The DeepSpeed JSON for a composed config and its resolved layout."""
+    ds: dict = {
+        "train_micro_batch_size_per_gpu": layout.micro_batch_size,
+        "gradient_accumulation_steps": layout.grad_accum_steps,
+        "train_batch_size": layout.micro_batch_size * layout.grad_accum_steps * deepspeed_batch_world(layout),
+        # DeepSpeed 0.19.8 defaults gradient_clipping to 1.0 when the key is absent, so always emit it.
+        "gradient_clipping": cfg.optimizer.grad_clip,
+        "steps_per_print": STEPS_PER_PRINT,
+        "wall_clock_breakdown": False,
+        "zero_optimization": _zero(cfg, layout),
+        "optimizer": _optimizer(cfg),
+        "scheduler": _scheduler(cfg),
+    }
+    ds.update(_precision(cfg, layout))
+    if cfg.model.activation_checkpointing:
+        ds["activation_checkpointing"] = {
+            "partition_activations": layout.tensor_degree > 1,
+            "contiguous_memory_optimization": False,
+            "cpu_checkpointing": False,
+        }
+    if layout.tensor_degree > 1:
+        ds["tensor_parallel"] = {"autotp_size": layout.tensor_degree}
+    if layout.sequence_degree > 1:
+        ds["sequence_parallel_size"] = layout.sequence_degree
+    if layout.pipeline_degree > 1:
+        ds["pipeline"] = _pipeline(cfg, layout)
+    return ds

@@ -1,0 +1,74 @@
+"""Exact parameter counts of the architectures transformers builds, by closed formula (no torch).
+
+Each formula mirrors the modules of the transformers class named beside it;
+tests hold every formula to the count of the real model built on the meta
+device. `rough_params` is the textbook 12*L*h^2 + V*h estimate (Kaplan et al.
+2020, section 2.1, plus embeddings), printed beside the exact count.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ParamCount:
+    total: int
+    embedding: int       # input embedding (+ learned positions, + embedding norm)
+    per_layer: int       # one transformer block
+    head: int            # output projection when untied, else 0
+    final_norm: int
+
+    @property
+    def non_embedding(self) -> int:
+        return self.total - self.embedding - self.head
+
+
+def _llama(m) -> ParamCount:
+    # LlamaForCausalLM: q/k/v/o projections without bias, SwiGLU MLP (gate, up, down), two RMSNorms per block.
+    h, v = m.hidden_size, m.vocab_size
+    head_dim = h // m.num_attention_heads
+    kv = (m.num_key_value_heads or m.num_attention_heads) * head_dim
+    inter = m.intermediate_size or 4 * h
+    attn = h * h + 2 * h * kv + h * h
+    mlp = 3 * h * inter
+    per_layer = attn + mlp + 2 * h
+    head = 0 if m.tie_word_embeddings else v * h
+    return ParamCount(total=v * h + m.num_hidden_layers * per_layer + h + head,
+                      embedding=v * h, per_layer=per_layer, head=head, final_norm=h)
+
+
+def _bloom(m) -> ParamCount:
+    # BloomForCausalLM: word embeddings + a LayerNorm on them; per block fused qkv (with bias), dense (bias),
+    # 4h MLP (biases), two LayerNorms (weight + bias); final LayerNorm; ALiBi has no parameters.
+    h, v = m.hidden_size, m.vocab_size
+    per_layer = (3 * h * h + 3 * h) + (h * h + h) + (4 * h * h + 4 * h) + (4 * h * h + h) + 2 * (2 * h)
+    head = 0 if m.tie_word_embeddings else v * h
+    embedding = v * h + 2 * h
+    return ParamCount(total=embedding + m.num_hidden_layers * per_layer + 2 * h + head,
+                      embedding=embedding, per_layer=per_layer, head=head, final_norm=2 * h)
+
+
+def _gpt(m) -> ParamCount:
+    # GPT2LMHeadModel: token + learned position embeddings; per block c_attn (h x 3h + bias), c_proj (h x h + bias),
+    # c_fc (h x 4h + bias), c_proj (4h x h + bias), two LayerNorms; final LayerNorm.
+    h, v = m.hidden_size, m.vocab_size
+    per_layer = (3 * h * h + 3 * h) + (h * h + h) + (4 * h * h + 4 * h) + (4 * h * h + h) + 2 * (2 * h)
+    head = 0 if m.tie_word_embeddings else v * h
+    embedding = v * h + m.max_position_embeddings * h
+    return ParamCount(total=embedding + m.num_hidden_layers * per_layer + 2 * h + head,
+                      embedding=embedding, per_layer=per_layer, head=head, final_norm=2 * h)
+
+
+_FORMULAS = {"llama": _llama, "bloom": _bloom, "gpt": _gpt}
+
+
+def count_params(model_cfg) -> ParamCount:
+    """Exact parameter count of `model_cfg` as transformers would build it."""
+    return _FORMULAS[model_cfg.arch](model_cfg)
+
+
+def rough_params(model_cfg) -> int:
+    """12 * L * h^2 + V * h: the usual back-of-envelope count (ignores biases, norms, GQA and MLP width)."""
+    h = model_cfg.hidden_size
+    return 12 * model_cfg.num_hidden_layers * h * h + model_cfg.vocab_size * h
