@@ -132,16 +132,23 @@ def _data_degree(cfg, world: int, tp: int, pp: int, sp: int) -> int:
     mp = tp * pp * sp
     if world % mp:
         c = cfg.cluster
-        valid_tp = [d for d in nearest_divisors(world // math.gcd(world, pp * sp) if world % (pp * sp) == 0 else world, tp, 4)
-                    if cfg.model.num_attention_heads % d == 0][:2]
-        node_fix = [n for n in range(max(1, c.nodes - 8), c.nodes + 9) if (n * c.gpus_per_node) % mp == 0]
-        nodes_hint = f"cluster.nodes to {join_or(sorted(node_fix, key=lambda n: abs(n - c.nodes))[:2])}" if node_fix else "the cluster size"
-        tp_hint = f"parallel.tensor_degree to {join_or(valid_tp)}, or " if valid_tp else ""
+        degrees = {"tensor_degree": tp, "pipeline_degree": pp, "sequence_degree": sp}
+        # Name the largest degree: it is the one most likely set by hand.
+        name = max(degrees, key=lambda k: (degrees[k], k == "tensor_degree"))
+        others = mp // degrees[name]
+        room = world // others if world % others == 0 else None
+        hints = []
+        if room:
+            hints.append(f"parallel.{name} to {join_or(nearest_divisors(room, degrees[name], 2))} "
+                         f"(divisors of world / the other degrees = {world} / {others} = {room})")
+        nodes = [n for n in range(1, c.nodes + 2 * mp + 1) if (n * c.gpus_per_node) % mp == 0]
+        if nodes:
+            hints.append(f"cluster.nodes to {join_or(sorted(nodes, key=lambda n: (abs(n - c.nodes), n))[:2])}")
         raise ConfigError(
-            "parallel.tensor_degree", tp,
+            f"parallel.{name}", degrees[name],
             f"world size cluster.nodes x cluster.gpus_per_node = {c.nodes} x {c.gpus_per_node} = {world} is not divisible by "
             f"tensor_degree x pipeline_degree x sequence_degree = {tp} x {pp} x {sp} = {mp}",
-            f"set {tp_hint}{nodes_hint}")
+            "set " + (", or ".join(hints) if hints else "the degrees so that their product divides the world size"))
     dp = world // mp
     explicit = cfg.parallel.data_degree
     if explicit is not None and explicit != dp:
@@ -188,7 +195,8 @@ def _check_tensor_parallel(cfg, tp: int, warnings: list[str]) -> int:
         raise ConfigError(
             "parallel.tensor_degree", tp,
             f"the MLP is split column-wise: intermediate_size % tensor_degree = {inter} % {tp} = {inter % tp}",
-            f"set parallel.tensor_degree to one of {join_or(nearest_divisors(inter, tp, 3))}")
+            f"set model.intermediate_size to {join_or(nearest_multiples(inter, tp))}, or parallel.tensor_degree to one of "
+            f"{join_or(nearest_divisors(math.gcd(inter, heads), tp, 3))}")
     if tp > cfg.cluster.gpus_per_node:
         warnings.append(
             f"parallel.tensor_degree={tp} > cluster.gpus_per_node={cfg.cluster.gpus_per_node}: tensor-parallel all-reduces "
@@ -231,7 +239,8 @@ def _check_sequence_parallel(cfg, sp: int, pp: int) -> None:
     if seq % sp:
         raise ConfigError("parallel.sequence_degree", sp,
                           f"Ulysses splits the sequence evenly: data.seq_length % sequence_degree = {seq} % {sp} = {seq % sp}",
-                          f"set data.seq_length to {join_or(nearest_multiples(seq, sp))}, or sequence_degree to one of {join_or(nearest_divisors(seq, sp, 3))}")
+                          f"set data.seq_length to {join_or(nearest_multiples(seq, sp))}, or sequence_degree to one of "
+                          f"{join_or(nearest_divisors(math.gcd(seq, heads), sp, 3))} (divisors of both seq_length and the head count)")
     if heads % sp:
         raise ConfigError("parallel.sequence_degree", sp,
                           f"Ulysses' all-to-all hands each rank whole heads: model.num_attention_heads % sequence_degree = {heads} % {sp} = {heads % sp}",
