@@ -95,7 +95,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except ConfigError as err:
         if debug:
             raise
-        _console(stderr=True).print(f"[bold red]config error:[/bold red] {err}", markup=True, highlight=False)
+        from rich.markup import escape
+
+        # The message holds user values (e.g. '[a, b]'): escape them so rich does not read them as markup.
+        _console(stderr=True).print(f"[bold red]config error:[/bold red] {escape(str(err))}", highlight=False)
         return EXIT_CONFIG_ERROR
 
 

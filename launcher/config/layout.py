@@ -23,6 +23,7 @@ the nearest valid values. It never writes back into the config.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict, dataclass
 
 from launcher.config import hardware
@@ -71,7 +72,16 @@ def _positive(key: str, value, fix: str = "use a whole number >= 1") -> int:
     return value
 
 
+RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
 def _check_names(cfg) -> None:
+    # The run name becomes a directory and a SLURM job name: allow no separators, no traversal, no shell syntax.
+    if cfg.run_name is not None and not RUN_NAME.fullmatch(str(cfg.run_name)):
+        raise ConfigError("run_name", cfg.run_name,
+                          "must be 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit "
+                          "(it names a directory under runs_dir and the SLURM job)",
+                          "pick a name such as run_name=llama-7b-lr3e-4")
     arch = cfg.model.arch
     if arch not in ARCHS:
         raise ConfigError("model.arch", arch, f"must be one of {', '.join(ARCHS)}", "set model.arch=llama (or bloom, gpt)")
@@ -81,6 +91,25 @@ def _check_names(cfg) -> None:
     stage = cfg.parallel.zero_stage
     if stage not in (0, 1, 2, 3):
         raise ConfigError("parallel.zero_stage", stage, "DeepSpeed ZeRO has stages 0, 1, 2 and 3", "set parallel.zero_stage to 0, 1, 2 or 3")
+
+
+DATA_SOURCES = ("stdlib", "hf", "tokens")
+
+
+def _check_data(cfg) -> None:
+    """Which inputs each data source needs (existence of the files is checked before launch, not here)."""
+    d = cfg.data
+    if d.source not in DATA_SOURCES:
+        raise ConfigError("data.source", d.source, f"must be one of {', '.join(DATA_SOURCES)}", "select data=stdlib, data=hf or data=tokens")
+    if d.source == "tokens" and not d.tokens_path:
+        raise ConfigError("data.tokens_path", d.tokens_path, "data=tokens reads an existing packed token file and needs its path",
+                          "pass data.tokens_path=/path/to/tokens.bin (written by an earlier run's pretokenization)")
+    if d.source == "hf" and not d.paths and not d.hf_name:
+        raise ConfigError("data.paths", list(d.paths), "data=hf needs local files (data.paths) or a hub dataset name (data.hf_name)",
+                          "pass data.paths='[/data/train.jsonl]' or data.hf_name=NAME")
+    if not 0.0 <= d.val_fraction < 0.5:
+        raise ConfigError("data.val_fraction", d.val_fraction, "the held-out fraction must be in [0, 0.5)",
+                          "use e.g. data.val_fraction=0.01")
 
 
 def _check_model_shape(cfg) -> None:
@@ -271,6 +300,7 @@ def _check_offload(cfg, zero: int) -> None:
 def resolve_layout(cfg) -> Layout:
     """Check every layout rule and derive the numbers above. `cfg` is the composed config."""
     _check_names(cfg)
+    _check_data(cfg)
     _check_model_shape(cfg)
     device = _check_cluster(cfg)
     warnings: list[str] = []

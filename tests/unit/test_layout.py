@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 
 from launcher.config.errors import ConfigError
+from tests.config.test_bad_configs import load as load_catalogue
 
 # (overrides, expected derived numbers). The BLOOM row comes from the BigScience tr11-176B-ml training
 # script and paper: 48 nodes x 8 GPUs, TP 4, PP 12 -> DP 8; micro 2, global 2048 -> 128 accumulation steps;
@@ -61,47 +62,8 @@ def test_tp_beyond_node_is_warned(resolve):
     assert any("inter-node" in w for w in layout.warnings)
 
 
-# (overrides, key the message must name, fragment of the rule or fix the message must contain)
-INVALID = [
-    (["recipe=llama-7b", "batch.global_batch_size=1000"], "batch.global_batch_size", "nearest valid global_batch_size: 768 or 1024"),
-    (["recipe=llama-7b", "batch.micro_batch_size=3"], "batch.global_batch_size", "3 x 64 = 192"),
-    (["recipe=llama-7b", "parallel.tensor_degree=3"], "parallel.tensor_degree", "32 % 3"),
-    (["recipe=llama-7b", "parallel.tensor_degree=5", "cluster.nodes=5"], "parallel.tensor_degree", "32 % 5"),
-    (["recipe=llama-7b", "parallel.pipeline_degree=3"], "parallel.pipeline_degree", "parallel.pipeline_degree to 2 or 4"),
-    (["recipe=llama2-70b", "parallel.tensor_degree=16", "cluster.nodes=128"], "parallel.tensor_degree", "key/value heads: model.num_key_value_heads % tensor_degree = 8 % 16"),
-    (["recipe=tiny", "parallel.pipeline_degree=8", "cluster.gpus_per_node=8", "batch.global_batch_size=8", "batch.micro_batch_size=1", "parallel.zero_stage=1"],
-     "parallel.pipeline_degree", "pipeline_degree > model.num_hidden_layers (8 > 4)"),
-    (["recipe=bloom-176b", "parallel.zero_stage=2"], "parallel.zero_stage", "stage 0 or 1"),
-    (["recipe=bloom-176b", "parallel.zero_stage=3"], "parallel.zero_stage", "parallel.pipeline_degree=1"),
-    (["recipe=tiny", "precision=fp16"], "precision.dtype", "bf16"),
-    (["recipe=llama-7b", "parallel.sequence_degree=3", "cluster.nodes=3"], "parallel.sequence_degree", "2048 % 3"),
-    (["recipe=llama-7b", "parallel.sequence_degree=2", "data.seq_length=2047"], "parallel.sequence_degree", "2047 % 2"),
-    (["recipe=llama-33b", "parallel.pipeline_degree=1", "parallel.sequence_degree=8", "parallel.tensor_degree=1"],
-     "parallel.sequence_degree", "52 % 8"),
-    (["recipe=bloom-176b", "parallel.sequence_degree=2"], "parallel.sequence_degree", "pipeline_degree=12"),
-    (["recipe=llama-7b", "parallel.data_degree=32"], "parallel.data_degree", "= 64"),
-    (["recipe=llama-7b", "parallel.zero_stage=4"], "parallel.zero_stage", "0, 1, 2 or 3"),
-    (["recipe=llama-7b", "parallel.zero_stage=-1"], "parallel.zero_stage", "0, 1, 2 or 3"),
-    (["recipe=llama-7b", "cluster.nodes=0"], "cluster.nodes", ">= 1"),
-    (["recipe=llama-7b", "cluster.gpus_per_node=-8"], "cluster.gpus_per_node", ">= 1"),
-    (["recipe=llama-7b", "batch.micro_batch_size=0"], "batch.micro_batch_size", ">= 1"),
-    (["recipe=llama-7b", "batch.global_batch_size=-2048"], "batch.global_batch_size", ">= 1"),
-    (["recipe=llama-7b", "parallel.tensor_degree=0"], "parallel.tensor_degree", ">= 1"),
-    (["recipe=llama-7b", "data.seq_length=0"], "data.seq_length", ">= 1"),
-    (["recipe=llama-7b", "data.seq_length=4096"], "data.seq_length", "max_position_embeddings = 2048"),
-    (["recipe=llama-7b", "model.hidden_size=4100"], "model.hidden_size", "4100 % 32"),
-    (["recipe=llama-7b", "model.num_key_value_heads=5"], "model.num_key_value_heads", "32 % 5"),
-    (["recipe=bloom-176b", "model.num_key_value_heads=8"], "model.num_key_value_heads", "no grouped-query attention"),
-    (["recipe=gpt3-175b", "model.intermediate_size=1000"], "model.intermediate_size", "4 x hidden_size"),
-    (["recipe=llama-7b", "model.arch=mamba"], "model.arch", "llama"),
-    (["recipe=llama-7b", "model.vocab_size=0"], "model.vocab_size", ">= 1"),
-    (["recipe=llama-7b", "model.num_hidden_layers=0"], "model.num_hidden_layers", ">= 1"),
-    (["recipe=llama-7b", "cluster.gpu=tpu-v9"], "cluster.gpu", "cluster.peak_tflops"),
-    (["recipe=llama-7b", "parallel.offload_param=true"], "parallel.offload_param", "zero_stage=3"),
-    (["recipe=llama-7b", "parallel.zero_stage=0", "parallel.offload_optimizer=true"], "parallel.offload_optimizer", "zero_stage >= 1"),
-    (["recipe=llama-7b", "precision.dtype=fp8"], "precision.dtype", "fp32, bf16, fp16"),
-    (["recipe=llama-13b", "model.intermediate_size=13825"], "parallel.tensor_degree", "13825 % 2"),
-]
+# The invalid layouts live in the shared bad-config catalogue; here they run through resolve_layout directly.
+INVALID = [(e["args"], e["key"], e["says"]) for e in load_catalogue("layout")]
 
 
 @pytest.mark.parametrize("overrides,key,fragment", INVALID, ids=[" ".join(o) for o, _, _ in INVALID])
