@@ -23,7 +23,7 @@ class GpuSpec:
     source: str
     # Fraction of the dense peak that a large transformer layer (GEMMs + attention + element-wise ops)
     # sustains on this GPU when nothing else is in the way; the planner's step-time model divides the
-    # hardware FLOPs by peak x compute_efficiency. See COMPUTE_EFFICIENCY below for the calibration.
+    # hardware FLOPs by peak x compute_efficiency. The calibration is documented below (A100_EFFICIENCY, HOPPER_EFFICIENCY).
     compute_efficiency: float = 0.0
 
 
