@@ -2,6 +2,7 @@
 
     launcher show  [overrides]            resolved config, layout, DeepSpeed JSON
     launcher plan  [overrides] [--json]   the layout table (or one JSON object)
+    launcher plan  [overrides] --search   the best layouts for the model and cluster, ranked
 
 Bad input exits with status 2 and a message naming the key, the value, the
 rule and a fix; the Python traceback only with --debug (or LAUNCHER_DEBUG=1).
@@ -54,11 +55,26 @@ def cmd_plan(args) -> int:
     from launcher.plan.report import plan_summary, render_plan
 
     cfg, layout = _resolve(args.overrides)
+    if args.search:
+        return _plan_search(cfg, args)
     summary = plan_summary(cfg, layout)
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
         render_plan(summary, _console())
+    return 0
+
+
+def _plan_search(cfg, args) -> int:
+    from launcher.plan.report import render_search
+    from launcher.plan.search import search_layouts, search_rows
+
+    ranked, counts = search_layouts(cfg)
+    rows = search_rows(ranked, args.top)
+    if args.json:
+        print(json.dumps({"counts": counts, "layouts": rows}, indent=2))
+    else:
+        render_search(rows, counts, _console())
     return 0
 
 
@@ -77,6 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("show", cmd_show, "print the resolved config, the derived layout and the DeepSpeed JSON")
     plan = add("plan", cmd_plan, "print the layout: world, TP/PP/DP, batch arithmetic, parameters, bubble")
     plan.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    plan.add_argument("--search", action="store_true",
+                      help="enumerate every valid TP/PP/DP/ZeRO/micro-batch/recompute layout, keep what fits, rank by throughput")
+    plan.add_argument("--top", type=int, default=10, help="--search: how many layouts to print (default 10)")
     return parser
 
 

@@ -6,6 +6,9 @@ No torch here: planning must be instant and run on a laptop.
 from __future__ import annotations
 
 from launcher.config.layout import Layout
+from launcher.plan.flops import estimate_step_time
+from launcher.plan.inputs import model_shape, resolve_hardware, strategy
+from launcher.plan.memory import estimate_memory
 from launcher.plan.params import count_params, rough_params
 
 
@@ -39,7 +42,80 @@ def plan_summary(cfg, layout: Layout) -> dict:
         "vocab_size": layout.vocab_size,
         "padded_vocab_size": layout.padded_vocab_size,
         "warnings": list(layout.warnings),
+    } | performance_summary(cfg, layout)
+
+
+def performance_summary(cfg, layout: Layout) -> dict:
+    """Memory per GPU, FLOPs, step time, throughput, MFU and days (null for CPU ranks: no peak to plan against)."""
+    hw = resolve_hardware(cfg.cluster, layout.dtype)
+    keys = ("memory_per_gpu_bytes", "memory_capacity_bytes", "memory_headroom_bytes", "fits", "memory_peak_stage",
+            "recompute", "flops_per_token", "hardware_flops_per_token", "step_time_s", "step_time_breakdown_s",
+            "tokens_per_s", "tflops_per_gpu", "hardware_tflops_per_gpu", "mfu", "peak_tflops", "compute_efficiency",
+            "train_tokens", "train_days")
+    if hw is None:
+        return dict.fromkeys(keys)
+    shape = model_shape(cfg.model)
+    st = strategy(cfg, layout)
+    mem = estimate_memory(shape, st, hw)
+    tokens = cfg.train.tokens or cfg.train.steps * layout.tokens_per_step
+    t = estimate_step_time(shape, st, hw, tokens)
+    return {
+        "memory_per_gpu_bytes": {k: int(v) for k, v in mem.per_gpu().items()},
+        "memory_capacity_bytes": int(mem.capacity_bytes),
+        "memory_headroom_bytes": int(mem.headroom_bytes),
+        "fits": mem.fits,
+        "memory_peak_stage": mem.peak.stage,
+        "recompute": st.recompute,
+        "flops_per_token": t.flops_per_token,
+        "hardware_flops_per_token": t.hardware_flops_per_token,
+        "step_time_s": t.step_time_s,
+        "step_time_breakdown_s": {"compute": t.compute_s, "bubble": t.bubble_s, "tp_comm": t.tp_comm_s,
+                                  "pp_comm": t.pp_comm_s, "dp_comm_exposed": t.dp_comm_exposed_s},
+        "tokens_per_s": t.tokens_per_s,
+        "tflops_per_gpu": t.tflops_per_gpu,
+        "hardware_tflops_per_gpu": t.hardware_tflops_per_gpu,
+        "mfu": t.mfu,
+        "peak_tflops": hw.peak_tflops,
+        "compute_efficiency": hw.compute_efficiency,
+        "train_tokens": int(tokens),
+        "train_days": t.train_days,
     }
+
+
+def _gb(x: float) -> str:
+    return f"{x / 1e9:,.1f} GB"
+
+
+def _performance_rows(s: dict) -> list[tuple[str, str, str]]:
+    if s["fits"] is None:
+        return [("memory / step time", "n/a", "CPU ranks: no GPU peak or memory to plan against")]
+    m = s["memory_per_gpu_bytes"]
+    z, dt = s["zero_stage"], s["precision"]
+    shard = {0: "unsharded", 1: "optimizer / DP", 2: "grads + optimizer / DP", 3: "all / DP"}[z]
+    bd = s["step_time_breakdown_s"]
+    step = s["step_time_s"]
+    stage = s["memory_peak_stage"]
+    return [
+        ("memory: params", _gb(m["params"]), f"stage {stage} weights / TP x {2 if dt != 'fp32' else 4} B ({dt}); ZeRO {z}: {shard}"),
+        ("memory: grads", _gb(m["grads"]), "same count x dtype bytes (+ fp32 accumulation buffer with BF16_Optimizer)"),
+        ("memory: optimizer", _gb(m["optimizer"]), "fp32 master + Adam m, v = 12 B/param (ZeRO paper section 5, K = 12)"),
+        ("memory: activations", _gb(m["activations"]),
+         f"Korthikanti 2022 x in-flight micro-batches (1F1B: first stage holds PP) + logits; recompute={s['recompute']}"),
+        ("memory: overhead", _gb(m["overhead"]), "stated allowance: 2 GB CUDA/NCCL/fragmentation + ZeRO buffers"),
+        ("memory per GPU", f"{_gb(m['total'])} / {_gb(s['memory_capacity_bytes'])}",
+         ("fits, " if s["fits"] else "DOES NOT FIT, ") + f"{_gb(abs(s['memory_headroom_bytes']))} "
+         + ("free" if s["fits"] else "short") + f" (worst stage: {stage})"),
+        ("FLOPs per token", f"{s['flops_per_token'] / 1e9:,.1f} GFLOP",
+         f"6N + 12 L H Q T (PaLM app. B); with recompute {s['hardware_flops_per_token'] / 1e9:,.1f} (Narayanan eq. 3)"),
+        ("step time", f"{step:,.2f} s",
+         f"compute {bd['compute']:.2f} + bubble {bd['bubble']:.2f} + TP {bd['tp_comm']:.2f} + PP {bd['pp_comm']:.2f} "
+         f"+ DP {bd['dp_comm_exposed']:.2f} (at {s['compute_efficiency']:.0%} of {s['peak_tflops']:g} TFLOP/s)"),
+        ("tokens / s", f"{s['tokens_per_s']:,.0f}", f"tokens per step / step time; {s['tokens_per_s'] / s['world_size']:,.0f} per GPU"),
+        ("TFLOP/s per GPU", f"{s['tflops_per_gpu']:.1f} model / {s['hardware_tflops_per_gpu']:.1f} hardware",
+         "FLOPs per token x tokens/s / world; hardware counts recompute (Megatron's and BLOOM's convention)"),
+        ("MFU", f"{s['mfu']:.1%}", "model TFLOP/s per GPU / dense peak"),
+        ("training time", f"{s['train_days']:,.1f} days", f"train.tokens {s['train_tokens']:,} / tokens per s"),
+    ]
 
 
 def _rows(s: dict) -> list[tuple[str, str, str]]:
@@ -64,7 +140,7 @@ def _rows(s: dict) -> list[tuple[str, str, str]]:
     ]
     if s["padded_vocab_size"] != s["vocab_size"]:
         rows.append(("vocab (padded)", f"{s['padded_vocab_size']:,}", f"{s['vocab_size']:,} rounded up to a multiple of TP"))
-    return rows
+    return rows + _performance_rows(s)
 
 
 def render_plan(s: dict, console) -> None:
@@ -82,3 +158,18 @@ def render_plan(s: dict, console) -> None:
 
     for w in s["warnings"]:
         console.print(f"[yellow]warning:[/yellow] {escape(w)}")
+
+
+def render_search(rows: list[dict], counts: dict, console) -> None:
+    """Print the ranked layouts of `launcher plan --search`."""
+    from rich.table import Table
+
+    table = Table(title=f"best layouts ({counts['fit']:,} fit of {counts['enumerated']:,} enumerated: "
+                        f"{counts['invalid']:,} invalid, {counts['does_not_fit']:,} out of memory)", title_justify="left")
+    for col, just in (("#", "right"), ("layout", "left"), ("tokens/s", "right"), ("step", "right"), ("MFU", "right"),
+                      ("memory", "right"), ("why", "left")):
+        table.add_column(col, justify=just, style="dim" if col == "why" else None)
+    for i, r in enumerate(rows, 1):
+        table.add_row(str(i), r["layout"], f"{r['tokens_per_s']:,.0f}", f"{r['step_time_s']:.2f} s", f"{r['mfu']:.1%}",
+                      _gb(r["memory_total_bytes"]), r["why"])
+    console.print(table)

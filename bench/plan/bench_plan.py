@@ -1,0 +1,114 @@
+"""Planner benchmark: --search wall time, and predicted vs published TFLOP/s per GPU.
+
+    PYTHONPATH=$PWD python bench/plan/bench_plan.py      # writes bench/plan/results.{json,md}
+
+Search time: search_layouts(cfg) on an already composed config, median of 5 (composition is timed
+apart: it is the same for `launcher plan` with or without --search).
+Published runs (sources in PUBLISHED): Narayanan et al. 2021 Table 1 (all rows: A100, seq 2048, vocab
+51,200, full recompute, micro batch 1 assumed: the table does not give it), BLOOM-176B (BigScience 2022,
+~150 TFLOP/s per A100 hardware FLOPs, Megatron-DeepSpeed logs), LLaMA-65B (Touvron et al. 2023, 380
+tokens/s/GPU; their TP/PP are unpublished, our recipe's layout is used). The 1T row of Table 1 is the
+one the A100 compute efficiency was calibrated on (launcher/config/hardware.py): not a held-out check.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+from types import SimpleNamespace as NS
+
+from launcher.config.compose import compose
+from launcher.config.layout import resolve_layout
+from launcher.plan.flops import estimate_step_time
+from launcher.plan.inputs import Hardware, Strategy, model_shape, resolve_hardware, strategy
+from launcher.plan.search import search_layouts
+
+OUT = Path(__file__).parent
+
+# Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM", Table 1:
+# (params B, heads, hidden, layers, TP, PP, GPUs, batch, published TFLOP/s per GPU)
+MEGATRON_TABLE_1 = [
+    (1.7, 24, 2304, 24, 1, 1, 32, 512, 137), (3.6, 32, 3072, 30, 2, 1, 64, 512, 138),
+    (7.5, 32, 4096, 36, 4, 1, 128, 512, 142), (18.4, 48, 6144, 40, 8, 1, 256, 1024, 135),
+    (39.1, 64, 8192, 48, 8, 2, 512, 1536, 138), (76.1, 80, 10240, 60, 8, 4, 1024, 1792, 140),
+    (145.6, 96, 12288, 80, 8, 8, 1536, 2304, 148), (310.1, 128, 16384, 96, 8, 16, 1920, 2160, 155),
+    (529.6, 128, 20480, 105, 8, 35, 2520, 2520, 163), (1008.0, 160, 25600, 128, 8, 64, 3072, 3072, 163),
+]
+
+
+def time_search(overrides: list[str], repeats: int = 5) -> dict:
+    cfg = compose(overrides)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        ranked, counts = search_layouts(cfg)
+        times.append(time.perf_counter() - t0)
+    world = cfg.cluster.nodes * cfg.cluster.gpus_per_node
+    return {"overrides": overrides, "world_size": world, "median_s": statistics.median(times), "runs_s": times,
+            "counts": counts, "best": ranked[0].strategy.__dict__ if ranked else None}
+
+
+def megatron_rows() -> list[dict]:
+    rows = []
+    for p, heads, h, layers, tp, pp, gpus, batch, published in MEGATRON_TABLE_1:
+        m = NS(arch="gpt", hidden_size=h, num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=None,
+               intermediate_size=None, vocab_size=51200, max_position_embeddings=2048, tie_word_embeddings=True)
+        dp = gpus // (tp * pp)
+        st = Strategy(tensor_degree=tp, pipeline_degree=pp, sequence_degree=1, data_degree=dp, zero_stage=1,
+                      micro_batch_size=1, grad_accum_steps=batch // dp, global_batch_size=batch, seq_length=2048,
+                      padded_vocab_size=51200, gpus_per_node=8, dtype="fp16", grad_accum_fp32=False, recompute="full")
+        spec = resolve_hardware(NS(gpu="a100-80gb", peak_tflops=None, memory_gb=None, intra_node_gbps=None,
+                                   inter_node_gbps=None), "fp16")
+        t = estimate_step_time(model_shape(m), st, spec)
+        rows.append({"run": f"Megatron Table 1, {p}B (TP{tp} PP{pp}, {gpus} GPUs)", "metric": "hardware TFLOP/s per GPU",
+                     "published": published, "predicted": round(t.hardware_tflops_per_gpu, 1),
+                     "calibration": p == 1008.0,
+                     "source": "Narayanan et al. 2021, Table 1"})
+    return rows
+
+
+def recipe_row(recipe: str, metric: str, published: float, source: str) -> dict:
+    cfg = compose([f"recipe={recipe}"])
+    layout = resolve_layout(cfg)
+    hw = resolve_hardware(cfg.cluster, layout.dtype)
+    t = estimate_step_time(model_shape(cfg.model), strategy(cfg, layout), hw)
+    value = {"hardware TFLOP/s per GPU": t.hardware_tflops_per_gpu,
+             "tokens/s per GPU": t.tokens_per_s / layout.world_size}[metric]
+    return {"run": f"recipe {recipe}", "metric": metric, "published": published, "predicted": round(value, 1),
+            "calibration": False, "source": source}
+
+
+def main() -> None:
+    searches = [time_search(["recipe=bloom-176b"]), time_search(["recipe=llama-65b"])]
+    table = megatron_rows() + [
+        recipe_row("bloom-176b", "hardware TFLOP/s per GPU", 150.0,
+                   "BigScience 2022 (arXiv:2211.05100) section 3.4 / bigscience tr11 logs: ~150 TFLOP/s per A100"),
+        recipe_row("llama-65b", "tokens/s per GPU", 380.0, "Touvron et al. 2023, section 2.4: ~380 tokens/s/GPU on 2,048 A100-80GB"),
+    ]
+    for r in table:
+        r["error"] = round(r["predicted"] / r["published"] - 1, 3)
+    machine = {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
+               "note": "2 shared CPU cores, other jobs running at the same time"}
+    (OUT / "results.json").write_text(json.dumps({"machine": machine, "search": searches, "published_vs_predicted": table},
+                                                 indent=2, default=str) + "\n")
+    lines = ["# Planner benchmark", "", f"Machine: {machine['platform']}, Python {machine['python']}, "
+             f"{machine['cpus']} CPUs ({machine['note']}). Command: `PYTHONPATH=$PWD python bench/plan/bench_plan.py`.", "",
+             "## --search wall time (median of 5, composition excluded)", "", "| config | GPUs | median | enumerated | fit |",
+             "|---|---|---|---|---|"]
+    for s in searches:
+        lines.append(f"| {' '.join(s['overrides'])} | {s['world_size']} | {s['median_s']:.3f} s | {s['counts']['enumerated']} | {s['counts']['fit']} |")
+    lines += ["", "## Predicted vs published", "",
+              "| run | metric | published | predicted | error | note | source |", "|---|---|---|---|---|---|---|"]
+    for r in table:
+        note = "calibration row" if r["calibration"] else "held out"
+        lines.append(f"| {r['run']} | {r['metric']} | {r['published']} | {r['predicted']} | {r['error']:+.1%} | {note} | {r['source']} |")
+    (OUT / "results.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,163 @@
+"""What the planner's formulas read, as plain frozen objects (no torch, no OmegaConf in the hot path).
+
+`launcher plan --search` evaluates thousands of candidate layouts; reading an
+OmegaConf node costs microseconds per attribute, so the model shape, the
+cluster's hardware numbers and each candidate's strategy are copied once into
+these small dataclasses and every formula in memory.py / flops.py reads them.
+
+    ModelShape  the network: widths, counts and the exact parameter split (params.py)
+    Hardware    the GPU: peak for the training dtype, memory, links, compute efficiency
+    Strategy    one layout: TP/PP/SP/DP degrees, ZeRO stage, batch, precision, recompute, offload
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from launcher.config import hardware
+from launcher.config.errors import ConfigError
+from launcher.plan.params import ParamCount, count_params
+
+# Architectures whose attention runs through PyTorch SDPA (launcher/runtime/model.py, attn_implementation):
+# on GPUs that is a flash / memory-efficient kernel that never stores the a x s x s score matrices, which is
+# exactly what Korthikanti et al. 2022's selective recomputation removes (their 5as/h term). transformers'
+# Bloom computes ALiBi attention eagerly, so BLOOM stores the scores unless recomputed.
+SDPA_ARCHS = frozenset({"llama", "gpt"})
+
+RECOMPUTE_MODES = ("none", "selective", "full")
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    arch: str
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    intermediate_size: int
+    vocab_size: int
+    tied_embeddings: bool
+    params: ParamCount
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def flash_attention(self) -> bool:
+        return self.arch in SDPA_ARCHS
+
+
+def model_shape(model_cfg) -> ModelShape:
+    """Copy the model config into a ModelShape, with its exact parameter count."""
+    m = model_cfg
+    return ModelShape(
+        arch=m.arch, hidden_size=m.hidden_size, num_layers=m.num_hidden_layers, num_heads=m.num_attention_heads,
+        num_kv_heads=m.num_key_value_heads or m.num_attention_heads,
+        intermediate_size=m.intermediate_size or 4 * m.hidden_size, vocab_size=m.vocab_size,
+        tied_embeddings=bool(m.tie_word_embeddings), params=count_params(m))
+
+
+@dataclass(frozen=True)
+class Hardware:
+    name: str
+    peak_tflops: float          # dense, in the training dtype
+    memory_bytes: float
+    intra_node_gbps: float
+    inter_node_gbps: float
+    compute_efficiency: float
+    source: str
+
+
+def _dtype_peak(spec: hardware.GpuSpec, dtype: str) -> float:
+    # fp32 training runs its matmuls in TF32 on Ampere and later (PyTorch's allow_tf32 for cuDNN, and what
+    # DeepSpeed users set for matmuls); the catalog's plain fp32 figure is the non-tensor-core peak.
+    return spec.peak_tflops["tf32" if dtype == "fp32" else dtype]
+
+
+def resolve_hardware(cluster_cfg, dtype: str) -> Optional[Hardware]:
+    """The GPU numbers the planner uses: the catalog entry, each value overridable from cluster.*.
+
+    None for CPU ranks (no peak to plan against). An unknown GPU must bring its own peak
+    (layout.py refuses it otherwise), memory and bandwidths: we never guess them.
+    """
+    c = cluster_cfg
+    if c.gpu.lower() == hardware.CPU:
+        return None
+    spec = hardware.lookup(c.gpu)
+    if spec is None:
+        for key in ("peak_tflops", "memory_gb", "intra_node_gbps", "inter_node_gbps"):
+            if getattr(c, key) is None:
+                raise ConfigError(
+                    f"cluster.{key}", None,
+                    f"cluster.gpu={c.gpu} is not in the GPU catalog ({', '.join(sorted(hardware.CATALOG))}), so the planner "
+                    "needs its peak, memory and link bandwidths from you",
+                    "give cluster.peak_tflops (dense, training dtype), cluster.memory_gb, cluster.intra_node_gbps and "
+                    "cluster.inter_node_gbps (GB/s per GPU, one direction), or use a catalog name")
+        return Hardware(name=c.gpu, peak_tflops=float(c.peak_tflops), memory_bytes=float(c.memory_gb) * 1e9,
+                        intra_node_gbps=float(c.intra_node_gbps), inter_node_gbps=float(c.inter_node_gbps),
+                        compute_efficiency=hardware.DEFAULT_EFFICIENCY,
+                        source="user-given cluster.* values; compute efficiency hardware.DEFAULT_EFFICIENCY")
+
+    def pick(key, default):
+        value = getattr(c, key)
+        return float(value) if value is not None else default
+
+    return Hardware(
+        name=spec.name,
+        peak_tflops=pick("peak_tflops", _dtype_peak(spec, dtype)),
+        memory_bytes=pick("memory_gb", spec.memory_gb) * 1e9,
+        intra_node_gbps=pick("intra_node_gbps", spec.intra_node_gbps),
+        inter_node_gbps=pick("inter_node_gbps", spec.inter_node_gbps),
+        compute_efficiency=spec.compute_efficiency,
+        source=spec.source,
+    )
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """One layout as the formulas need it (a view of config.layout.Layout plus what Layout does not carry)."""
+
+    tensor_degree: int
+    pipeline_degree: int
+    sequence_degree: int
+    data_degree: int
+    zero_stage: int
+    micro_batch_size: int
+    grad_accum_steps: int
+    global_batch_size: int
+    seq_length: int
+    padded_vocab_size: int
+    gpus_per_node: int
+    dtype: str
+    grad_accum_fp32: bool       # precision.grad_accum_dtype=fp32 (with bf16: DeepSpeed's BF16_Optimizer)
+    recompute: str              # "none", "selective" or "full"
+    offload_optimizer: bool = False
+    offload_param: bool = False
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor_degree * self.pipeline_degree * self.sequence_degree * self.data_degree
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch_size * self.seq_length
+
+
+def strategy(cfg, layout, recompute: Optional[str] = None) -> Strategy:
+    """The Strategy of a composed config and its resolved layout.
+
+    `model.activation_checkpointing` maps to full recomputation (DeepSpeed / transformers checkpoint whole
+    blocks); `recompute` overrides it (the search and the tests use "selective").
+    """
+    if recompute is None:
+        recompute = "full" if cfg.model.activation_checkpointing else "none"
+    return Strategy(
+        tensor_degree=layout.tensor_degree, pipeline_degree=layout.pipeline_degree,
+        sequence_degree=layout.sequence_degree, data_degree=layout.data_degree, zero_stage=layout.zero_stage,
+        micro_batch_size=layout.micro_batch_size, grad_accum_steps=layout.grad_accum_steps,
+        global_batch_size=layout.global_batch_size, seq_length=layout.seq_length,
+        padded_vocab_size=layout.padded_vocab_size, gpus_per_node=layout.gpus_per_node, dtype=layout.dtype,
+        grad_accum_fp32=cfg.precision.grad_accum_dtype == "fp32", recompute=recompute,
+        offload_optimizer=bool(cfg.parallel.offload_optimizer), offload_param=bool(cfg.parallel.offload_param))

@@ -1,0 +1,203 @@
+"""Memory per GPU, per pipeline stage: model states, activations, logits and a stated overhead (no torch).
+
+Model states (Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion Parameter
+Models", section 5 and figure 1), bytes per parameter held by one rank, Psi parameters, N_d = DP ranks:
+
+    mixed precision (bf16/fp16) Adam:  2 (weights) + 2 (grads) + K=12 (fp32 master, momentum, variance)
+        ZeRO 0: 2 + 2 + 12         ZeRO 1: 2 + 2 + 12/N_d
+        ZeRO 2: 2 + (2 + 12)/N_d   ZeRO 3: (2 + 2 + 12)/N_d
+    fp32 Adam: 4 + 4 + 8 at ZeRO 0 (torch AdamW on the model's own fp32 weights: no master copy);
+        at ZeRO >= 1 DeepSpeed still clones an fp32 master partition, so K = 12 again.
+    bf16 with fp32 gradient accumulation (DeepSpeed's BF16_Optimizer, deepspeed/runtime/bf16_optimizer.py,
+        what BLOOM ran): + 4 bytes of fp32 gradient buffer per parameter, NOT sharded (fp32_groups_gradients_flat
+        is the full flat group), master weights and Adam states sharded over DP as in ZeRO 1.
+    offload_optimizer: master weights and Adam states (and the fp32 gradient partition) live in CPU memory.
+    offload_param (ZeRO 3): the weights' partition lives in CPU memory; GPUs hold only gathered layers.
+
+Weights per rank come from the exact counts in params.py: a stage's blocks / TP, the embedding (padded
+vocabulary / TP) on the first stage, the final norm and the head on the last, and with tied embeddings and
+PP > 1 a second copy of the embedding on the last stage (Megatron/DeepSpeed keep both and all-reduce their
+gradients). Blocks are split evenly over stages (stage i gets L // PP blocks, one more while i < L % PP);
+norm weights are divided by TP with the matrices (they are replicated in reality: < 0.01% of a block).
+
+Activations per block (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
+Models", Table 2), s sequence, b micro batch, h hidden, a heads, t TP degree, 16-bit activations:
+
+    no recompute, no parallelism:        s b h (34 + 5 a s / h)
+    TP:                                   s b h (10 + 24/t + 5 a s / (h t))
+    TP + sequence parallelism:            s b h (34 + 5 a s / h) / t
+    selective recompute:                  the 5 a s / h term is dropped (attention scores recomputed)
+    full recompute:                       2 s b h per block (its input; / t with sequence parallelism)
+
+DeepSpeed AutoTP is Megatron-style TP without Megatron's sequence parallelism; our sequence_degree
+(Ulysses) splits the sequence of every term by the SP degree. Architectures that run SDPA (flash /
+memory-efficient kernels) never store the scores, so for them "none" costs what "selective" costs.
+Full recompute also needs one block's full activations while that block is recomputed (the working set).
+
+Under 1F1B (Narayanan et al. 2021, section 2.2.1) stage i holds the activations of min(PP - i, m)
+micro-batches: the first stage holds PP of them (Korthikanti et al. 2022, section 4.2.3). The last stage
+holds the logits: s b V / t elements at 2 (16-bit logits) + 4 (their fp32 copy for the loss, Korthikanti
+section 4.3) + 4 (its gradient during backward) = 10 bytes.
+
+Framework overhead (stated allowance, not measured): 2 GB for the CUDA context, cuBLAS/NCCL workspaces and
+allocator fragmentation, plus DeepSpeed's communication buffers: ZeRO 1/2 reduce bucket (our DeepSpeed
+config's reduce_bucket_size = 5e8 elements, launcher/deepspeed_config.py), ZeRO 3 two gathered blocks
+(the one computing and the one prefetched).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from launcher.plan.inputs import Hardware, ModelShape, Strategy
+
+FRAMEWORK_OVERHEAD_BYTES = 2e9
+REDUCE_BUCKET_ELEMENTS = 500_000_000   # launcher/deepspeed_config.py, zero_optimization.reduce_bucket_size
+LOGITS_BYTES_PER_ELEMENT = 2 + 4 + 4   # 16-bit logits + fp32 copy for the loss + its gradient
+
+
+def weight_bytes(dtype: str) -> int:
+    """Bytes of one weight (and one gradient) in the training dtype."""
+    return 4 if dtype == "fp32" else 2
+
+
+def uses_bf16_optimizer(dtype: str, zero_stage: int, grad_accum_fp32: bool, pipeline_degree: int) -> bool:
+    """Whether DeepSpeed 0.19.8 wraps the optimizer in BF16_Optimizer (engine._do_optimizer_sanity_check):
+    bf16 + fp32 gradient accumulation + ZeRO 1, or bf16 + ZeRO 0 + bf16 accumulation under the pipeline engine."""
+    if dtype != "bf16":
+        return False
+    return (grad_accum_fp32 and zero_stage == 1) or (zero_stage == 0 and not grad_accum_fp32 and pipeline_degree > 1)
+
+
+def model_state_bytes(n_params: float, data_degree: int, zero_stage: int, dtype: str = "bf16",
+                      grad_accum_fp32: bool = False, pipeline_degree: int = 1,
+                      offload_optimizer: bool = False, offload_param: bool = False) -> dict:
+    """GPU bytes of params, grads and optimizer states for `n_params` parameters on one rank (ZeRO section 5)."""
+    w = weight_bytes(dtype)
+    d = data_degree
+    bf16_opt = uses_bf16_optimizer(dtype, zero_stage, grad_accum_fp32, pipeline_degree)
+    params = n_params * w / (d if zero_stage == 3 else 1)
+    grads = n_params * w / (d if zero_stage >= 2 else 1)
+    if bf16_opt:
+        # BF16_Optimizer: a full (unsharded) flat gradient buffer in the accumulation dtype.
+        grads += n_params * (4 if grad_accum_fp32 else 2)
+    master = 0 if (dtype == "fp32" and zero_stage == 0) else 4
+    optimizer = n_params * (master + 8) / (d if (zero_stage >= 1 or bf16_opt) else 1)
+    if offload_optimizer:
+        optimizer = 0.0
+    if offload_param:
+        params = 0.0
+    return {"params": params, "grads": grads, "optimizer": optimizer}
+
+
+def activation_bytes_per_layer(s: int, b: int, h: int, a: int, tp: int = 1, sequence_parallel: bool = False,
+                               recompute: str = "none", store_scores: bool = True, ulysses_degree: int = 1) -> float:
+    """Activation bytes one transformer block keeps for backward (Korthikanti et al. 2022, Table 2)."""
+    if recompute == "full":
+        return 2 * s * b * h / (tp if sequence_parallel else 1) / ulysses_degree
+    linear = s * b * h * (34 / tp if sequence_parallel else 10 + 24 / tp)
+    scores = 5 * a * s * s * b / tp if (recompute == "none" and store_scores) else 0.0
+    return (linear + scores) / ulysses_degree
+
+
+def layers_in_stage(num_layers: int, pipeline_degree: int, stage: int) -> int:
+    """Blocks on pipeline stage `stage` when blocks are spread evenly."""
+    return num_layers // pipeline_degree + (1 if stage < num_layers % pipeline_degree else 0)
+
+
+def stage_params(shape: ModelShape, st: Strategy, stage: int) -> float:
+    """Parameters one rank of pipeline stage `stage` holds (TP-sharded, before ZeRO)."""
+    p, t = st.pipeline_degree, st.tensor_degree
+    h, pc = shape.hidden_size, shape.params
+    n = layers_in_stage(shape.num_layers, p, stage) * pc.per_layer / t
+    vocab_rows = st.padded_vocab_size * h / t
+    if stage == 0:
+        n += vocab_rows + (pc.embedding - shape.vocab_size * h)  # + learned positions / embedding norm
+    if stage == p - 1:
+        n += pc.final_norm
+        if not shape.tied_embeddings or p > 1:
+            n += vocab_rows  # the untied head, or the tied embedding's copy on the last stage
+    return n
+
+
+def in_flight_micro_batches(st: Strategy, stage: int) -> int:
+    """Micro-batches whose activations stage `stage` holds at its peak under 1F1B."""
+    if st.pipeline_degree == 1:
+        return 1
+    return min(st.pipeline_degree - stage, st.grad_accum_steps)
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    stage: int
+    params: float
+    grads: float
+    optimizer: float
+    activations: float   # blocks' activations + logits buffer
+    logits: float
+    overhead: float
+
+    @property
+    def total(self) -> float:
+        return self.params + self.grads + self.optimizer + self.activations + self.overhead
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    stages: tuple[StageMemory, ...]
+    capacity_bytes: float
+
+    @property
+    def peak(self) -> StageMemory:
+        """The stage that needs the most memory: every GPU must hold it."""
+        return max(self.stages, key=lambda m: m.total)
+
+    @property
+    def fits(self) -> bool:
+        return self.peak.total <= self.capacity_bytes
+
+    @property
+    def headroom_bytes(self) -> float:
+        """Capacity minus the peak stage's need (negative: short by that much)."""
+        return self.capacity_bytes - self.peak.total
+
+    def per_gpu(self) -> dict:
+        m = self.peak
+        return {"params": m.params, "grads": m.grads, "optimizer": m.optimizer, "activations": m.activations,
+                "overhead": m.overhead, "total": m.total}
+
+
+def _stage_memory(shape: ModelShape, st: Strategy, stage: int, per_layer_act: float, working_set: float) -> StageMemory:
+    n = stage_params(shape, st, stage)
+    states = model_state_bytes(n, st.data_degree, st.zero_stage, st.dtype, st.grad_accum_fp32,
+                               st.pipeline_degree, st.offload_optimizer, st.offload_param)
+    blocks = layers_in_stage(shape.num_layers, st.pipeline_degree, stage)
+    acts = blocks * per_layer_act * in_flight_micro_batches(st, stage) + working_set
+    logits = 0.0
+    if stage == st.pipeline_degree - 1:
+        logits = (st.seq_length * st.micro_batch_size * st.padded_vocab_size / st.tensor_degree / st.sequence_degree
+                  * LOGITS_BYTES_PER_ELEMENT)
+    w = weight_bytes(st.dtype)
+    if st.zero_stage == 3:
+        buffers = 2 * shape.params.per_layer / st.tensor_degree * w
+    elif st.zero_stage in (1, 2):
+        buffers = REDUCE_BUCKET_ELEMENTS * w
+    else:
+        buffers = 0.0
+    return StageMemory(stage=stage, params=states["params"], grads=states["grads"], optimizer=states["optimizer"],
+                       activations=acts + logits, logits=logits, overhead=FRAMEWORK_OVERHEAD_BYTES + buffers)
+
+
+def estimate_memory(shape: ModelShape, st: Strategy, hw: Hardware) -> MemoryEstimate:
+    """Memory of every pipeline stage of one rank, and whether the worst one fits the GPU."""
+    args = dict(s=st.seq_length, b=st.micro_batch_size, h=shape.hidden_size, a=shape.num_heads,
+                tp=st.tensor_degree, store_scores=not shape.flash_attention, ulysses_degree=st.sequence_degree)
+    per_layer = activation_bytes_per_layer(recompute=st.recompute, **args)
+    # Full recompute rebuilds one block's activations at a time in backward: that block's full set is live.
+    working_set = activation_bytes_per_layer(recompute="none", **args) if st.recompute == "full" else 0.0
+    # Stages other than the first and last differ only in in-flight micro-batches and block count, so the
+    # first, the last and (for the block-count remainder) stage 1 bound them all; evaluating every stage
+    # would cost O(PP) per candidate in --search for no new maximum.
+    stages = sorted({0, min(1, st.pipeline_degree - 1), st.pipeline_degree - 1})
+    return MemoryEstimate(stages=tuple(_stage_memory(shape, st, i, per_layer, working_set) for i in stages),
+                          capacity_bytes=hw.memory_bytes)
