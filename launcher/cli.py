@@ -2,6 +2,7 @@
 
     launcher show  [overrides]            resolved config, layout, DeepSpeed JSON
     launcher plan  [overrides] [--json]   the layout table (or one JSON object)
+    launcher plan  [overrides] --rank-map [--rank-map-png PATH]   node/GPU -> rank -> (tp, pp, dp)
 
 Bad input exits with status 2 and a message naming the key, the value, the
 rule and a fix; the Python traceback only with --debug (or LAUNCHER_DEBUG=1).
@@ -54,11 +55,23 @@ def cmd_plan(args) -> int:
     from launcher.plan.report import plan_summary, render_plan
 
     cfg, layout = _resolve(args.overrides)
+    if args.rank_map or args.rank_map_png:
+        return _rank_map(layout, args)
     summary = plan_summary(cfg, layout)
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
         render_plan(summary, _console())
+    return 0
+
+
+def _rank_map(layout, args) -> int:
+    from launcher.plan.rankmap import format_rank_map, write_rank_map_png
+
+    if args.rank_map:
+        print(format_rank_map(layout))
+    if args.rank_map_png:
+        print(f"rank map written to {write_rank_map_png(layout, args.rank_map_png)}", file=sys.stderr)
     return 0
 
 
@@ -77,6 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("show", cmd_show, "print the resolved config, the derived layout and the DeepSpeed JSON")
     plan = add("plan", cmd_plan, "print the layout: world, TP/PP/DP, batch arithmetic, parameters, bubble")
     plan.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    plan.add_argument("--rank-map", action="store_true", help="print node/GPU -> global rank -> (tp, pp, dp), one line per rank")
+    plan.add_argument("--rank-map-png", metavar="PATH", help="draw the rank map as an image (PNG)")
     return parser
 
 
