@@ -83,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     def add(name: str, func, help_text: str) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=help_text)
         p.add_argument("overrides", nargs="*", help="Hydra overrides: recipe=NAME, model=NAME, key=value ...")
-        p.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
         p.set_defaults(func=func)
         return p
 
@@ -96,14 +96,24 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    # Flags may sit between overrides (`plan recipe=x --json y=1`): argparse stops the positional list at a
+    # flag, so the overrides after it come back as extras.
+    args, extra = parser.parse_known_args(argv)
+    unknown = [e for e in extra if e.startswith("-")]
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    args.overrides = list(args.overrides) + extra
     debug = args.debug or os.environ.get("LAUNCHER_DEBUG") == "1"
     try:
         return args.func(args)
     except ConfigError as err:
         if debug:
             raise
-        _console(stderr=True).print(f"[bold red]config error:[/bold red] {err}", markup=True, highlight=False)
+        from rich.markup import escape
+
+        # The message holds user values (e.g. '[a, b]'): escape them so rich does not read them as markup.
+        _console(stderr=True).print(f"[bold red]config error:[/bold red] {escape(str(err))}", highlight=False)
         return EXIT_CONFIG_ERROR
 
 

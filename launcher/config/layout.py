@@ -23,6 +23,7 @@ the nearest valid values. It never writes back into the config.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict, dataclass
 
 from launcher.config import hardware
@@ -71,7 +72,16 @@ def _positive(key: str, value, fix: str = "use a whole number >= 1") -> int:
     return value
 
 
+RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
 def _check_names(cfg) -> None:
+    # The run name becomes a directory and a SLURM job name: allow no separators, no traversal, no shell syntax.
+    if cfg.run_name is not None and not RUN_NAME.fullmatch(str(cfg.run_name)):
+        raise ConfigError("run_name", cfg.run_name,
+                          "must be 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit "
+                          "(it names a directory under runs_dir and the SLURM job)",
+                          "pick a name such as run_name=llama-7b-lr3e-4")
     arch = cfg.model.arch
     if arch not in ARCHS:
         raise ConfigError("model.arch", arch, f"must be one of {', '.join(ARCHS)}", "set model.arch=llama (or bloom, gpt)")
@@ -81,6 +91,25 @@ def _check_names(cfg) -> None:
     stage = cfg.parallel.zero_stage
     if stage not in (0, 1, 2, 3):
         raise ConfigError("parallel.zero_stage", stage, "DeepSpeed ZeRO has stages 0, 1, 2 and 3", "set parallel.zero_stage to 0, 1, 2 or 3")
+
+
+DATA_SOURCES = ("stdlib", "hf", "tokens")
+
+
+def _check_data(cfg) -> None:
+    """Which inputs each data source needs (existence of the files is checked before launch, not here)."""
+    d = cfg.data
+    if d.source not in DATA_SOURCES:
+        raise ConfigError("data.source", d.source, f"must be one of {', '.join(DATA_SOURCES)}", "select data=stdlib, data=hf or data=tokens")
+    if d.source == "tokens" and not d.tokens_path:
+        raise ConfigError("data.tokens_path", d.tokens_path, "data=tokens reads an existing packed token file and needs its path",
+                          "pass data.tokens_path=/path/to/tokens.bin (written by an earlier run's pretokenization)")
+    if d.source == "hf" and not d.paths and not d.hf_name:
+        raise ConfigError("data.paths", list(d.paths), "data=hf needs local files (data.paths) or a hub dataset name (data.hf_name)",
+                          "pass data.paths='[/data/train.jsonl]' or data.hf_name=NAME")
+    if not 0.0 <= d.val_fraction < 0.5:
+        raise ConfigError("data.val_fraction", d.val_fraction, "the held-out fraction must be in [0, 0.5)",
+                          "use e.g. data.val_fraction=0.01")
 
 
 def _check_model_shape(cfg) -> None:
@@ -132,16 +161,23 @@ def _data_degree(cfg, world: int, tp: int, pp: int, sp: int) -> int:
     mp = tp * pp * sp
     if world % mp:
         c = cfg.cluster
-        valid_tp = [d for d in nearest_divisors(world // math.gcd(world, pp * sp) if world % (pp * sp) == 0 else world, tp, 4)
-                    if cfg.model.num_attention_heads % d == 0][:2]
-        node_fix = [n for n in range(max(1, c.nodes - 8), c.nodes + 9) if (n * c.gpus_per_node) % mp == 0]
-        nodes_hint = f"cluster.nodes to {join_or(sorted(node_fix, key=lambda n: abs(n - c.nodes))[:2])}" if node_fix else "the cluster size"
-        tp_hint = f"parallel.tensor_degree to {join_or(valid_tp)}, or " if valid_tp else ""
+        degrees = {"tensor_degree": tp, "pipeline_degree": pp, "sequence_degree": sp}
+        # Name the largest degree: it is the one most likely set by hand.
+        name = max(degrees, key=lambda k: (degrees[k], k == "tensor_degree"))
+        others = mp // degrees[name]
+        room = world // others if world % others == 0 else None
+        hints = []
+        if room:
+            hints.append(f"parallel.{name} to {join_or(nearest_divisors(room, degrees[name], 2))} "
+                         f"(divisors of world / the other degrees = {world} / {others} = {room})")
+        nodes = [n for n in range(1, c.nodes + 2 * mp + 1) if (n * c.gpus_per_node) % mp == 0]
+        if nodes:
+            hints.append(f"cluster.nodes to {join_or(sorted(nodes, key=lambda n: (abs(n - c.nodes), n))[:2])}")
         raise ConfigError(
-            "parallel.tensor_degree", tp,
+            f"parallel.{name}", degrees[name],
             f"world size cluster.nodes x cluster.gpus_per_node = {c.nodes} x {c.gpus_per_node} = {world} is not divisible by "
             f"tensor_degree x pipeline_degree x sequence_degree = {tp} x {pp} x {sp} = {mp}",
-            f"set {tp_hint}{nodes_hint}")
+            "set " + (", or ".join(hints) if hints else "the degrees so that their product divides the world size"))
     dp = world // mp
     explicit = cfg.parallel.data_degree
     if explicit is not None and explicit != dp:
@@ -188,7 +224,8 @@ def _check_tensor_parallel(cfg, tp: int, warnings: list[str]) -> int:
         raise ConfigError(
             "parallel.tensor_degree", tp,
             f"the MLP is split column-wise: intermediate_size % tensor_degree = {inter} % {tp} = {inter % tp}",
-            f"set parallel.tensor_degree to one of {join_or(nearest_divisors(inter, tp, 3))}")
+            f"set model.intermediate_size to {join_or(nearest_multiples(inter, tp))}, or parallel.tensor_degree to one of "
+            f"{join_or(nearest_divisors(math.gcd(inter, heads), tp, 3))}")
     if tp > cfg.cluster.gpus_per_node:
         warnings.append(
             f"parallel.tensor_degree={tp} > cluster.gpus_per_node={cfg.cluster.gpus_per_node}: tensor-parallel all-reduces "
@@ -231,7 +268,8 @@ def _check_sequence_parallel(cfg, sp: int, pp: int) -> None:
     if seq % sp:
         raise ConfigError("parallel.sequence_degree", sp,
                           f"Ulysses splits the sequence evenly: data.seq_length % sequence_degree = {seq} % {sp} = {seq % sp}",
-                          f"set data.seq_length to {join_or(nearest_multiples(seq, sp))}, or sequence_degree to one of {join_or(nearest_divisors(seq, sp, 3))}")
+                          f"set data.seq_length to {join_or(nearest_multiples(seq, sp))}, or sequence_degree to one of "
+                          f"{join_or(nearest_divisors(math.gcd(seq, heads), sp, 3))} (divisors of both seq_length and the head count)")
     if heads % sp:
         raise ConfigError("parallel.sequence_degree", sp,
                           f"Ulysses' all-to-all hands each rank whole heads: model.num_attention_heads % sequence_degree = {heads} % {sp} = {heads % sp}",
@@ -262,6 +300,7 @@ def _check_offload(cfg, zero: int) -> None:
 def resolve_layout(cfg) -> Layout:
     """Check every layout rule and derive the numbers above. `cfg` is the composed config."""
     _check_names(cfg)
+    _check_data(cfg)
     _check_model_shape(cfg)
     device = _check_cluster(cfg)
     warnings: list[str] = []

@@ -78,5 +78,7 @@ def render_plan(s: dict, console) -> None:
     for row in _rows(s):
         table.add_row(*row)
     console.print(table)
+    from rich.markup import escape
+
     for w in s["warnings"]:
-        console.print(f"[yellow]warning:[/yellow] {w}")
+        console.print(f"[yellow]warning:[/yellow] {escape(w)}")

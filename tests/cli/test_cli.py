@@ -1,0 +1,83 @@
+"""The CLI through the real console script: what a user types and sees."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import venv_bin
+
+PLAN_KEYS = {"world_size", "nodes", "gpus_per_node", "tensor_degree", "pipeline_degree", "data_degree", "micro_batch_size",
+             "grad_accum_steps", "global_batch_size", "tokens_per_step", "params_total", "bubble_fraction"}
+
+
+def run(*args: str, module: bool = False) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "launcher", *args] if module else [venv_bin("launcher"), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+
+def test_plan_json_bloom():
+    out = run("plan", "recipe=bloom-176b", "--json")
+    assert out.returncode == 0, out.stderr
+    plan = json.loads(out.stdout)
+    assert PLAN_KEYS <= plan.keys()
+    assert (plan["world_size"], plan["tensor_degree"], plan["pipeline_degree"], plan["data_degree"]) == (384, 4, 12, 8)
+    assert plan["grad_accum_steps"] == 128 and plan["tokens_per_step"] == 4_194_304
+    assert plan["params_total"] == 176_247_271_424
+    assert plan["bubble_fraction"] == pytest.approx(11 / 128)
+
+
+def test_plan_table_shows_arithmetic():
+    out = run("plan", "recipe=bloom-176b")
+    assert out.returncode == 0, out.stderr
+    text = " ".join(out.stdout.split())
+    for fragment in ("384", "4 x 12", "176,247,271,424", "4,194,304", "8.59%"):
+        assert fragment in text, fragment
+
+
+def test_plan_without_recipe_from_overrides():
+    out = run("plan", "model=llama-65b", "cluster.nodes=256", "parallel.tensor_degree=8", "batch.global_batch_size=2048", "--json")
+    assert out.returncode == 0, out.stderr
+    plan = json.loads(out.stdout)
+    assert (plan["world_size"], plan["data_degree"], plan["params_total"]) == (2048, 256, 65_285_660_672)
+
+
+def test_bad_batch_is_a_clear_error_without_traceback():
+    out = run("plan", "recipe=llama-7b", "batch.global_batch_size=1000")
+    assert out.returncode == 2
+    assert "batch.global_batch_size=1000" in out.stderr
+    assert "4 x 64 = 256" in out.stderr and "768 or 1024" in out.stderr
+    assert "Traceback" not in out.stderr + out.stdout
+
+
+def test_debug_flag_shows_traceback():
+    out = run("--debug", "plan", "recipe=llama-7b", "batch.global_batch_size=1000")
+    assert out.returncode != 0 and "Traceback" in out.stderr and "ConfigError" in out.stderr
+
+
+@pytest.mark.parametrize("args,fragments", [
+    (["model.hiden_size=3"], ["model.hiden_size", "did you mean hidden_size"]),
+    (["recipe=llama7b"], ["recipes/llama7b.yaml", "llama-7b"]),
+    (["model=llama-7"], ["conf/model/llama-7.yaml", "llama-7b"]),
+    (["batch.micro_batch_size=two"], ["batch.micro_batch_size", "wrong type"]),
+    (["parallel.tensr_degree=2"], ["parallel.tensr_degree", "tensor_degree"]),
+    (["clustr.nodes=2"], ["clustr", "cluster"]),
+])
+def test_compose_errors_name_the_key_and_suggest(args, fragments):
+    out = run("plan", *args)
+    assert out.returncode == 2, out.stdout
+    for fragment in fragments:
+        assert fragment in out.stderr, (fragment, out.stderr)
+    assert "Traceback" not in out.stderr
+
+
+def test_show_prints_config_layout_and_deepspeed_json():
+    out = run("show", "recipe=bloom-176b", module=True)
+    assert out.returncode == 0, out.stderr
+    assert "recipe_name: bloom-176b" in out.stdout
+    ds = json.loads(out.stdout[out.stdout.index("{", out.stdout.index("DeepSpeed config")):])
+    assert ds["train_micro_batch_size_per_gpu"] == 2 and ds["gradient_accumulation_steps"] == 128
+    assert ds["pipeline"]["stages"] == 12
