@@ -40,7 +40,7 @@ def global_batch(step: int, rows: int, seq: int, vocab: int) -> torch.Tensor:
     return (a + b * torch.arange(seq)[None, :]) % vocab
 
 
-def reference_losses(cfg, layout) -> list[float]:
+def reference_run(cfg, layout):
     """The 1-rank fp32 run: whole global batch per step, same optimizer and clipping as the DeepSpeed config."""
     from launcher.runtime.model import build_model
 
@@ -57,7 +57,7 @@ def reference_losses(cfg, layout) -> list[float]:
         opt.step()
         opt.zero_grad()
         out.append(loss.item())
-    return out
+    return out, model
 
 
 def my_micro_batches(step, layout, dp_rank):
@@ -92,6 +92,13 @@ def run_pipe(cfg, layout):
     for step in range(STEPS):
         batches = [(mb, mb) for mb in my_micro_batches(step, layout, dp_rank)]
         losses.append(engine.train_batch(data_iter=iter(batches)).item())
+    from launcher.parallel.export import gather_hf_state_dict
+
+    # The pipeline's own loss on one fixed batch after training: the export must reproduce it.
+    eval_ids = global_batch(10_000, layout.micro_batch_size, layout.seq_length, layout.vocab_size)
+    info_eval = engine.eval_batch(data_iter=iter([(eval_ids, eval_ids)] * layout.grad_accum_steps)).item()
+
+    exported = gather_hf_state_dict(module, grid, cfg.model.num_hidden_layers, cfg.model.tie_word_embeddings)
     blocks = [m for m in module.modules() if isinstance(m, DecoderBlockPipe)]
     info = {
         "stage": grid.get_stage_id(), "dp_rank": dp_rank, "tp_rank": grid.get_slice_parallel_rank(),
@@ -104,8 +111,9 @@ def run_pipe(cfg, layout):
         "sharded_params": sum(p.numel() for p in module.parameters() if getattr(p, "tensor_model_parallel", False)),
         "optimizer": type(engine.optimizer).__name__,
         "param_dtype": str(next(module.parameters()).dtype),
+        "pipeline_eval_loss": info_eval,
     }
-    return engine, losses, info
+    return engine, losses, info, exported
 
 
 def run_autotp(cfg, layout):
@@ -141,7 +149,24 @@ def run_autotp(cfg, layout):
         "block_linear_params": sum(p.numel() for n, p in layers.named_parameters() if "norm" not in n),
         "optimizer": type(engine.optimizer).__name__,
     }
-    return engine, losses, info
+    return engine, losses, info, None
+
+
+def compare_export(exported, ref_model, cfg, layout, pipeline_eval_loss) -> dict:
+    """Load the merged state dict into a fresh transformers model (strict) and compare with the reference."""
+    from launcher.runtime.model import build_model
+
+    model = build_model(cfg.model, SEED + 1, vocab_size=layout.padded_vocab_size)  # other seed: every weight must come from the export
+    model.load_state_dict({k: v.float() for k, v in exported.items()}, strict=True)
+    ids = global_batch(10_000, layout.micro_batch_size, layout.seq_length, layout.vocab_size)
+    with torch.no_grad():
+        got, want = model(input_ids=ids).logits, ref_model(input_ids=ids).logits
+        export_loss = model(input_ids=ids, labels=ids).loss.item()
+    ref_sd = ref_model.state_dict()
+    return {"keys_match": sorted(exported) == sorted(ref_sd),
+            "max_weight_diff": max((exported[k].float() - ref_sd[k]).abs().max().item() for k in ref_sd),
+            "max_logit_diff_vs_reference": (got - want).abs().max().item(), "max_logit": want.abs().max().item(),
+            "export_loss": export_loss, "pipeline_eval_loss": pipeline_eval_loss}
 
 
 def run_case(spec: str) -> dict:
@@ -155,15 +180,18 @@ def run_case(spec: str) -> dict:
     ref_cfg = compose(overrides + ["parallel.tensor_degree=1", "parallel.pipeline_degree=1", "parallel.sequence_degree=1",
                                    "precision=fp32", "precision.grad_accum_dtype=null", "cluster.gpus_per_node=1"])
     t0 = time.perf_counter()
-    engine, losses, info = (run_pipe if mode == "pipe" else run_autotp)(cfg, layout)
+    engine, losses, info, exported = (run_pipe if mode == "pipe" else run_autotp)(cfg, layout)
     seconds = time.perf_counter() - t0
     infos = [None] * dist.get_world_size()
     dist.all_gather_object(infos, info)
     del engine
     gc.collect()
-    ref = reference_losses(ref_cfg, resolve_layout(ref_cfg))
+    ref, ref_model = reference_run(ref_cfg, resolve_layout(ref_cfg))
     rel = [abs(a - b) / abs(b) for a, b in zip(losses, ref)]
-    return {"name": name, "mode": mode, "overrides": overrides, "losses": losses, "reference": ref,
+    export = None
+    if exported is not None:
+        export = compare_export(exported, ref_model, ref_cfg, layout, info["pipeline_eval_loss"])
+    return {"name": name, "export": export, "mode": mode, "overrides": overrides, "losses": losses, "reference": ref,
             "max_rel_diff": max(rel), "per_rank": infos, "seconds": seconds,
             "layout": {k: getattr(layout, k) for k in ("tensor_degree", "pipeline_degree", "data_degree", "zero_stage",
                                                        "grad_accum_steps", "dtype")}}

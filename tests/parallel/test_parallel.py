@@ -39,9 +39,9 @@ LAUNCHES = {
         f"tp2-z1:autotp:{TP},{Z1}",
     ],
     4: [
-        f"pp2-dp2:pipe:{PP}",
+        f"pp2-dp2-tied:pipe:{PP},model.tie_word_embeddings=true",
         f"pp2-dp2-z1:pipe:{PP},{Z1}",
-        f"tp2-pp2:pipe:{TP},{PP}",
+        f"tp2-pp2-tied:pipe:{TP},{PP},model.tie_word_embeddings=true",
         f"tp2-pp2-z1-ac:pipe:{TP},{PP},{Z1},model.activation_checkpointing=true",
         f"tp2-dp2-z1:autotp:{TP},{Z1}",
     ],
@@ -84,6 +84,14 @@ def _assert_matches_one_rank(r, tol=TOL):
         assert abs(got - ref) <= tol * abs(ref), f"{r['name']} step {step}: {got} vs 1-rank {ref}"
 
 
+def _assert_export_reproduces_pipeline(r, tol=1e-5):
+    """launcher.parallel.export merged stages (and TP shards) into a transformers state dict that loads
+    strictly and gives the pipeline's own loss on a fixed batch (engine.eval_batch after training)."""
+    e = r["export"]
+    assert e["keys_match"]
+    assert abs(e["export_loss"] - e["pipeline_eval_loss"]) <= tol * e["pipeline_eval_loss"]
+
+
 def _assert_megatron_sharding(r, tp=2):
     """Each rank holds 1/tp of its stage's block linears, all as column/row-parallel layers."""
     for info in r["per_rank"]:
@@ -110,6 +118,7 @@ def _assert_megatron_sharding(r, tp=2):
 def test_pp2_matches_one_rank(ranks2):
     r = ranks2["pp2"]
     _assert_matches_one_rank(r)
+    _assert_export_reproduces_pipeline(r)
     params = sorted(i["params"] for i in r["per_rank"])
     assert sum(params) == FULL  # stages hold disjoint slices of one model
     assert {i["blocks"] for i in r["per_rank"]} == {2}
@@ -119,6 +128,7 @@ def test_pp2_matches_one_rank(ranks2):
 def test_pp2_tied_type_partition_checkpointing_zero1(ranks2):
     r = ranks2["pp2-z1-tied-type-ac"]
     _assert_matches_one_rank(r)
+    _assert_export_reproduces_pipeline(r)
     # Tied: both ends hold the embedding (TiedLayerSpec), no separate head: FULL - V*H + V*H again.
     assert sum(i["params"] for i in r["per_rank"]) == FULL
     assert [i["blocks"] for i in sorted(r["per_rank"], key=lambda i: i["stage"])] == [2, 2]
@@ -133,6 +143,7 @@ def test_pp2_bf16_runs_bf16_optimizer(ranks2):
     assert {i["optimizer"] for i in r["per_rank"]} == {"BF16_Optimizer"}
     assert {i["param_dtype"] for i in r["per_rank"]} == {"torch.bfloat16"}
     _assert_matches_one_rank(r, tol=3e-2)
+    _assert_export_reproduces_pipeline(r, tol=2e-2)  # bf16 weights, fp32 transformers forward
 
 
 @pytest.mark.slow
@@ -148,19 +159,21 @@ def test_autotp_tp2_matches_one_rank_and_shards(ranks2, name):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["pp2-dp2", "pp2-dp2-z1"])
+@pytest.mark.parametrize("name", ["pp2-dp2-tied", "pp2-dp2-z1"])
 def test_pp2_dp2_matches_one_rank(ranks4, name):
     r = ranks4[name]
     _assert_matches_one_rank(r)
+    _assert_export_reproduces_pipeline(r)
     assert sorted(i["dp_rank"] for i in r["per_rank"]) == [0, 0, 1, 1]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["tp2-pp2", "tp2-pp2-z1-ac"])
+@pytest.mark.parametrize("name", ["tp2-pp2-tied", "tp2-pp2-z1-ac"])
 def test_tp2_pp2_matches_one_rank_and_shards(ranks4, name):
     r = ranks4[name]
     _assert_matches_one_rank(r)
     _assert_megatron_sharding(r)
+    _assert_export_reproduces_pipeline(r)
 
 
 @pytest.mark.slow
@@ -177,4 +190,5 @@ def test_tp2_pp2_dp2_on_8_ranks(ranks8):
     r = ranks8["tp2-pp2-dp2-z1"]
     _assert_matches_one_rank(r)
     _assert_megatron_sharding(r)
+    _assert_export_reproduces_pipeline(r)
     assert sorted(i["dp_rank"] for i in r["per_rank"]) == [0] * 4 + [1] * 4
