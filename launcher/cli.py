@@ -3,6 +3,7 @@
     launcher show  [overrides]            resolved config, layout, DeepSpeed JSON
     launcher plan  [overrides] [--json]   the layout table (or one JSON object)
     launcher plan  [overrides] --search   the best layouts for the model and cluster, ranked
+    launcher plan  [overrides] --rank-map [--rank-map-png PATH]   node/GPU -> rank -> (tp, pp, dp)
 
 Bad input exits with status 2 and a message naming the key, the value, the
 rule and a fix; the Python traceback only with --debug (or LAUNCHER_DEBUG=1).
@@ -57,6 +58,8 @@ def cmd_plan(args) -> int:
     cfg, layout = _resolve(args.overrides)
     if args.search:
         return _plan_search(cfg, args)
+    if args.rank_map or args.rank_map_png:
+        return _rank_map(layout, args)
     summary = plan_summary(cfg, layout)
     if args.json:
         print(json.dumps(summary, indent=2))
@@ -78,6 +81,16 @@ def _plan_search(cfg, args) -> int:
     return 0
 
 
+def _rank_map(layout, args) -> int:
+    from launcher.plan.rankmap import format_rank_map, write_rank_map_png
+
+    if args.rank_map:
+        print(format_rank_map(layout))
+    if args.rank_map_png:
+        print(f"rank map written to {write_rank_map_png(layout, args.rank_map_png)}", file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="launcher", description="Validated LLM pretraining layouts on DeepSpeed + SLURM.")
     parser.add_argument("--debug", action="store_true", help="show Python tracebacks for errors")
@@ -96,6 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--search", action="store_true",
                       help="enumerate every valid TP/PP/DP/ZeRO/micro-batch/recompute layout, keep what fits, rank by throughput")
     plan.add_argument("--top", type=int, default=10, help="--search: how many layouts to print (default 10)")
+    plan.add_argument("--rank-map", action="store_true", help="print node/GPU -> global rank -> (tp, pp, dp), one line per rank")
+    plan.add_argument("--rank-map-png", metavar="PATH", help="draw the rank map as an image (PNG)")
     return parser
 
 
@@ -111,6 +126,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     debug = args.debug or os.environ.get("LAUNCHER_DEBUG") == "1"
     try:
         return args.func(args)
+    except BrokenPipeError:
+        # `launcher plan --rank-map | head`: the reader left; that is not an error.
+        sys.stdout = open(os.devnull, "w")
+        return 0
     except ConfigError as err:
         if debug:
             raise

@@ -142,7 +142,11 @@ def build_deepspeed_config(cfg, layout: Layout) -> dict:
             "contiguous_memory_optimization": False,
             "cpu_checkpointing": False,
         }
-    if layout.tensor_degree > 1:
+    if layout.tensor_degree > 1 and layout.pipeline_degree == 1:
+        # AutoTP only without a pipeline: inside a PipelineModule it builds its own (world/tp, tp) mesh
+        # that ignores the pipeline axis and cannot find a policy for the pipeline's layers
+        # ("Not able to determine model policy automatically"); there launcher/parallel/tensor.py
+        # shards the blocks on the pipeline grid's model axis instead.
         ds["tensor_parallel"] = {"autotp_size": layout.tensor_degree}
     if layout.sequence_degree > 1:
         ds["sequence_parallel_size"] = layout.sequence_degree

@@ -1,0 +1,225 @@
+"""Multi-rank driver for the parallel tests: `torchrun --nproc_per_node N tests/parallel/driver.py OUT.json CASE...`.
+
+Each CASE is `name:mode:key=value,key=value` where mode is
+    pipe    launcher.parallel.pipeline.build_pipeline_module + engine.train_batch (PP, PP x DP, TP x PP [x DP])
+    autotp  the plain transformers model with DeepSpeed AutoTP (tensor_parallel.autotp_size from the generated config)
+and the key=value pairs are Hydra overrides on top of BASE. Several cases run in one launch to pay the
+start-up once. For every case every rank also trains the unpipelined, unsharded model in plain torch
+(the reference: one process, the whole global batch per step, torch AdamW, torch clip_grad_norm_) and
+rank 0 writes both loss trajectories, the per-rank parameter counts and the sharding facts to OUT.json.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+# The tiny shape of the brief: hidden 64, 4 heads, 4 layers, vocab 256, seq 32; lr high enough that
+# the loss moves and gradient clipping at 1.0 is active in the first steps.
+BASE = [
+    "model=tiny", "model.hidden_size=64", "model.num_attention_heads=4", "model.num_key_value_heads=4",
+    "model.num_hidden_layers=4", "model.intermediate_size=128", "model.vocab_size=256",
+    "data.seq_length=32", "cluster=cpu", "precision=fp32", "batch.micro_batch_size=2", "batch.global_batch_size=8",
+    "optimizer.lr=0.01", "optimizer.weight_decay=0.01", "optimizer.grad_clip=1.0", "parallel.zero_stage=0",
+]
+STEPS = 6
+SEED = 1234
+
+
+def global_batch(step: int, rows: int, seq: int, vocab: int) -> torch.Tensor:
+    """Learnable synthetic data: each row an arithmetic progression a + b*t mod vocab (random a, b per row)."""
+    g = torch.Generator().manual_seed(SEED * 1000 + step)
+    a = torch.randint(0, vocab, (rows, 1), generator=g)
+    b = torch.randint(1, 8, (rows, 1), generator=g)
+    return (a + b * torch.arange(seq)[None, :]) % vocab
+
+
+def reference_run(cfg, layout):
+    """The 1-rank fp32 run: whole global batch per step, same optimizer and clipping as the DeepSpeed config."""
+    from launcher.runtime.model import build_model
+
+    model = build_model(cfg.model, SEED, vocab_size=layout.padded_vocab_size)
+    o = cfg.optimizer
+    opt = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay)
+    out = []
+    for step in range(STEPS):
+        ids = global_batch(step, layout.global_batch_size, layout.seq_length, layout.vocab_size)
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        if o.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), o.grad_clip)
+        opt.step()
+        opt.zero_grad()
+        out.append(loss.item())
+    return out, model
+
+
+def my_micro_batches(step, layout, dp_rank):
+    """This replica's `grad_accum_steps` micro-batches of the global batch (TP ranks of a group get the same ones)."""
+    ids = global_batch(step, layout.global_batch_size, layout.seq_length, layout.vocab_size)
+    m, k = layout.micro_batch_size, layout.grad_accum_steps
+    mine = ids[dp_rank * m * k:(dp_rank + 1) * m * k]
+    return [mine[j * m:(j + 1) * m] for j in range(k)]
+
+
+def ds_config(cfg, layout) -> dict:
+    from launcher.deepspeed_config import build_deepspeed_config
+
+    ds = build_deepspeed_config(cfg, layout)
+    # These tests compare parallel layouts, not schedules: a constant lr keeps the reference a plain torch AdamW.
+    del ds["scheduler"]
+    return ds
+
+
+def run_pipe(cfg, layout):
+    import deepspeed
+
+    from launcher.parallel.pipeline import DecoderBlockPipe, build_pipeline_module
+    from launcher.parallel.tensor import ColumnParallelLinear, RowParallelLinear
+
+    module = build_pipeline_module(cfg, layout, SEED)
+    engine, _, _, _ = deepspeed.initialize(model=module, model_parameters=[p for p in module.parameters()],
+                                           config=ds_config(cfg, layout))
+    grid = engine.grid
+    dp_rank = grid.get_data_parallel_rank()
+    losses = []
+    for step in range(STEPS):
+        batches = [(mb, mb) for mb in my_micro_batches(step, layout, dp_rank)]
+        losses.append(engine.train_batch(data_iter=iter(batches)).item())
+    from launcher.parallel.export import gather_hf_state_dict
+
+    # The pipeline's own loss on one fixed batch after training: the export must reproduce it.
+    eval_ids = global_batch(10_000, layout.micro_batch_size, layout.seq_length, layout.vocab_size)
+    info_eval = engine.eval_batch(data_iter=iter([(eval_ids, eval_ids)] * layout.grad_accum_steps)).item()
+
+    exported = gather_hf_state_dict(module, grid, cfg.model.num_hidden_layers, cfg.model.tie_word_embeddings)
+    blocks = [m for m in module.modules() if isinstance(m, DecoderBlockPipe)]
+    info = {
+        "stage": grid.get_stage_id(), "dp_rank": dp_rank, "tp_rank": grid.get_slice_parallel_rank(),
+        "slice_group": list(grid.slice_group), "params": sum(p.numel() for p in module.parameters()),
+        "blocks": len(blocks),
+        "column_parallel": sum(isinstance(m, ColumnParallelLinear) for m in module.modules()),
+        "row_parallel": sum(isinstance(m, RowParallelLinear) for m in module.modules()),
+        "plain_linear_in_blocks": sum(isinstance(m, torch.nn.Linear) for b in blocks for m in b.modules()),
+        "block_linear_params": sum(p.numel() for b in blocks for n, p in b.named_parameters() if "norm" not in n),
+        "sharded_params": sum(p.numel() for p in module.parameters() if getattr(p, "tensor_model_parallel", False)),
+        "optimizer": type(engine.optimizer).__name__,
+        "param_dtype": str(next(module.parameters()).dtype),
+        "pipeline_eval_loss": info_eval,
+    }
+    return engine, losses, info, exported
+
+
+def run_autotp(cfg, layout):
+    import deepspeed
+    from deepspeed.module_inject.layers import LinearAllreduce, LinearLayer
+
+    from launcher.runtime.model import build_model
+
+    model = build_model(cfg.model, SEED, vocab_size=layout.padded_vocab_size)
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config(cfg, layout))
+    tp = layout.tensor_degree
+    # TP ranks are consecutive (launcher/plan/rankmap.py), so this rank's replica is rank // tp.
+    dp_rank = dist.get_rank() // tp
+    losses = []
+    for step in range(STEPS):
+        micro = []
+        for mb in my_micro_batches(step, layout, dp_rank):
+            loss = engine(input_ids=mb, labels=mb).loss
+            engine.backward(loss)
+            engine.step()
+            micro.append(loss.detach())
+        # Mean over this replica's micro-batches, then over all ranks: TP ranks hold equal losses,
+        # so the world mean is the mean over the replicas, i.e. over the global batch.
+        avg = torch.stack(micro).mean()
+        dist.all_reduce(avg)
+        losses.append(avg.item() / dist.get_world_size())
+    layers = engine.module.model.layers
+    info = {
+        "params": sum(p.numel() for p in engine.module.parameters()),
+        "linear_layer": sum(isinstance(m, LinearLayer) for m in engine.module.modules()),
+        "linear_allreduce": sum(isinstance(m, LinearAllreduce) for m in engine.module.modules()),
+        "plain_linear_in_blocks": sum(type(m) is torch.nn.Linear for m in layers.modules()),
+        "block_linear_params": sum(p.numel() for n, p in layers.named_parameters() if "norm" not in n),
+        "optimizer": type(engine.optimizer).__name__,
+    }
+    return engine, losses, info, None
+
+
+def compare_export(exported, ref_model, cfg, layout, pipeline_eval_loss) -> dict:
+    """Load the merged state dict into a fresh transformers model (strict) and compare with the reference."""
+    from launcher.runtime.model import build_model
+
+    model = build_model(cfg.model, SEED + 1, vocab_size=layout.padded_vocab_size)  # other seed: every weight must come from the export
+    model.load_state_dict({k: v.float() for k, v in exported.items()}, strict=True)
+    ids = global_batch(10_000, layout.micro_batch_size, layout.seq_length, layout.vocab_size)
+    with torch.no_grad():
+        got, want = model(input_ids=ids).logits, ref_model(input_ids=ids).logits
+        export_loss = model(input_ids=ids, labels=ids).loss.item()
+    ref_sd = ref_model.state_dict()
+    return {"keys_match": sorted(exported) == sorted(ref_sd),
+            "max_weight_diff": max((exported[k].float() - ref_sd[k]).abs().max().item() for k in ref_sd),
+            "max_logit_diff_vs_reference": (got - want).abs().max().item(), "max_logit": want.abs().max().item(),
+            "export_loss": export_loss, "pipeline_eval_loss": pipeline_eval_loss}
+
+
+def run_case(spec: str) -> dict:
+    from launcher.config.compose import compose
+    from launcher.config.layout import resolve_layout
+
+    name, mode, rest = spec.split(":", 2)
+    overrides = BASE + [f"cluster.gpus_per_node={dist.get_world_size()}"] + [kv for kv in rest.split(",") if kv]
+    cfg = compose(overrides)
+    layout = resolve_layout(cfg)
+    ref_cfg = compose(overrides + ["parallel.tensor_degree=1", "parallel.pipeline_degree=1", "parallel.sequence_degree=1",
+                                   "precision=fp32", "precision.grad_accum_dtype=null", "cluster.gpus_per_node=1"])
+    t0 = time.perf_counter()
+    engine, losses, info, exported = (run_pipe if mode == "pipe" else run_autotp)(cfg, layout)
+    seconds = time.perf_counter() - t0
+    infos = [None] * dist.get_world_size()
+    dist.all_gather_object(infos, info)
+    del engine
+    gc.collect()
+    ref, ref_model = reference_run(ref_cfg, resolve_layout(ref_cfg))
+    rel = [abs(a - b) / abs(b) for a, b in zip(losses, ref)]
+    export = None
+    if exported is not None:
+        export = compare_export(exported, ref_model, ref_cfg, layout, info["pipeline_eval_loss"])
+    return {"name": name, "export": export, "mode": mode, "overrides": overrides, "losses": losses, "reference": ref,
+            "max_rel_diff": max(rel), "per_rank": infos, "seconds": seconds,
+            "layout": {k: getattr(layout, k) for k in ("tensor_degree", "pipeline_degree", "data_degree", "zero_stage",
+                                                       "grad_accum_steps", "dtype")}}
+
+
+def main() -> None:
+    import deepspeed
+
+    from launcher.parallel import skip_cpu_shm_comm_build
+
+    out_path, specs = sys.argv[1], sys.argv[2:]
+    skip_cpu_shm_comm_build()
+    deepspeed.init_distributed(dist_backend="gloo")
+    torch.set_num_threads(1)
+    results = []
+    for spec in specs:
+        results.append(run_case(spec))
+        if dist.get_rank() == 0:
+            r = results[-1]
+            print(f"[driver] {r['name']}: max rel diff {r['max_rel_diff']:.2e} in {r['seconds']:.1f}s; "
+                  f"params per rank {[i['params'] for i in r['per_rank']]}", flush=True)
+    if dist.get_rank() == 0:
+        with open(out_path, "w") as f:
+            json.dump(results, f, indent=1)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    main()
