@@ -280,9 +280,11 @@ def predict_model_state_bytes(cfg, layout, dp_rank: int = 0) -> dict:
         params 2a (bf16_groups_flat), grads 4a (fp32_groups_gradients_flat, full and unsharded) + 2N (the
         bf16 p.grad, kept until the step since immediate_grad_update defaults to false), optimizer 12 p + 4.
     ZeRO 3 (zero/partition_parameters.py _partition_param, zero/stage3.py):
-        params w sum(p_i) (ds_tensor partitions, defragmented into lp_param_buffer) + w sum(n_i) over
+        params w sum(p_i) (ds_tensor partitions, defragmented into lp_param_buffer) + w sum(D p_i) over
         "persistent" tensors (n_i <= stage3_param_persistence_threshold = 1e5, parameter_offload.py
-        mark_persistent_parameters): they stay gathered, whole, on every rank;
+        mark_persistent_parameters): they stay gathered on every rank after the first forward, each in a
+        buffer of its padded size ceil(n_i / D) x D (partition_parameters.py all_gather_coalesced ->
+        _all_gather_sequential; the GPT case of tests/plan/test_state_bytes.py, with odd-sized norms, pins it);
         grads w_acc sum(p_i) (grad_partitions_flat_buffer, _setup_for_real_optimizer);
         optimizer 12 sum(p_i) + 4 per sub-group (fp32_partitioned_groups_flat is a clone even in fp32: the
         reuse branch in _create_fp32_partitions compares a torch.device to a str, which is never equal).
@@ -323,7 +325,7 @@ def predict_model_state_bytes(cfg, layout, dp_rank: int = 0) -> dict:
         optimizer = (master + adam) * part + ADAM_STEP_BYTES
     else:
         parts = [zero3_partition_numel(x, d) for x in numels]
-        persistent = sum(x for x in numels if x <= PARAM_PERSISTENCE_THRESHOLD)
+        persistent = sum(d * p for x, p in zip(numels, parts) if x <= PARAM_PERSISTENCE_THRESHOLD)
         params = w * (sum(parts) + persistent)
         grads = w_acc * sum(parts)
         optimizer = (master + adam) * sum(parts) + ADAM_STEP_BYTES * zero3_sub_groups(parts)

@@ -39,17 +39,20 @@ def live_storages() -> dict:
     return out
 
 
-def unclassified(engine) -> list:
-    """Live storages (>= 1 KiB) that model_state_tensors does not name: what the measurement may miss."""
+def unclassified(engine, before: dict) -> list:
+    """Storages (>= 1 KiB) born in this case, alive now, that model_state_tensors does not name."""
     from launcher.runtime.state_bytes import _tensors
 
-    named = set()
+    gc.collect()   # unreachable cycles (e.g. from DeepSpeed's setup) are not held state
+    named = set(before)
     for tensors in model_state_tensors(engine).values():
         named |= {t.untyped_storage().data_ptr() for t in _tensors(tensors)}
     return sorted(n for ptr, n in live_storages().items() if ptr not in named and n >= 1024)
 
 
 def run_case(overrides: list) -> dict:
+    gc.collect()
+    before = live_storages()
     cfg = compose(overrides)
     layout = resolve_layout(cfg)
     model = build_model(cfg.model, seed=cfg.train.seed, vocab_size=layout.padded_vocab_size)
@@ -63,7 +66,7 @@ def run_case(overrides: list) -> dict:
         engine.backward(loss)
         if step == 1:
             result = measure_model_state_bytes(engine)
-            result["unclassified"] = unclassified(engine)
+            result["unclassified"] = unclassified(engine, before)
             result["optimizer_class"] = type(engine.optimizer).__name__
         engine.step()
     engine.destroy()
