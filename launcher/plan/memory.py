@@ -263,7 +263,9 @@ def predict_model_state_bytes(cfg, layout, dp_rank: int = 0) -> dict:
     """Exact bytes of parameters, gradients and optimizer states rank `dp_rank` holds under DeepSpeed 0.19.8.
 
     Measured point: after backward at the accumulation boundary, before optimizer step 2 or later (Adam's
-    moments exist). Covers one parameter group (our engine passes model.parameters()), no TP/PP/SP, no offload.
+    moments exist). At that point ZeRO 1, like ZeRO 2, holds only its gradient partition; during backward and
+    between the micro-batches of an accumulation ZeRO 0/1 hold the full gradients, which is the peak that
+    model_state_bytes (the ZeRO paper's figure) charges. Covers one parameter group (our engine passes model.parameters()), no TP/PP/SP, no offload.
     N = sum of tensor sizes, T = number of tensors, D = DP degree, w = bytes of the training dtype,
     a = ceil(N / 2D) x 2D (flat-buffer alignment), p = a / D, p_i = ceil(n_i / D) per tensor (ZeRO 3).
 
