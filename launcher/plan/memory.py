@@ -50,6 +50,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from launcher.plan.inputs import Hardware, ModelShape, Strategy
+from launcher.plan.params import param_numels
 
 FRAMEWORK_OVERHEAD_BYTES = 2e9
 REDUCE_BUCKET_ELEMENTS = 500_000_000   # launcher/deepspeed_config.py, zero_optimization.reduce_bucket_size
@@ -201,3 +202,135 @@ def estimate_memory(shape: ModelShape, st: Strategy, hw: Hardware) -> MemoryEsti
     stages = sorted({0, min(1, st.pipeline_degree - 1), st.pipeline_degree - 1})
     return MemoryEstimate(stages=tuple(_stage_memory(shape, st, i, per_layer, working_set) for i in stages),
                           capacity_bytes=hw.memory_bytes)
+
+
+# --- The exact per-rank ledger (DeepSpeed 0.19.8) ------------------------------------------------------------
+# model_state_bytes above is the ZeRO paper's continuous approximation (bytes per parameter x Psi / N_d), what
+# the planner uses at scale. predict_model_state_bytes below is the exact count of what one rank's tensors hold,
+# padding and per-tensor effects included; tests/plan/test_state_bytes.py holds it to real engines on CPU ranks.
+# Per-byte sizes and the optimizer-class rule are shared with the approximation (weight_bytes,
+# uses_bf16_optimizer), so the two differ only by DeepSpeed's alignment and bookkeeping.
+
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+ADAM_STEP_BYTES = 4               # torch AdamW keeps state["step"] as a float32 scalar tensor per parameter tensor
+NCCL_START_ALIGNMENT_FACTOR = 2   # stage_1_and_2.py / bf16_optimizer.py: flat buffers align to 2 x DP elements
+PARAM_PERSISTENCE_THRESHOLD = 100_000   # zero/config.py stage3_param_persistence_threshold default (we do not set it)
+
+
+def zero3_partition_numel(numel: int, data_degree: int) -> int:
+    """Elements of one tensor's ZeRO-3 partition: ceil(numel / DP) (partition_parameters.py _aligned_size / DP)."""
+    return -(-numel // data_degree)
+
+
+def zero3_sub_groups(partition_numels, sub_group_size: int = 1_000_000_000) -> int:
+    """ZeRO-3 optimizer sub-groups (stage3.py _create_fp16_sub_groups, default sub_group_size 1e9):
+    a sub-group closes once its partitions reach sub_group_size elements, or at the last tensor."""
+    total = sum(partition_numels)
+    if total <= sub_group_size:
+        return 1
+    groups, running = 0, 0
+    for i, n in enumerate(partition_numels):
+        running += n
+        if running >= sub_group_size or i == len(partition_numels) - 1:
+            groups, running = groups + 1, 0
+    return groups
+
+
+def zero12_gradient_elements(numels, data_degree: int, dp_rank: int) -> tuple[int, int]:
+    """(elements of whole tensors overlapping this rank's partition, zero padding elements) under ZeRO 1/2.
+
+    stage_1_and_2.py: the flat buffer of aligned = ceil(N / (2 DP)) x 2 DP elements is cut into DP equal
+    partitions (get_data_parallel_partitions); copy_grads_in_partition allocates grads_in_partition for the
+    *whole* gradients of every tensor that overlaps the partition (params_in_partition, get_partition_info),
+    so a tensor straddling a boundary is kept whole by both neighbours; get_flat_partition pads the last
+    partition past the end of the tensors with a separate torch.zeros (or, on a rank with no tensor, a
+    zero buffer of the whole partition).
+    """
+    n = sum(numels)
+    align = NCCL_START_ALIGNMENT_FACTOR * data_degree
+    part = -(-n // align) * align // data_degree
+    lo, hi = dp_rank * part, (dp_rank + 1) * part
+    whole, offset = 0, 0
+    for numel in numels:
+        if offset < hi and offset + numel > lo:
+            whole += numel
+        offset += numel
+    pad = max(0, hi - max(n, lo))
+    return whole, pad
+
+
+def predict_model_state_bytes(cfg, layout, dp_rank: int = 0) -> dict:
+    """Exact bytes of parameters, gradients and optimizer states rank `dp_rank` holds under DeepSpeed 0.19.8.
+
+    Measured point: after backward at the accumulation boundary, before optimizer step 2 or later (Adam's
+    moments exist). At that point ZeRO 1, like ZeRO 2, holds only its gradient partition; during backward and
+    between the micro-batches of an accumulation ZeRO 0/1 hold the full gradients, which is the peak that
+    model_state_bytes (the ZeRO paper's figure) charges. Covers one parameter group (our engine passes model.parameters()), no TP/PP/SP, no offload.
+    N = sum of tensor sizes, T = number of tensors, D = DP degree, w = bytes of the training dtype,
+    a = ceil(N / 2D) x 2D (flat-buffer alignment), p = a / D, p_i = ceil(n_i / D) per tensor (ZeRO 3).
+
+    ZeRO 0, fp32 (torch AdamW on the model's weights, engine.py _configure_optimizer):
+        params 4N, grads 4N (p.grad), optimizer 8N + 4T (exp_avg, exp_avg_sq, a float32 step per tensor).
+    ZeRO 0, bf16/fp16 (fp16/unfused_optimizer.py FP16_UnfusedOptimizer: per-tensor fp32 copies fp32_groups):
+        params 2N, grads 2N, optimizer 12N + 4T.
+    ZeRO 1/2 (zero/stage_1_and_2.py DeepSpeedZeroOptimizer.__init__):
+        params w a (bit16_groups_flat, flatten_dense_tensors_aligned; the model's tensors are views into it),
+        optimizer 12 p + 4 (single_partition_of_fp32_groups: an fp32 *clone* even in fp32, + Adam's m, v, step),
+        grads w (whole overlapping tensors + tail padding) from zero12_gradient_elements: grads_in_partition
+        (copy_grads_in_partition) and get_flat_partition's zero pad, both in the gradient accumulation dtype.
+    bf16 + fp32 accumulation at ZeRO 1 (bf16_optimizer.py BF16_Optimizer._setup_for_real_optimizer):
+        params 2a (bf16_groups_flat), grads 4a (fp32_groups_gradients_flat, full and unsharded) + 2N (the
+        bf16 p.grad, kept until the step since immediate_grad_update defaults to false), optimizer 12 p + 4.
+    ZeRO 3 (zero/partition_parameters.py _partition_param, zero/stage3.py):
+        params w sum(p_i) (ds_tensor partitions, defragmented into lp_param_buffer) + w sum(D p_i) over
+        "persistent" tensors (n_i <= stage3_param_persistence_threshold = 1e5, parameter_offload.py
+        mark_persistent_parameters): they stay gathered on every rank after the first forward, each in a
+        buffer of its padded size ceil(n_i / D) x D (partition_parameters.py all_gather_coalesced ->
+        _all_gather_sequential; the GPT case of tests/plan/test_state_bytes.py, with odd-sized norms, pins it);
+        grads w_acc sum(p_i) (grad_partitions_flat_buffer, _setup_for_real_optimizer);
+        optimizer 12 sum(p_i) + 4 per sub-group (fp32_partitioned_groups_flat is a clone even in fp32: the
+        reuse branch in _create_fp32_partitions compares a torch.device to a str, which is never equal).
+    Buffers (returned apart, not model state): ZeRO 3 keeps one reduce bucket of reduce_bucket_size elements in
+    the communication dtype for the engine's life (_setup_for_real_optimizer, ipg_buckets); ZeRO 1/2 allocate
+    theirs per backward in setup_buckets and free them in _release_ipg_buffers, so none is held here (with
+    overlap_comm on GPUs two are live *during* backward: the planner's overhead allowance, not this ledger).
+    Bucket buffers are not "gradients held": their size is a config constant, not a function of the model,
+    and the gradients they stage end up in grads_in_partition / grad_partitions_flat_buffer, counted above.
+    """
+    if layout.tensor_degree > 1 or layout.pipeline_degree > 1 or layout.sequence_degree > 1:
+        raise ValueError("the exact ledger covers data parallelism only (tensor/pipeline/sequence degree 1)")
+    if cfg.parallel.offload_optimizer or cfg.parallel.offload_param:
+        raise ValueError("the exact ledger does not cover CPU offload")
+    numels = param_numels(cfg.model, layout.padded_vocab_size)
+    n, t, d, stage = sum(numels), len(numels), layout.data_degree, layout.zero_stage
+    w = DTYPE_BYTES[layout.dtype]
+    w_acc = DTYPE_BYTES[cfg.precision.grad_accum_dtype or layout.dtype]
+    adam = 8   # fp32 exp_avg + exp_avg_sq per element
+    master = 4
+    align = NCCL_START_ALIGNMENT_FACTOR * d
+    aligned = -(-n // align) * align
+    part = aligned // d
+    buffers = 0
+    if uses_bf16_optimizer(layout.dtype, stage, cfg.precision.grad_accum_dtype == "fp32", layout.pipeline_degree):
+        params, grads = w * aligned, w_acc * aligned + w * n
+        optimizer = (master + adam) * part + ADAM_STEP_BYTES
+    elif stage == 0:
+        if w_acc != w:
+            raise ValueError("DeepSpeed 0.19.8 refuses a grad_accum_dtype other than the model dtype without ZeRO")
+        params, grads = w * n, w * n
+        optimizer = (adam + (master if w != 4 else 0)) * n + ADAM_STEP_BYTES * t
+    elif stage in (1, 2):
+        if w_acc != w:
+            raise ValueError("the exact ledger does not cover ZeRO 2 with a separate gradient accumulation dtype")
+        whole, pad = zero12_gradient_elements(numels, d, dp_rank)
+        params, grads = w * aligned, w_acc * (whole + pad)
+        optimizer = (master + adam) * part + ADAM_STEP_BYTES
+    else:
+        parts = [zero3_partition_numel(x, d) for x in numels]
+        persistent = sum(d * p for x, p in zip(numels, parts) if x <= PARAM_PERSISTENCE_THRESHOLD)
+        params = w * (sum(parts) + persistent)
+        grads = w_acc * sum(parts)
+        optimizer = (master + adam) * sum(parts) + ADAM_STEP_BYTES * zero3_sub_groups(parts)
+        buffers = REDUCE_BUCKET_ELEMENTS * w
+    return {"params": params, "grads": grads, "optimizer": optimizer, "buffers": buffers,
+            "total": params + grads + optimizer}

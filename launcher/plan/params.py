@@ -72,3 +72,36 @@ def rough_params(model_cfg) -> int:
     """12 * L * h^2 + V * h: the usual back-of-envelope count (ignores biases, norms, GQA and MLP width)."""
     h = model_cfg.hidden_size
     return 12 * model_cfg.num_hidden_layers * h * h + model_cfg.vocab_size * h
+
+
+def param_numels(model_cfg, vocab_size: int | None = None) -> tuple[int, ...]:
+    """Element count of every parameter tensor, in the order `model.parameters()` yields them.
+
+    The order matters to DeepSpeed: ZeRO 1/2 flattens the tensors in this order and cuts the flat buffer
+    into DP partitions, so which tensors straddle a partition boundary (and how many gradient elements a
+    rank keeps) depends on it; ZeRO 3 pads each tensor separately. The sum equals count_params(...).total
+    (tests/unit/test_params.py holds both to the transformers models). Tied heads are the embedding
+    tensor itself, which `parameters()` yields once. `vocab_size` overrides model.vocab_size (the TP-padded size).
+    """
+    m = model_cfg
+    h, v = m.hidden_size, vocab_size or m.vocab_size
+    head = () if m.tie_word_embeddings else (v * h,)
+    if m.arch == "llama":
+        # LlamaForCausalLM: embed_tokens; per layer q, k, v, o, gate, up, down, input/post-attention RMSNorm; norm; lm_head.
+        kv = (m.num_key_value_heads or m.num_attention_heads) * (h // m.num_attention_heads)
+        inter = m.intermediate_size or 4 * h
+        layer = (h * h, kv * h, kv * h, h * h, inter * h, inter * h, h * inter, h, h)
+        return (v * h,) + layer * m.num_hidden_layers + (h,) + head
+    if m.arch == "gpt":
+        # GPT2LMHeadModel: wte, wpe; per block ln_1 (w, b), c_attn (w, b), attn c_proj (w, b), ln_2 (w, b),
+        # c_fc (w, b), mlp c_proj (w, b); ln_f (w, b); lm_head.
+        inter = m.intermediate_size or 4 * h
+        layer = (h, h, h * 3 * h, 3 * h, h * h, h, h, h, h * inter, inter, inter * h, h)
+        return (v * h, m.max_position_embeddings * h) + layer * m.num_hidden_layers + (h, h) + head
+    if m.arch == "bloom":
+        # BloomForCausalLM: word_embeddings + its LayerNorm (w, b); per block input_layernorm (w, b),
+        # query_key_value (w, b), dense (w, b), post_attention_layernorm (w, b), dense_h_to_4h (w, b),
+        # dense_4h_to_h (w, b); ln_f (w, b); lm_head.
+        layer = (h, h, 3 * h * h, 3 * h, h * h, h, h, h, 4 * h * h, 4 * h, 4 * h * h, h)
+        return (v * h, h, h) + layer * m.num_hidden_layers + (h, h) + head
+    raise ValueError(f"unknown model.arch {m.arch!r}")

@@ -59,3 +59,17 @@ def test_every_recipe_model_has_a_count(compose):
 
     for recipe in RECIPES:
         assert count_params(compose([f"recipe={recipe}"]).model).total > 0
+
+
+@pytest.mark.parametrize("overrides", [[f"model={m}"] for m in ("tiny", "llama2-70b")] + VARIANTS
+                         + [["model=tiny", "model.hidden_size=70", "model.num_attention_heads=5", "model.vocab_size=2050"]],
+                         ids=lambda o: " ".join(o))
+def test_param_numels_follow_transformers_order(compose, overrides):
+    """param_numels lists each tensor's size in the order model.parameters() yields them (ZeRO cuts in this order)."""
+    from launcher.plan.params import count_params, param_numels
+    from launcher.runtime.model import build_model
+
+    cfg = compose(overrides)
+    model = build_model(cfg.model, seed=0, device="meta")
+    assert param_numels(cfg.model) == tuple(p.numel() for p in model.parameters())
+    assert sum(param_numels(cfg.model)) == count_params(cfg.model).total
