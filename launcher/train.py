@@ -144,13 +144,19 @@ def run(cfg) -> int:
     # DeepSpeed's ZeRO calls torch's deprecated all_gather_into_tensor every step; the warning is not ours to fix.
     warnings.filterwarnings("ignore", message=".*all_gather_into_tensor.*is deprecated", category=FutureWarning)
 
-    # 2. Process group first (gloo / nccl), then the signal handlers of this worker.
+    # 2. Data before the process group: `launcher train` cached it before starting the ranks, so this only
+    #    opens the files; under SLURM the first rank to get the cache lock builds it while the others wait
+    #    on the lock rather than inside a collective with a timeout.
+    prepared = prepare_data(cfg, layout)
+
+    # 3. Process group (gloo / nccl), then the signal handlers of this worker; the run dir exists from here on
+    #    (under SLURM no `launcher train` parent made it, so rank 0 freezes the config there itself).
     rank, world, _ = init_distributed(layout, cfg.train.dist_timeout_s)
     preempt = PreemptionFlag()
     is_main = rank == 0
-
-    # 3. Data: cached by the launcher before the ranks started; here it only opens the files.
-    prepared = prepare_data(cfg, layout)
+    if is_main:
+        maybe_freeze_into_run_dir(cfg, run_dir, ds_config, prepared)
+    torch.distributed.barrier()
     batches = TokenBatches(prepared, layout, seed=cfg.train.seed, dp_rank=rank)
 
     # 4. Model + engine.
@@ -231,6 +237,7 @@ def run(cfg) -> int:
         say(f"preempted ({stopped_by}) at step {step}: checkpoint saved, exiting for requeue")
         sink.close()
         return 0
+    # The artifacts need no other rank: they exit now instead of idling in a collective with a timeout.
     if is_main:
         (run_dir / PREEMPTED_FILE).unlink(missing_ok=True)
         plot = plot_loss(run_dir)
@@ -241,8 +248,19 @@ def run(cfg) -> int:
             out = export_checkpoint(ckpt_root / ckpt.tag_for(step), run_dir / "hf")
             say(f"transformers export {out}")
     sink.close()
-    torch.distributed.barrier()
     return 0
+
+
+def maybe_freeze_into_run_dir(cfg, run_dir: Path, ds_config: dict, prepared) -> None:
+    """Create the run dir and its frozen files when no `launcher train` parent did (srun + torchrun)."""
+    import json
+
+    from launcher.runtime.launch import CONFIG_FILE, freeze_config
+
+    if not (run_dir / CONFIG_FILE).exists():
+        freeze_config(cfg, run_dir, ds_config)
+    if not (run_dir / "data.json").exists():
+        (run_dir / "data.json").write_text(json.dumps(prepared.as_dict(), indent=2))
 
 
 def _record_state_bytes(run_dir: Path, rank: int, state_bytes: dict) -> None:

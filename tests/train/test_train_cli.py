@@ -33,9 +33,10 @@ def runs(tmp_path_factory):
 def run_a(cache_dir, runs, tmp_path_factory):
     ext = tmp_path_factory.mktemp("torch_extensions")
     args = ["train", *base_overrides(cache_dir, STEPS), f"runs_dir={runs}", "run_name=a", "checkpoint.save_every=10",
-            "checkpoint.keep_last=2", "checkpoint.export_hf=true", "train.eval_every=10"]
+            "checkpoint.keep_last=2", "checkpoint.export_hf=true", "train.eval_every=10",
+            "logging.tensorboard=true", "logging.wandb.enabled=true", "logging.wandb.mode=offline"]
     t0 = time.time()
-    result = launcher(args, TORCH_EXTENSIONS_DIR=ext)
+    result = launcher(args, TORCH_EXTENSIONS_DIR=ext, WANDB_SILENT="true")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     return runs / "a", ext, time.time() - t0
 
@@ -58,6 +59,9 @@ def test_run_writes_its_artifacts_and_compiles_nothing(run_a):
     assert [r["step"] for r in recs if r["kind"] == "eval"] == [10, 20, 30]
     assert train[-1]["loss"] < train[0]["loss"] - 0.5
     assert (run_dir / "hf" / "model.safetensors").is_file() and (run_dir / "hf" / "tokenizer.json").is_file()
+    assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
+    assert list((run_dir / "wandb").glob("offline-run-*"))
+    assert not list(run_dir.rglob("*netrc*"))  # no W&B credentials written
     # The frozen config names its run, so `launcher train --config` (a SLURM requeue) finds this directory.
     assert "run_name: a" in (run_dir / "config.yaml").read_text()
 
@@ -104,7 +108,11 @@ def test_save_killed_midway_keeps_previous_latest(cache_dir, runs):
     ckpts = runs / "c" / "checkpoints"
     assert (ckpts / "latest").read_text() == "step_00000002"
     assert (ckpts / ".tmp-step_00000004").is_dir() and not (ckpts / "step_00000004").exists()
-    # The partial save is not picked up: resuming continues from step 2 and finishes.
-    result = launcher(["train", "--config", str(runs / "c" / "config.yaml"), "resume=auto"])
+    # The partial save is not picked up: resuming continues from step 2 and finishes. This time the ranks are
+    # started the way the SLURM job does it: torchrun running `launcher train --config <frozen> resume=auto`.
+    result = subprocess.run([PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "launcher",
+                             "train", "--config", str(runs / "c" / "config.yaml"), "resume=auto"],
+                            cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "resuming at step 2" in result.stdout + result.stderr
     assert (ckpts / "latest").read_text() == "step_00000004" and not (ckpts / ".tmp-step_00000004").exists()
