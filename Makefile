@@ -15,7 +15,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	touch $@
 
 demo: setup
-	$(VENV)/bin/launcher plan recipe=bloom-176b
+	$(VENV)/bin/launcher train recipe=tiny
 
 test: setup
 	$(VENV)/bin/pytest

@@ -4,6 +4,9 @@
     launcher plan  [overrides] [--json]   the layout table (or one JSON object)
     launcher plan  [overrides] --search   the best layouts for the model and cluster, ranked
     launcher plan  [overrides] --rank-map [--rank-map-png PATH]   node/GPU -> rank -> (tp, pp, dp)
+    launcher train [overrides]            train: freeze the config into a run dir, start the local ranks
+    launcher train --config PATH [overrides]   run a frozen config (inside srun + torchrun: the loop itself)
+    launcher export CKPT OUT              a checkpoint -> a transformers directory
 
 Bad input exits with status 2 and a message naming the key, the value, the
 rule and a fix; the Python traceback only with --debug (or LAUNCHER_DEBUG=1).
@@ -91,6 +94,82 @@ def _rank_map(layout, args) -> int:
     return 0
 
 
+def _frozen_with_overrides(path: str, overrides: Sequence[str]):
+    """A frozen config file plus key=value overrides (e.g. resume=auto), typed against the schema."""
+    from omegaconf import OmegaConf
+
+    from launcher.config.compose import load_frozen
+
+    cfg = load_frozen(path)
+    if overrides:
+        bad = [o for o in overrides if "=" not in o or o.startswith(("+", "~")) or "/" in o.split("=", 1)[0]]
+        if bad:
+            raise ConfigError("(command line)", bad[0], "with --config only key=value overrides apply (no groups, no recipes)",
+                              "e.g. launcher train --config run/config.yaml resume=auto")
+        try:
+            cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
+        except Exception as exc:  # OmegaConf names the key in its message
+            raise ConfigError("(command line)", " ".join(overrides), str(exc).splitlines()[0], "override keys of the schema only") from exc
+        OmegaConf.set_readonly(cfg, True)
+    return cfg
+
+
+def cmd_train(args) -> int:
+    from launcher.runtime.launch import in_distributed_launch
+
+    if args.config:
+        cfg = _frozen_with_overrides(args.config, args.overrides)
+    else:
+        from launcher.config.compose import compose
+
+        cfg = compose(args.overrides)
+    if in_distributed_launch():
+        from launcher.train import run
+
+        return run(cfg)
+    return launch_training(cfg)
+
+
+def launch_training(cfg) -> int:
+    """Validate everything, prepare the data, freeze the config into the run dir, start the local ranks."""
+    from launcher.config.layout import resolve_layout
+    from launcher.deepspeed_config import build_deepspeed_config
+    from launcher.runtime import checkpoint as ckpt
+    from launcher.runtime.data import prepare_data
+    from launcher.runtime.launch import choose_run_dir, freeze_config, start_local_ranks
+    from launcher.train import check_supported
+
+    layout = resolve_layout(cfg)
+    check_supported(layout)
+    if cfg.cluster.nodes > 1:
+        raise ConfigError("cluster.nodes", cfg.cluster.nodes, "`launcher train` starts ranks on this machine only",
+                          "submit multi-node runs with `launcher submit` (SLURM), or set cluster.nodes=1")
+    con = _console()
+    from rich.markup import escape
+
+    for warning in layout.warnings:
+        con.print(f"[yellow]warning:[/yellow] {escape(warning)}")
+    run_dir = choose_run_dir(cfg)
+    resume_from = ckpt.checkpoint_to_resume(cfg, run_dir)
+    if resume_from is not None:
+        ckpt.check_layout_unchanged(ckpt.load_state(resume_from), layout, resume_from)
+    prepared = prepare_data(cfg, layout, progress=True, console=con)
+    con.print(f"data: {prepared.num_tokens:,} tokens ({prepared.source}), {prepared.train_samples:,} train / "
+              f"{prepared.val_samples:,} val samples of {prepared.seq_length}", markup=False)
+    config_path = freeze_config(cfg, run_dir, build_deepspeed_config(cfg, layout))
+    (run_dir / "data.json").write_text(json.dumps(prepared.as_dict(), indent=2))
+    con.print(f"run dir {run_dir}; starting {layout.gpus_per_node} local ranks", markup=False)
+    return start_local_ranks(config_path, layout.gpus_per_node, run_dir)
+
+
+def cmd_export(args) -> int:
+    from launcher.export import export_checkpoint
+
+    out = export_checkpoint(args.checkpoint, args.out)
+    _console().print(f"wrote {out}", markup=False)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="launcher", description="Validated LLM pretraining layouts on DeepSpeed + SLURM.")
     parser.add_argument("--debug", action="store_true", help="show Python tracebacks for errors")
@@ -111,6 +190,14 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--top", type=int, default=10, help="--search: how many layouts to print (default 10)")
     plan.add_argument("--rank-map", action="store_true", help="print node/GPU -> global rank -> (tp, pp, dp), one line per rank")
     plan.add_argument("--rank-map-png", metavar="PATH", help="draw the rank map as an image (PNG)")
+    train = add("train", cmd_train, "train: validate, freeze the config into the run dir, start the local ranks (or, under torchrun, run the loop)")
+    train.add_argument("--config", default=None, help="a frozen config.yaml (run or job dir) instead of composing conf/")
+    export = sub.add_parser("export", help="write a transformers directory from a checkpoint",
+                            description="write a transformers directory (safetensors, config, tokenizer) from a checkpoint of any ZeRO stage")
+    export.add_argument("checkpoint", help="<run_dir>/checkpoints/latest, a checkpoints dir or a step_* dir")
+    export.add_argument("out", help="output directory")
+    export.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    export.set_defaults(func=cmd_export)
     return parser
 
 
@@ -119,10 +206,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     # Flags may sit between overrides (`plan recipe=x --json y=1`): argparse stops the positional list at a
     # flag, so the overrides after it come back as extras.
     args, extra = parser.parse_known_args(argv)
-    unknown = [e for e in extra if e.startswith("-")]
+    unknown = [e for e in extra if e.startswith("-") or not hasattr(args, "overrides")]
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-    args.overrides = list(args.overrides) + extra
+    if hasattr(args, "overrides"):
+        args.overrides = list(args.overrides) + extra
     debug = args.debug or os.environ.get("LAUNCHER_DEBUG") == "1"
     try:
         return args.func(args)

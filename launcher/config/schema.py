@@ -70,6 +70,8 @@ class DataConfig:
     """Fraction of the packed tokens held out for evaluation (taken from the end)."""
     cache_dir: str = "~/.cache/launcher"
     """Where tokenizers and packed token files are cached, keyed by a content hash."""
+    max_bytes: Optional[int] = None
+    """data=stdlib/hf: stop reading documents once this many bytes are read (a deterministic prefix); null = all."""
 
 
 @dataclass

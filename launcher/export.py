@@ -1,0 +1,76 @@
+"""`launcher export CKPT OUT`: a launcher checkpoint (any ZeRO stage) -> a transformers model directory.
+
+Runs offline in one process, without a process group. The fp32 weights come from
+DeepSpeed's own consolidation (deepspeed.utils.zero_to_fp32), which merges the
+per-rank ZeRO partitions of stage 1, 2 and 3 (and bf16 master copies); stage 0
+saves the whole module, which is read directly. The model is rebuilt from the
+config stored in the checkpoint (launcher_state.json) through the same
+`hf_config` mapping the training run used, loaded strictly, and written as
+safetensors with its config and the run's tokenizer.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from launcher.runtime.checkpoint import load_state, resolve_checkpoint
+
+MODEL_STATES = "mp_rank_00_model_states.pt"
+
+
+def consolidated_state_dict(tag_dir: Path, zero_stage: int, dtype: str) -> dict:
+    """The full fp32 state dict of a checkpoint tag directory."""
+    import torch
+
+    if zero_stage == 0 and dtype == "fp32":
+        # No ZeRO partitions and no separate master copy: the module's weights are the fp32 weights.
+        return torch.load(tag_dir / MODEL_STATES, map_location="cpu", weights_only=False)["module"]
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    return get_fp32_state_dict_from_zero_checkpoint(str(tag_dir.parent), tag=tag_dir.name)
+
+
+def export_checkpoint(ckpt, out) -> Path:
+    """Write a transformers directory (model.safetensors, config.json, tokenizer) for checkpoint `ckpt`."""
+    import torch
+    from omegaconf import OmegaConf
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+    from launcher.runtime.data import EOS_CANDIDATES
+    from launcher.runtime.model import attn_implementation, hf_config
+
+    tag_dir = resolve_checkpoint(ckpt)
+    state = load_state(tag_dir)
+    cfg = OmegaConf.create(state["config"])
+    layout = state["layout"]
+    out = Path(out).expanduser()
+    out.mkdir(parents=True, exist_ok=True)
+
+    sd = consolidated_state_dict(tag_dir, layout["zero_stage"], layout["dtype"])
+    config = hf_config(cfg.model, vocab_size=layout["padded_vocab_size"])
+    # The model built on the meta device costs nothing and names exactly the tensors transformers expects.
+    with torch.device("meta"):
+        reference = AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation(cfg.model.arch))
+    expected = set(reference.state_dict())
+    if config.tie_word_embeddings:
+        # A tied head is one tensor; transformers re-ties it on load, and safetensors refuses shared storage.
+        tied = set(getattr(reference, "_tied_weights_keys", None) or ["lm_head.weight"])
+        expected -= tied
+        sd = {k: v for k, v in sd.items() if k not in tied}
+    missing, unexpected = sorted(expected - set(sd)), sorted(set(sd) - expected)
+    if missing or unexpected:
+        raise RuntimeError(f"checkpoint {tag_dir} does not match the model: missing {missing}, unexpected {unexpected}")
+    save_file({k: v.detach().to(torch.float32).contiguous() for k, v in sd.items()}, str(out / "model.safetensors"),
+              metadata={"format": "pt"})
+    config.dtype = "float32"
+    config.save_pretrained(out)
+
+    tok_file = tag_dir / "tokenizer.json"
+    if tok_file.is_file():
+        tok = PreTrainedTokenizerFast(tokenizer_file=str(tok_file))
+        eos = next((t for t in EOS_CANDIDATES if tok.convert_tokens_to_ids(t) not in (None, tok.unk_token_id)), None)
+        if eos is not None:
+            tok.eos_token = eos
+        tok.save_pretrained(out)
+    return out

@@ -1,0 +1,214 @@
+"""What a run records: per-step metrics (JSONL, TensorBoard, W&B), throughput and MFU, memory, the loss plot.
+
+Only rank 0 writes files and prints; every rank may measure. Throughput math:
+
+    tokens/s (global)   = tokens_per_step / step_time
+    tokens/s (per rank) = tokens/s (global) / world_size
+    TFLOP/s (per rank)  = model_flops_per_token x tokens/s (per rank) / 1e12
+    MFU                 = TFLOP/s (per rank) / peak TFLOP/s of one accelerator in the training dtype
+
+with model_flops_per_token from launcher/plan/flops.py (PaLM appendix B) and the
+peak from launcher/config/hardware.py (or cluster.peak_tflops). CPU ranks have
+no catalogued peak, so MFU is n/a there.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import resource
+from pathlib import Path
+from typing import Optional
+
+from launcher.config import hardware
+from launcher.plan.flops import model_flops_per_token
+
+METRICS_FILE = "metrics.jsonl"
+LOSS_PLOT_FILE = "loss.png"
+STATE_BYTES_FILE = "model_state_bytes.json"
+
+
+def peak_tflops(cfg, layout) -> Optional[float]:
+    """Dense peak TFLOP/s of one accelerator in the training dtype; None on CPU ranks (MFU n/a)."""
+    if layout.device == "cpu":
+        return None
+    if cfg.cluster.peak_tflops is not None:
+        return float(cfg.cluster.peak_tflops)
+    spec = hardware.lookup(cfg.cluster.gpu)
+    return spec.peak_tflops.get(layout.dtype) if spec else None
+
+
+class Throughput:
+    """Turns a step time into tokens/s, TFLOP/s per rank and MFU (formulas in the module docstring)."""
+
+    def __init__(self, cfg, layout):
+        self.tokens_per_step = layout.tokens_per_step
+        self.world = layout.world_size
+        self.flops_per_token = model_flops_per_token(cfg.model, layout.seq_length)
+        self.peak = peak_tflops(cfg, layout)
+
+    def __call__(self, step_time_s: float) -> dict:
+        tokens_s = self.tokens_per_step / step_time_s
+        per_rank = tokens_s / self.world
+        tflops = self.flops_per_token * per_rank / 1e12
+        return {"tokens_per_s": tokens_s, "tokens_per_s_per_rank": per_rank, "tflops_per_rank": tflops,
+                "mfu": tflops / self.peak if self.peak else None}
+
+
+def peak_memory_bytes(device: str) -> int:
+    """Peak accelerator memory allocated by this rank; on CPU the process's peak resident set size."""
+    if device == "cuda":
+        import torch
+
+        return int(torch.cuda.max_memory_allocated())
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def _tensor_bytes(tensors) -> int:
+    seen: set[int] = set()
+    total = 0
+    for t in tensors:
+        if t is None or t.numel() == 0:
+            continue
+        key = t.data_ptr()
+        if key in seen:
+            continue
+        seen.add(key)
+        total += t.numel() * t.element_size()
+    return total
+
+
+def _flat(obj):
+    """Tensors inside nested lists / dicts / tuples."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from _flat(v)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from _flat(v)
+
+
+# Where DeepSpeed's ZeRO optimizers keep this rank's gradient partitions and fp32 master partitions
+# (deepspeed/runtime/zero/stage_1_and_2.py, stage3.py, runtime/bf16_optimizer.py, 0.19.8).
+_GRAD_ATTRS = ("averaged_gradients", "grads_in_partition", "grad_partitions_flat_buffer", "fp32_groups_gradient_flat_partition")
+_MASTER_ATTRS = ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat", "fp32_groups_flat_partition")
+
+
+def measure_model_state_bytes(engine) -> dict:
+    """Bytes of parameters, gradients and optimizer state tensors this rank actually holds.
+
+    Parameters: the module's tensors, or under ZeRO-3 each parameter's local partition (ds_tensor).
+    Gradients: the .grad tensors plus the ZeRO optimizer's gradient partitions.
+    Optimizer: the inner torch optimizer's state (Adam moments) plus the fp32 master partitions
+    ZeRO keeps beside the model weights. Tensors are counted once each (by storage address).
+    Call it after backward and before the optimizer step of a step > 0, when all three exist.
+    """
+    params = [getattr(p, "ds_tensor", p) for p in engine.module.parameters()]
+    param_ptrs = {t.data_ptr() for t in params}
+    grads = [p.grad for p in engine.module.parameters() if p.grad is not None]
+    opt = engine.optimizer
+    inner = getattr(opt, "optimizer", opt)
+    masters = []
+    for attr in _GRAD_ATTRS:
+        grads.extend(_flat(getattr(opt, attr, None)))
+    for attr in _MASTER_ATTRS:
+        masters.extend(_flat(getattr(opt, attr, None)))
+    state = list(_flat([dict(s) for s in inner.state.values()])) if inner is not None else []
+    # In fp32 without ZeRO the optimizer works on the parameters themselves: those are not extra state.
+    opt_tensors = [t for t in masters + state if t.data_ptr() not in param_ptrs]
+    out = {"params": _tensor_bytes(params), "grads": _tensor_bytes(grads), "optimizer": _tensor_bytes(opt_tensors)}
+    out["total"] = out["params"] + out["grads"] + out["optimizer"]
+    return out
+
+
+class MetricsSink:
+    """Rank 0's recorder: metrics.jsonl always, TensorBoard and W&B when enabled. Other ranks get a no-op."""
+
+    def __init__(self, cfg, run_dir: Path, enabled: bool, resumed: bool):
+        self.enabled = enabled
+        self.path = run_dir / METRICS_FILE
+        self.tb = None
+        self.wandb_run = None
+        if not enabled:
+            return
+        # A resumed run appends; records of steps past the resume point (from a crash after the last save)
+        # are dropped so the file reads as one run.
+        self.file = open(self.path, "a" if resumed else "w", buffering=1)
+        if cfg.logging.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(str(run_dir / "tensorboard"))
+        if cfg.logging.wandb.enabled and cfg.logging.wandb.mode != "disabled":
+            import wandb
+            from omegaconf import OmegaConf
+
+            # The key comes from WANDB_API_KEY in the environment (or the user's own netrc); we never write one.
+            self.wandb_run = wandb.init(project=cfg.logging.wandb.project, entity=cfg.logging.wandb.entity,
+                                        mode=cfg.logging.wandb.mode, dir=str(run_dir), name=run_dir.name,
+                                        id=run_dir.name, resume="allow",
+                                        config=OmegaConf.to_container(cfg, resolve=True))
+
+    def log(self, record: dict) -> None:
+        if not self.enabled:
+            return
+        self.file.write(json.dumps(record) + "\n")
+        step = record.get("step", 0)
+        scalars = {k: v for k, v in record.items() if isinstance(v, (int, float)) and k != "step" and v is not None}
+        if self.tb is not None:
+            for k, v in scalars.items():
+                self.tb.add_scalar(f"{record.get('kind', 'train')}/{k}", v, step)
+        if self.wandb_run is not None:
+            self.wandb_run.log({f"{record.get('kind', 'train')}/{k}": v for k, v in scalars.items()}, step=step)
+
+    def close(self) -> None:
+        if not self.enabled:
+            return
+        self.file.close()
+        if self.tb is not None:
+            self.tb.close()
+        if self.wandb_run is not None:
+            self.wandb_run.finish()
+
+
+def truncate_metrics(run_dir: Path, after_step: int) -> None:
+    """Drop records past `after_step` (written after the checkpoint a resume starts from)."""
+    path = run_dir / METRICS_FILE
+    if not path.exists():
+        return
+    keep = [line for line in path.read_text().splitlines() if line and json.loads(line).get("step", 0) <= after_step]
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(line + "\n" for line in keep))
+    os.replace(tmp, path)
+
+
+def plot_loss(run_dir: Path) -> Optional[Path]:
+    """loss.png from metrics.jsonl: training loss per step, and validation loss where evaluated."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = [json.loads(line) for line in (run_dir / METRICS_FILE).read_text().splitlines() if line]
+    train = [(r["step"], r["loss"]) for r in records if r.get("kind") == "train" and math.isfinite(r.get("loss", math.nan))]
+    val = [(r["step"], r["val_loss"]) for r in records if r.get("kind") == "eval"]
+    if not train:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(*zip(*train), label="train loss", linewidth=1)
+    if val:
+        ax.plot(*zip(*val), "o-", label="val loss")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("cross-entropy (nats/token)")
+    ax.set_title(run_dir.name)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    out = run_dir / LOSS_PLOT_FILE
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out

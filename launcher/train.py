@@ -1,0 +1,278 @@
+"""The training loop, top to bottom. Runs inside every rank (torchrun, or srun + torchrun).
+
+    resolve the frozen config -> join the process group -> open the packed data
+    -> build_engine (model, DeepSpeed engine with our generated config)
+    -> maybe resume -> for each step: train_step, metrics, maybe eval, maybe save,
+       stop on preemption -> final save, loss plot, optional HF export
+
+Every rank reads the same frozen `<run_dir>/config.yaml` (launcher/runtime/launch.py
+writes it once). Batches are a pure function of (seed, step, micro step, dp rank)
+(launcher/runtime/data.py), so the step number is the whole data position.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from pathlib import Path
+
+from launcher.config.errors import ConfigError
+from launcher.config.layout import resolve_layout
+from launcher.deepspeed_config import build_deepspeed_config
+from launcher.runtime import checkpoint as ckpt
+from launcher.runtime.data import TokenBatches, prepare_data
+from launcher.runtime.launch import PREEMPTED_FILE, PreemptionFlag, init_distributed, run_dir_of
+from launcher.runtime.metrics import (STATE_BYTES_FILE, MetricsSink, Throughput, measure_model_state_bytes,
+                                      peak_memory_bytes, plot_loss, truncate_metrics)
+from launcher.runtime.model import build_model
+
+# The step whose model-state bytes we record: by then the optimizer has allocated its state (at step 0)
+# and the gradients of this step exist (measured between backward and the optimizer step).
+MEASURE_STATE_AT_STEP = 1
+
+
+def check_supported(layout) -> None:
+    """What this loop does not run yet, refused before any process starts."""
+    for key, degree in (("parallel.pipeline_degree", layout.pipeline_degree), ("parallel.tensor_degree", layout.tensor_degree),
+                        ("parallel.sequence_degree", layout.sequence_degree)):
+        if degree > 1:
+            raise ConfigError(key, degree, "pipeline / tensor / sequence parallelism is not wired into `launcher train` yet "
+                              "(launcher/parallel/ will plug into build_engine and train_step)", f"set {key}=1 for now")
+
+
+def build_engine(cfg, layout, ds_config: dict):
+    """The model (fixed-seed init, identical on every rank) wrapped by deepspeed.initialize.
+
+    The pipeline path will build a PipelineModule here instead; the rest of the loop only sees the engine.
+    """
+    import deepspeed
+
+    model = build_model(cfg.model, seed=cfg.train.seed, vocab_size=layout.padded_vocab_size)
+    maybe_apply_activation_checkpointing(cfg, model)
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config)
+    return engine
+
+
+def maybe_apply_activation_checkpointing(cfg, model) -> None:
+    if cfg.model.activation_checkpointing:
+        # Non-reentrant checkpointing works with ZeRO-3's parameter hooks and needs no requires_grad inputs.
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+def train_step(engine, batches: TokenBatches, step: int, accum: int, measure_state: bool = False):
+    """One optimizer step: `accum` micro-batches forward + backward, then DeepSpeed's step.
+
+    engine.step() is called after every micro-batch; DeepSpeed applies the optimizer (with clipping and
+    the LR schedule) only at the accumulation boundary, and scales each micro loss by 1/accum itself.
+    Returns (mean micro loss on this rank, seconds spent waiting for data, model-state bytes or None).
+    """
+    device = engine.device
+    loss_sum = 0.0
+    data_wait = 0.0
+    state_bytes = None
+    for micro_step in range(accum):
+        t0 = time.perf_counter()
+        input_ids = batches.batch(batches.train_sample_ids(step, micro_step)).to(device, non_blocking=True)
+        data_wait += time.perf_counter() - t0
+        loss = engine(input_ids=input_ids, labels=input_ids).loss
+        engine.backward(loss)
+        if measure_state and micro_step == accum - 1:
+            state_bytes = measure_model_state_bytes(engine)
+        engine.step()
+        loss_sum += loss.item()
+    return loss_sum / accum, data_wait, state_bytes
+
+
+def evaluate(engine, batches: TokenBatches, num_batches: int, world: int) -> float:
+    """Mean loss over `num_batches` held-out micro-batches per rank, averaged over all ranks."""
+    import deepspeed.comm as dist
+    import torch
+
+    engine.eval()
+    total = 0.0
+    with torch.no_grad():
+        for b in range(num_batches):
+            input_ids = batches.batch(batches.val_sample_ids(b)).to(engine.device)
+            total += engine(input_ids=input_ids, labels=input_ids).loss.item()
+    engine.train()
+    t = torch.tensor([total / num_batches], dtype=torch.float64)
+    dist.all_reduce(t)
+    return t.item() / world
+
+
+def reduce_step(loss: float, preempt: bool, world: int) -> tuple[float, bool]:
+    """One all-reduce per step: the mean loss over ranks, and whether any rank was asked to stop."""
+    import deepspeed.comm as dist
+    import torch
+
+    t = torch.tensor([loss, 1.0 if preempt else 0.0], dtype=torch.float64)
+    dist.all_reduce(t)
+    return t[0].item() / world, t[1].item() > 0
+
+
+def build_progress(enabled: bool, total: int, start: int):
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                               TimeRemainingColumn)
+
+    progress = Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+                        TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), disable=not enabled)
+    task = progress.add_task("train", total=total, completed=start, info="")
+    return progress, task
+
+
+def format_line(rec: dict) -> str:
+    mfu = "MFU n/a" if rec["mfu"] is None else f"MFU {rec['mfu']:.1%}"
+    gn = "n/a" if rec["grad_norm"] is None else f"{rec['grad_norm']:.3f}"
+    return (f"step {rec['step']:>6}  loss {rec['loss']:.4f}  lr {rec['lr']:.2e}  gnorm {gn}  "
+            f"{rec['tokens_per_s']:,.0f} tok/s ({rec['tokens_per_s_per_rank']:,.0f}/rank)  "
+            f"{rec['tflops_per_rank'] * 1e3:.2f} GFLOP/s/rank  {mfu}  step {rec['step_time_s'] * 1e3:.0f} ms  "
+            f"data {rec['data_wait_s'] * 1e3:.1f} ms  mem {rec['peak_memory_bytes'] / 2**20:,.0f} MiB")
+
+
+def run(cfg) -> int:
+    """Train according to the frozen config `cfg` in this rank; returns the process exit status."""
+    import torch
+
+    # 1. Every derived number, and the DeepSpeed JSON from its one generator.
+    layout = resolve_layout(cfg)
+    check_supported(layout)
+    ds_config = build_deepspeed_config(cfg, layout)
+    run_dir = run_dir_of(cfg)
+    ckpt_root = run_dir / "checkpoints"
+
+    # DeepSpeed's ZeRO calls torch's deprecated all_gather_into_tensor every step; the warning is not ours to fix.
+    warnings.filterwarnings("ignore", message=".*all_gather_into_tensor.*is deprecated", category=FutureWarning)
+
+    # 2. Data before the process group: `launcher train` cached it before starting the ranks, so this only
+    #    opens the files; under SLURM the first rank to get the cache lock builds it while the others wait
+    #    on the lock rather than inside a collective with a timeout.
+    prepared = prepare_data(cfg, layout)
+
+    # 3. Process group (gloo / nccl), then the signal handlers of this worker; the run dir exists from here on
+    #    (under SLURM no `launcher train` parent made it, so rank 0 freezes the config there itself).
+    rank, world, _ = init_distributed(layout, cfg.train.dist_timeout_s)
+    preempt = PreemptionFlag()
+    is_main = rank == 0
+    if is_main:
+        maybe_freeze_into_run_dir(cfg, run_dir, ds_config, prepared)
+    torch.distributed.barrier()
+    batches = TokenBatches(prepared, layout, seed=cfg.train.seed, dp_rank=rank)
+
+    # 4. Model + engine.
+    engine = build_engine(cfg, layout, ds_config)
+
+    # 5. Resume: refuse a changed layout, then restore DeepSpeed's state; the step is our data position.
+    start_step, tokens_seen = 0, 0
+    resume_from = ckpt.checkpoint_to_resume(cfg, run_dir)
+    if resume_from is not None:
+        saved = ckpt.load_state(resume_from)
+        ckpt.check_layout_unchanged(saved, layout, resume_from)
+        ckpt.load_checkpoint(engine, resume_from)
+        start_step, tokens_seen = saved["step"], saved["tokens_seen"]
+        if is_main:
+            truncate_metrics(run_dir, start_step)
+
+    # 6. Recorders (rank 0 only writes).
+    sink = MetricsSink(cfg, run_dir, enabled=is_main, resumed=resume_from is not None)
+    throughput = Throughput(cfg, layout)
+    steps, accum = cfg.train.steps, layout.grad_accum_steps
+    progress, task = build_progress(is_main and cfg.logging.progress_bar, steps, start_step)
+    say = progress.console.print if is_main else (lambda *a, **k: None)
+    say(f"run dir {run_dir}  world {world}  dp {layout.data_degree}  ZeRO {layout.zero_stage}  {layout.dtype}  "
+        f"micro {layout.micro_batch_size} x accum {accum} x dp {layout.data_degree} = {layout.global_batch_size} seqs "
+        f"x {layout.seq_length} = {layout.tokens_per_step:,} tokens/step  "
+        f"{'resuming at step ' + str(start_step) if resume_from else 'fresh start'}", markup=False)
+
+    def save(step: int) -> None:
+        state = ckpt.build_state(cfg, layout, ds_config, step, tokens_seen, prepared)
+        ckpt.save_checkpoint(engine, ckpt_root, step, state, cfg.checkpoint.keep_last, rank, prepared.tokenizer_path)
+
+    # 7. The loop.
+    step = start_step
+    stopped_by = None
+    with progress:
+        while step < steps:
+            lr = engine.get_lr()[0]  # the rate this step's optimizer update uses
+            t0 = time.perf_counter()
+            measure = step == max(start_step, MEASURE_STATE_AT_STEP)
+            local_loss, data_wait, state_bytes = train_step(engine, batches, step, accum, measure_state=measure)
+            loss, stop = reduce_step(local_loss, preempt.raised, world)
+            step_time = time.perf_counter() - t0
+            step += 1
+            tokens_seen += layout.tokens_per_step
+
+            if state_bytes is not None:
+                _record_state_bytes(run_dir, rank, state_bytes)
+            grad_norm = engine.get_global_grad_norm()
+            grad_norm = float(grad_norm) if grad_norm is not None else None
+            rec = {"kind": "train", "step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm,
+                   "tokens_seen": tokens_seen, "step_time_s": step_time, "data_wait_s": data_wait,
+                   "peak_memory_bytes": peak_memory_bytes(layout.device), **throughput(step_time)}
+            if step % cfg.logging.log_every == 0 or step == steps or step == start_step + 1:
+                sink.log(rec)
+                say(format_line(rec), markup=False)
+            progress.update(task, completed=step, info=f"loss {loss:.3f}")
+
+            if not math.isfinite(loss) and cfg.train.nan_policy == "stop":
+                say(f"non-finite loss at step {step}: stopping (train.nan_policy=stop); the last good checkpoint is kept")
+                sink.close()
+                return 3
+            if cfg.train.eval_every and step % cfg.train.eval_every == 0:
+                val_loss = evaluate(engine, batches, cfg.train.eval_batches, world)
+                sink.log({"kind": "eval", "step": step, "val_loss": val_loss, "val_perplexity": math.exp(min(val_loss, 50))})
+                say(f"eval  step {step:>6}  val loss {val_loss:.4f}  perplexity {math.exp(min(val_loss, 50)):.2f}")
+            if stop:
+                stopped_by = preempt.signal_name or "a signal on another rank"
+                break
+            if cfg.checkpoint.save_every and step % cfg.checkpoint.save_every == 0 and step < steps:
+                save(step)
+
+    # 8. Final checkpoint (also on preemption; not again when a resumed run had nothing left to do), then the artifacts.
+    if step > start_step or resume_from is None:
+        save(step)
+    if stopped_by is not None:
+        if is_main:
+            (run_dir / PREEMPTED_FILE).write_text(f'{{"step": {step}, "signal": "{stopped_by}"}}\n')
+        say(f"preempted ({stopped_by}) at step {step}: checkpoint saved, exiting for requeue")
+        sink.close()
+        return 0
+    # The artifacts need no other rank: they exit now instead of idling in a collective with a timeout.
+    if is_main:
+        (run_dir / PREEMPTED_FILE).unlink(missing_ok=True)
+        plot = plot_loss(run_dir)
+        say(f"loss curve {plot}")
+        if cfg.checkpoint.export_hf:
+            from launcher.export import export_checkpoint
+
+            out = export_checkpoint(ckpt_root / ckpt.tag_for(step), run_dir / "hf")
+            say(f"transformers export {out}")
+    sink.close()
+    return 0
+
+
+def maybe_freeze_into_run_dir(cfg, run_dir: Path, ds_config: dict, prepared) -> None:
+    """Create the run dir and its frozen files when no `launcher train` parent did (srun + torchrun)."""
+    import json
+
+    from launcher.runtime.launch import CONFIG_FILE, freeze_config
+
+    if not (run_dir / CONFIG_FILE).exists():
+        freeze_config(cfg, run_dir, ds_config)
+    if not (run_dir / "data.json").exists():
+        (run_dir / "data.json").write_text(json.dumps(prepared.as_dict(), indent=2))
+
+
+def _record_state_bytes(run_dir: Path, rank: int, state_bytes: dict) -> None:
+    """Gather every rank's measured model-state bytes; rank 0 writes them once per run (the planner compares them)."""
+    import json
+
+    import deepspeed.comm as dist
+
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, state_bytes)
+    if rank == 0:
+        (run_dir / STATE_BYTES_FILE).write_text(json.dumps({
+            "per_rank": gathered,
+            "note": "bytes of parameters, gradients and optimizer state held by each rank, measured between backward "
+                    "and the optimizer step (launcher.runtime.metrics.measure_model_state_bytes)"}, indent=2))

@@ -1,0 +1,80 @@
+"""One 2-rank launch that trains several layouts in turn with the loop's own pieces and records what they did.
+
+Run by tests/train/test_train_runs.py as
+    torchrun --standalone --nproc_per_node 2 tests/train/equivalence_driver.py OUT_DIR override...
+Each case builds a fresh engine with launcher.train.build_engine and steps it with launcher.train.train_step,
+exactly as `launcher train` does; rank 0 writes OUT_DIR/results.json. Cases that the export test needs
+also save a checkpoint (launcher.runtime.checkpoint.save_checkpoint) and the logits of a fixed batch.
+"""
+
+import gc
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from launcher.config.compose import compose
+from launcher.config.layout import resolve_layout
+from launcher.deepspeed_config import build_deepspeed_config
+from launcher.runtime.checkpoint import build_state, save_checkpoint
+from launcher.runtime.data import TokenBatches, prepare_data
+from launcher.runtime.launch import init_distributed
+from launcher.train import build_engine, reduce_step, train_step
+
+CASES = {
+    "zero0": ["parallel.zero_stage=0", "batch.micro_batch_size=4"],
+    "zero1": ["parallel.zero_stage=1", "batch.micro_batch_size=4"],
+    "zero2": ["parallel.zero_stage=2", "batch.micro_batch_size=4"],
+    "zero3": ["parallel.zero_stage=3", "batch.micro_batch_size=4"],
+    "zero2_micro1_accum4": ["parallel.zero_stage=2", "batch.micro_batch_size=1"],
+    "zero2_bf16": ["parallel.zero_stage=2", "batch.micro_batch_size=4", "precision=bf16"],
+}
+SAVE_CASES = ("zero0", "zero3")
+
+
+def main() -> None:
+    out_dir = Path(sys.argv[1])
+    base = sys.argv[2:]
+    first = compose(base + CASES["zero0"])
+    rank, world, _ = init_distributed(resolve_layout(first), 120)
+    results = {}
+    for name, overrides in CASES.items():
+        cfg = compose(base + overrides)
+        layout = resolve_layout(cfg)
+        ds_config = build_deepspeed_config(cfg, layout)
+        prepared = prepare_data(cfg, layout)
+        batches = TokenBatches(prepared, layout, seed=cfg.train.seed, dp_rank=rank)
+        engine = build_engine(cfg, layout, ds_config)
+        losses, sample_ids, state_bytes = [], [], None
+        for step in range(cfg.train.steps):
+            sample_ids.append([batches.train_sample_ids(step, m) for m in range(layout.grad_accum_steps)])
+            local, _, measured = train_step(engine, batches, step, layout.grad_accum_steps, measure_state=step == 1)
+            loss, _ = reduce_step(local, False, world)
+            losses.append(loss)
+            state_bytes = measured or state_bytes
+        gathered_ids = [None] * world
+        torch.distributed.all_gather_object(gathered_ids, sample_ids)
+        gathered_bytes = [None] * world
+        torch.distributed.all_gather_object(gathered_bytes, state_bytes)
+        results[name] = {"losses": losses, "sample_ids": gathered_ids, "state_bytes": gathered_bytes,
+                         "accum": layout.grad_accum_steps, "micro": layout.micro_batch_size}
+        if name in SAVE_CASES:
+            ckpt_root = out_dir / name / "checkpoints"
+            state = build_state(cfg, layout, ds_config, cfg.train.steps, 0, prepared)
+            save_checkpoint(engine, ckpt_root, cfg.train.steps, state, keep_last=1, rank=rank, tokenizer_path=prepared.tokenizer_path)
+            engine.eval()
+            x = batches.batch(batches.val_sample_ids(0))
+            with torch.no_grad():
+                logits = engine(input_ids=x).logits
+            if rank == 0:
+                torch.save({"input_ids": x, "logits": logits}, out_dir / name / "logits.pt")
+        del engine
+        gc.collect()
+    if rank == 0:
+        (out_dir / "results.json").write_text(json.dumps(results))
+    torch.distributed.barrier()
+
+
+if __name__ == "__main__":
+    main()
