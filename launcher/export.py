@@ -7,6 +7,10 @@ saves the whole module, which is read directly. The model is rebuilt from the
 config stored in the checkpoint (launcher_state.json) through the same
 `hf_config` mapping the training run used, loaded strictly, and written as
 safetensors with its config and the run's tokenizer.
+
+Pipelined or tensor-parallel checkpoints hold one file per layer (or per TP
+rank) with the module's own weights; launcher/parallel/export.py merges the
+stages and TP shards (checked against the shapes of the model built here).
 """
 
 from __future__ import annotations
@@ -47,11 +51,18 @@ def export_checkpoint(ckpt, out) -> Path:
     out = Path(out).expanduser()
     out.mkdir(parents=True, exist_ok=True)
 
-    sd = consolidated_state_dict(tag_dir, layout["zero_stage"], layout["dtype"])
     config = hf_config(cfg.model, vocab_size=layout["padded_vocab_size"])
     # The model built on the meta device costs nothing and names exactly the tensors transformers expects.
     with torch.device("meta"):
         reference = AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation(cfg.model.arch))
+    if layout["pipeline_degree"] > 1 or layout["tensor_degree"] > 1:
+        from launcher.parallel.export import checkpoint_state_dict
+
+        shapes = {k: tuple(v.shape) for k, v in reference.state_dict().items()}
+        sd = checkpoint_state_dict(tag_dir, cfg.model.arch, cfg.model.num_hidden_layers, cfg.model.tie_word_embeddings,
+                                   pipelined=layout["pipeline_degree"] > 1, full_shapes=shapes)
+    else:
+        sd = consolidated_state_dict(tag_dir, layout["zero_stage"], layout["dtype"])
     expected = set(reference.state_dict())
     if config.tie_word_embeddings:
         # A tied head is one tensor; transformers re-ties it on load, and safetensors refuses shared storage.

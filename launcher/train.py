@@ -20,6 +20,7 @@ from pathlib import Path
 from launcher.config.errors import ConfigError
 from launcher.config.layout import resolve_layout
 from launcher.deepspeed_config import build_deepspeed_config
+from launcher.plan.rankmap import rank_coord
 from launcher.runtime import checkpoint as ckpt
 from launcher.runtime.data import TokenBatches, prepare_data
 from launcher.runtime.launch import PREEMPTED_FILE, PreemptionFlag, init_distributed, run_dir_of
@@ -34,22 +35,31 @@ MEASURE_STATE_AT_STEP = 1
 
 def check_supported(layout) -> None:
     """What this loop does not run yet, refused before any process starts."""
-    for key, degree in (("parallel.pipeline_degree", layout.pipeline_degree), ("parallel.tensor_degree", layout.tensor_degree),
-                        ("parallel.sequence_degree", layout.sequence_degree)):
-        if degree > 1:
-            raise ConfigError(key, degree, "pipeline / tensor / sequence parallelism is not wired into `launcher train` yet "
-                              "(launcher/parallel/ will plug into build_engine and train_step)", f"set {key}=1 for now")
+    if layout.sequence_degree > 1:
+        raise ConfigError("parallel.sequence_degree", layout.sequence_degree,
+                          "sequence parallelism (DeepSpeed Ulysses) is not wired into `launcher train` yet",
+                          "set parallel.sequence_degree=1 (use tensor_degree or pipeline_degree to split the model)")
 
 
 def build_engine(cfg, layout, ds_config: dict):
     """The model (fixed-seed init, identical on every rank) wrapped by deepspeed.initialize.
 
-    The pipeline path will build a PipelineModule here instead; the rest of the loop only sees the engine.
+    Which model, by layout (the rest of the loop only sees the engine):
+    - pipeline_degree > 1: a PipelineModule cut from the same seeded model (launcher/parallel/pipeline.py),
+      tensor-parallel inside the stages on the pipeline grid when tensor_degree > 1 (launcher/parallel/tensor.py);
+      deepspeed.initialize then returns a PipelineEngine, driven by train_step_pipeline;
+    - otherwise the transformers model; with tensor_degree > 1 DeepSpeed AutoTP shards it
+      (the generated config's tensor_parallel.autotp_size).
     """
     import deepspeed
 
-    model = build_model(cfg.model, seed=cfg.train.seed, vocab_size=layout.padded_vocab_size)
-    maybe_apply_activation_checkpointing(cfg, model)
+    if layout.pipeline_degree > 1:
+        from launcher.parallel.pipeline import build_pipeline_module
+
+        model = build_pipeline_module(cfg, layout, seed=cfg.train.seed)  # activation checkpointing per block inside
+    else:
+        model = build_model(cfg.model, seed=cfg.train.seed, vocab_size=layout.padded_vocab_size)
+        maybe_apply_activation_checkpointing(cfg, model)
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config)
     return engine
 
@@ -61,7 +71,7 @@ def maybe_apply_activation_checkpointing(cfg, model) -> None:
 
 
 def train_step(engine, batches: TokenBatches, step: int, accum: int, measure_state: bool = False):
-    """One optimizer step: `accum` micro-batches forward + backward, then DeepSpeed's step.
+    """One optimizer step of a plain (or AutoTP) engine: `accum` micro-batches forward + backward, then DeepSpeed's step.
 
     engine.step() is called after every micro-batch; DeepSpeed applies the optimizer (with clipping and
     the LR schedule) only at the accumulation boundary, and scales each micro loss by 1/accum itself.
@@ -84,19 +94,37 @@ def train_step(engine, batches: TokenBatches, step: int, accum: int, measure_sta
     return loss_sum / accum, data_wait, state_bytes
 
 
+def train_step_pipeline(engine, batches: TokenBatches, step: int, accum: int, measure_state: bool = False):
+    """One optimizer step of a PipelineEngine: DeepSpeed's 1F1B schedule over `accum` micro-batches.
+
+    engine.train_batch runs forward, backward and the optimizer step itself, pulling (inputs, labels)
+    pairs from the iterator on the first and last stage, and returns the mean loss over the micro-batches
+    and the DP replicas on every rank. Model-state bytes are not measured here (the gradients are gone
+    when train_batch returns). Same return shape as train_step.
+    """
+    t0 = time.perf_counter()
+    micro = [batches.batch(batches.train_sample_ids(step, j)) for j in range(accum)]
+    data_wait = time.perf_counter() - t0
+    loss = engine.train_batch(data_iter=iter([(x, x) for x in micro]))
+    return loss.item(), data_wait, None
+
+
 def evaluate(engine, batches: TokenBatches, num_batches: int, world: int) -> float:
-    """Mean loss over `num_batches` held-out micro-batches per rank, averaged over all ranks."""
+    """Mean loss over `num_batches` held-out micro-batches per DP replica, averaged over all ranks."""
     import deepspeed.comm as dist
     import torch
+    from deepspeed.runtime.pipe.engine import PipelineEngine
 
     engine.eval()
-    total = 0.0
     with torch.no_grad():
-        for b in range(num_batches):
-            input_ids = batches.batch(batches.val_sample_ids(b)).to(engine.device)
-            total += engine(input_ids=input_ids, labels=input_ids).loss.item()
+        inputs = [batches.batch(batches.val_sample_ids(b)).to(engine.device) for b in range(num_batches)]
+        if isinstance(engine, PipelineEngine):
+            # Averaged over the micro-batches and DP replicas and broadcast to every stage by DeepSpeed.
+            local = engine.eval_batch(iter([(x, x) for x in inputs]), num_micro_batches=num_batches).item()
+        else:
+            local = sum(engine(input_ids=x, labels=x).loss.item() for x in inputs) / num_batches
     engine.train()
-    t = torch.tensor([total / num_batches], dtype=torch.float64)
+    t = torch.tensor([local], dtype=torch.float64)
     dist.all_reduce(t)
     return t.item() / world
 
@@ -157,10 +185,12 @@ def run(cfg) -> int:
     if is_main:
         maybe_freeze_into_run_dir(cfg, run_dir, ds_config, prepared)
     torch.distributed.barrier()
-    batches = TokenBatches(prepared, layout, seed=cfg.train.seed, dp_rank=rank)
+    # The ranks of one tensor-parallel group (and of one pipeline) read the same samples: index by DP rank.
+    batches = TokenBatches(prepared, layout, seed=cfg.train.seed, dp_rank=rank_coord(layout, rank).dp)
 
-    # 4. Model + engine.
+    # 4. Model + engine; a pipelined engine runs whole optimizer steps itself.
     engine = build_engine(cfg, layout, ds_config)
+    step_fn = train_step_pipeline if layout.pipeline_degree > 1 else train_step
 
     # 5. Resume: refuse a changed layout, then restore DeepSpeed's state; the step is our data position.
     start_step, tokens_seen = 0, 0
@@ -179,7 +209,8 @@ def run(cfg) -> int:
     steps, accum = cfg.train.steps, layout.grad_accum_steps
     progress, task = build_progress(is_main and cfg.logging.progress_bar, steps, start_step)
     say = progress.console.print if is_main else (lambda *a, **k: None)
-    say(f"run dir {run_dir}  world {world}  dp {layout.data_degree}  ZeRO {layout.zero_stage}  {layout.dtype}  "
+    say(f"run dir {run_dir}  world {world}  tp {layout.tensor_degree}  pp {layout.pipeline_degree}  "
+        f"dp {layout.data_degree}  ZeRO {layout.zero_stage}  {layout.dtype}  "
         f"micro {layout.micro_batch_size} x accum {accum} x dp {layout.data_degree} = {layout.global_batch_size} seqs "
         f"x {layout.seq_length} = {layout.tokens_per_step:,} tokens/step  "
         f"{'resuming at step ' + str(start_step) if resume_from else 'fresh start'}", markup=False)
@@ -196,7 +227,7 @@ def run(cfg) -> int:
             lr = engine.get_lr()[0]  # the rate this step's optimizer update uses
             t0 = time.perf_counter()
             measure = step == max(start_step, MEASURE_STATE_AT_STEP)
-            local_loss, data_wait, state_bytes = train_step(engine, batches, step, accum, measure_state=measure)
+            local_loss, data_wait, state_bytes = step_fn(engine, batches, step, accum, measure_state=measure)
             loss, stop = reduce_step(local_loss, preempt.raised, world)
             step_time = time.perf_counter() - t0
             step += 1

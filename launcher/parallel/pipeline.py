@@ -1,11 +1,15 @@
-"""The model as a DeepSpeed PipelineModule (model.arch=llama), optionally tensor-parallel inside each stage.
+"""The model as a DeepSpeed PipelineModule (model.arch=llama or bloom), optionally tensor-parallel inside each stage.
 
 Layers, in order (what DeepSpeed partitions over the stages):
     EmbeddingPipe           input_ids -> hidden            (TiedLayerSpec "embed" when tie_word_embeddings)
-    DecoderBlockPipe x L    hidden -> hidden               rotary cos/sin recomputed inside; causal attention
-    NormPipe                final RMSNorm
+    NormPipe                bloom only: word_embeddings_layernorm (a layer of its own, so the tied
+                            embedding module at the head end carries no unused LayerNorm copy)
+    DecoderBlockPipe x L    hidden -> hidden   llama: rotary cos/sin recomputed inside; causal attention
+    BloomDecoderBlockPipe   (bloom)            ALiBi bias and causal mask built inside the block
+    NormPipe                final RMSNorm (llama) / LayerNorm ln_f (bloom)
     HeadPipe                hidden -> logits               (or the tied embedding, used as F.linear)
-and `causal_lm_loss(logits, labels)` as the PipelineModule's loss_fn.
+and `causal_lm_loss(logits, labels)` as the PipelineModule's loss_fn. `layer_hf_prefixes` names the
+transformers module of every layer index, for the export (launcher/parallel/export.py).
 
 Weights: `build_pipeline_module` builds the full transformers model once on CPU
 with the seed (launcher.runtime.model.build_model) and hands each layer its
@@ -26,13 +30,41 @@ regex against the layer class names, case-insensitively).
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-# Class names DeepSpeed's `type:` partitioning and activation checkpointing match against.
-BLOCK_CLASS = "DecoderBlockPipe"
+# Class names DeepSpeed's activation checkpointing matches against; `type:DecoderBlock` partitioning
+# matches both (DeepSpeed searches the regex in the class names, case-insensitively).
+BLOCK_CLASSES = ["DecoderBlockPipe", "BloomDecoderBlockPipe"]
+
+
+@dataclass(frozen=True)
+class ArchModules:
+    """Where a transformers causal LM keeps the modules the pipeline layers are cut from."""
+
+    embed: str
+    embed_norm: Optional[str]
+    blocks: str
+    final_norm: str
+    head: str = "lm_head"
+
+
+ARCH_MODULES = {
+    "llama": ArchModules("model.embed_tokens", None, "model.layers", "model.norm"),
+    "bloom": ArchModules("transformer.word_embeddings", "transformer.word_embeddings_layernorm", "transformer.h",
+                         "transformer.ln_f"),
+}
+
+
+def layer_hf_prefixes(arch: str, num_layers: int) -> list[str]:
+    """The transformers module name of every pipeline layer index (the head last, even when tied)."""
+    a = ARCH_MODULES[arch]
+    return ([a.embed] + ([a.embed_norm] if a.embed_norm else []) + [f"{a.blocks}.{i}" for i in range(num_layers)]
+            + [a.final_norm, a.head])
 
 
 class EmbeddingPipe(nn.Module):
@@ -64,10 +96,12 @@ class DecoderBlockPipe(nn.Module):
       mask is built.
     """
 
-    def __init__(self, layer: nn.Module, rotary: nn.Module, attn_implementation: str, tp_shard=None):
+    def __init__(self, layer: nn.Module, rotary: nn.Module, attn_implementation: str, tp=None):
+        from launcher.parallel.tensor import shard_llama_decoder_layer
+
         super().__init__()
         # LayerSpec builds only this stage's blocks, so only they are copied and sharded.
-        self.layer = tp_shard(copy.deepcopy(layer)) if tp_shard is not None else layer
+        self.layer = shard_llama_decoder_layer(copy.deepcopy(layer), tp) if tp is not None else layer
         self.rotary = rotary
         self.explicit_mask = attn_implementation != "sdpa"
 
@@ -75,15 +109,48 @@ class DecoderBlockPipe(nn.Module):
         seq = hidden.shape[1]
         position_ids = torch.arange(seq, device=hidden.device).unsqueeze(0)
         cos_sin = self.rotary(hidden, position_ids)
-        mask = None
-        if self.explicit_mask:
-            mask = torch.full((seq, seq), torch.finfo(hidden.dtype).min, dtype=hidden.dtype, device=hidden.device)
-            mask = torch.triu(mask, diagonal=1)[None, None]
+        mask = causal_additive_mask(seq, hidden.dtype, hidden.device) if self.explicit_mask else None
         return self.layer(hidden, attention_mask=mask, position_ids=position_ids, position_embeddings=cos_sin)
 
 
+def causal_additive_mask(seq: int, dtype, device):
+    """(1, 1, seq, seq): 0 where key <= query, the dtype's minimum above the diagonal (transformers' eager mask)."""
+    mask = torch.full((seq, seq), torch.finfo(dtype).min, dtype=dtype, device=device)
+    return torch.triu(mask, diagonal=1)[None, None]
+
+
+class BloomDecoderBlockPipe(nn.Module):
+    """One transformers BloomBlock taking and returning only the hidden states.
+
+    BloomModel.forward builds the ALiBi bias once for all blocks (Press et al. 2022, "Train Short, Test
+    Long", section 3: score_ij += m_h * (j - i), of which softmax keeps only m_h * j); here it is rebuilt
+    per block exactly as transformers does for an unpadded batch (modeling_bloom.py: slopes[:, None, None]
+    * arange(kv_length), repeated over the batch, cast to the hidden dtype), for this rank's heads only
+    under tensor parallelism (heads [rank*h/tp, (rank+1)*h/tp), the ones its qkv shard computes). The
+    eager causal mask is the additive one transformers' create_causal_mask gives BloomBlock.
+    """
+
+    def __init__(self, layer: nn.Module, num_heads: int, tp=None):
+        from launcher.parallel.tensor import shard_bloom_block
+
+        super().__init__()
+        self.layer = shard_bloom_block(copy.deepcopy(layer), tp) if tp is not None else layer
+        local = num_heads // (tp.size if tp is not None else 1)
+        first = local * (tp.rank if tp is not None else 0)
+        self.num_heads, self.heads = num_heads, (first, first + local)
+
+    def forward(self, hidden):
+        from transformers.models.bloom.modeling_bloom import _get_alibi_slopes
+
+        batch, seq, _ = hidden.shape
+        slopes = _get_alibi_slopes(self.num_heads, hidden.device)[self.heads[0]:self.heads[1]]
+        alibi = (slopes[:, None, None] * torch.arange(seq, device=hidden.device)).repeat(batch, 1, 1).to(hidden.dtype)
+        mask = causal_additive_mask(seq, hidden.dtype, hidden.device)
+        return self.layer(hidden, alibi=alibi, attention_mask=mask)[0]
+
+
 class NormPipe(nn.Module):
-    """The final RMSNorm."""
+    """A RMSNorm / LayerNorm (final, or Bloom's word-embedding LayerNorm)."""
 
     def __init__(self, norm: nn.Module):
         super().__init__()
@@ -112,24 +179,30 @@ def causal_lm_loss(logits, labels):
     return F.cross_entropy(logits[:, :-1].float().reshape(-1, vocab), labels[:, 1:].reshape(-1), ignore_index=-100)
 
 
-def _layer_specs(full, attn_implementation: str, tie: bool, tp_shard=None):
-    """LayerSpecs that build each layer from its slice of the full model (`tp_shard` shards a block in place)."""
+def _layer_specs(full, arch: str, attn_implementation: str, tie: bool, tp=None):
+    """LayerSpecs that build each layer from its slice of the full model (`tp`: shard the blocks on that group)."""
     from deepspeed.pipe import LayerSpec, TiedLayerSpec
 
-    inner = full.model
+    names = ARCH_MODULES[arch]
+    embed = full.get_submodule(names.embed)
     specs = []
     if tie:
-        specs.append(TiedLayerSpec("embed", EmbeddingPipe, inner.embed_tokens, tied_weight_attr=["weight"]))
+        specs.append(TiedLayerSpec("embed", EmbeddingPipe, embed, tied_weight_attr=["weight"]))
     else:
-        specs.append(LayerSpec(EmbeddingPipe, inner.embed_tokens))
-    for layer in inner.layers:
-        specs.append(LayerSpec(DecoderBlockPipe, layer, inner.rotary_emb, attn_implementation, tp_shard))
-    specs.append(LayerSpec(NormPipe, inner.norm))
+        specs.append(LayerSpec(EmbeddingPipe, embed))
+    if names.embed_norm:
+        specs.append(LayerSpec(NormPipe, full.get_submodule(names.embed_norm)))
+    for layer in full.get_submodule(names.blocks):
+        if arch == "llama":
+            specs.append(LayerSpec(DecoderBlockPipe, layer, full.model.rotary_emb, attn_implementation, tp))
+        else:
+            specs.append(LayerSpec(BloomDecoderBlockPipe, layer, full.config.n_head, tp))
+    specs.append(LayerSpec(NormPipe, full.get_submodule(names.final_norm)))
     if tie:
-        specs.append(TiedLayerSpec("embed", EmbeddingPipe, inner.embed_tokens, forward_fn=tied_head_forward,
+        specs.append(TiedLayerSpec("embed", EmbeddingPipe, embed, forward_fn=tied_head_forward,
                                    tied_weight_attr=["weight"]))
     else:
-        specs.append(LayerSpec(HeadPipe, full.lm_head))
+        specs.append(LayerSpec(HeadPipe, full.get_submodule(names.head)))
     return specs
 
 
@@ -153,7 +226,7 @@ def mark_for_grad_norm(module: nn.Module, tensor_rank: int) -> None:
 
 
 def build_pipeline_module(cfg, layout, seed: int):
-    """The PipelineModule for `cfg.model` (arch=llama) on `layout`'s grid (PP x DP, and TP inside the blocks).
+    """The PipelineModule for `cfg.model` (arch=llama or bloom) on `layout`'s grid (PP x DP, and TP inside the blocks).
 
     The grid is DeepSpeed's PipeModelDataParallelTopology(num_pp, num_mp, num_dp), axes
     ['pipe', 'data', 'model']: TP innermost, the order of launcher/plan/rankmap.py.
@@ -163,11 +236,12 @@ def build_pipeline_module(cfg, layout, seed: int):
     from deepspeed.pipe import PipelineModule
     from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
 
-    from launcher.parallel.tensor import shard_llama_decoder_layer, tensor_parallel_group
+    from launcher.parallel.tensor import tensor_parallel_group
     from launcher.runtime.model import attn_implementation, build_model
 
-    if cfg.model.arch != "llama":
-        raise NotImplementedError(f"pipeline parallelism is implemented for model.arch=llama, not {cfg.model.arch!r}")
+    if cfg.model.arch not in ARCH_MODULES:
+        raise NotImplementedError(f"pipeline parallelism is implemented for model.arch in {sorted(ARCH_MODULES)}, "
+                                  f"not {cfg.model.arch!r}")
     if layout.sequence_degree > 1:
         raise NotImplementedError("sequence parallelism inside a pipeline (layout.py refuses it too)")
     if dist.get_world_size() != layout.world_size:
@@ -175,15 +249,12 @@ def build_pipeline_module(cfg, layout, seed: int):
 
     topology = PipeModelDataParallelTopology(num_pp=layout.pipeline_degree, num_mp=layout.tensor_degree,
                                              num_dp=layout.data_degree)
-    tp_shard, tp_rank = None, 0
-    if layout.tensor_degree > 1:
-        group, tp_rank, size = tensor_parallel_group(topology)
-        tp_shard = lambda layer: shard_llama_decoder_layer(layer, group, tp_rank, size)  # noqa: E731
+    tp = tensor_parallel_group(topology) if layout.tensor_degree > 1 else None
 
     # The padded vocabulary keeps shapes equal to the unpipelined TP model (layout.py pads to a multiple of TP).
     full = build_model(cfg.model, seed, vocab_size=layout.padded_vocab_size)
     attn = attn_implementation(cfg.model.arch)
-    specs = _layer_specs(full, attn, cfg.model.tie_word_embeddings, tp_shard)
+    specs = _layer_specs(full, cfg.model.arch, attn, cfg.model.tie_word_embeddings, tp)
     module = PipelineModule(
         layers=specs,
         topology=topology,
@@ -191,7 +262,7 @@ def build_pipeline_module(cfg, layout, seed: int):
         partition_method=cfg.parallel.partition_method,
         # One block per checkpoint; only decoder blocks are recomputed (the embedding and head are cheap).
         activation_checkpoint_interval=1 if cfg.model.activation_checkpointing else 0,
-        checkpointable_layers=[BLOCK_CLASS],
+        checkpointable_layers=BLOCK_CLASSES,
     )
-    mark_for_grad_norm(module, tp_rank)
+    mark_for_grad_norm(module, tp.rank if tp is not None else 0)
     return module

@@ -30,10 +30,20 @@ weights of the unsharded model.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+
+
+class TensorParallel(NamedTuple):
+    """This rank's tensor-parallel group, its rank in it and the group size."""
+
+    group: object
+    rank: int
+    size: int
 
 
 class _CopyToTensorParallel(torch.autograd.Function):
@@ -109,7 +119,7 @@ class RowParallelLinear(nn.Module):
         return y if self.bias is None else y + self.bias
 
 
-def shard_llama_decoder_layer(layer: nn.Module, group, rank: int, size: int) -> nn.Module:
+def shard_llama_decoder_layer(layer: nn.Module, tp: TensorParallel) -> nn.Module:
     """Replace the seven linears of a transformers LlamaDecoderLayer by their TP shards, in place.
 
     LlamaAttention reshapes with `view(*shape, -1, head_dim)`, so it runs on the local
@@ -118,15 +128,36 @@ def shard_llama_decoder_layer(layer: nn.Module, group, rank: int, size: int) -> 
     """
     attn, mlp = layer.self_attn, layer.mlp
     for name in ("q_proj", "k_proj", "v_proj"):
-        setattr(attn, name, ColumnParallelLinear(getattr(attn, name), group, rank, size))
-    attn.o_proj = RowParallelLinear(attn.o_proj, group, rank, size)
+        setattr(attn, name, ColumnParallelLinear(getattr(attn, name), *tp))
+    attn.o_proj = RowParallelLinear(attn.o_proj, *tp)
     for name in ("gate_proj", "up_proj"):
-        setattr(mlp, name, ColumnParallelLinear(getattr(mlp, name), group, rank, size))
-    mlp.down_proj = RowParallelLinear(mlp.down_proj, group, rank, size)
+        setattr(mlp, name, ColumnParallelLinear(getattr(mlp, name), *tp))
+    mlp.down_proj = RowParallelLinear(mlp.down_proj, *tp)
     return layer
 
 
-def tensor_parallel_group(topology):
+def shard_bloom_block(block: nn.Module, tp: TensorParallel) -> nn.Module:
+    """Replace the four linears of a transformers BloomBlock by their TP shards, in place.
+
+    Bloom's fused query_key_value weight (3h, h) is laid out per head: BloomAttention._reshape views
+    its output as (batch, seq, num_heads, 3, head_dim), i.e. rows [head 0: q, k, v | head 1: q, k, v | ...].
+    A contiguous row split therefore hands each rank whole heads with their own q, k and v (Megatron-LM's
+    fused QKV layout, which BLOOM was trained with), and the attention then runs on `num_heads / tp`
+    heads, which is all it needs to know (the ALiBi slopes of those heads come from the block wrapper).
+    dense (attention output) and dense_4h_to_h are row-parallel; their biases are added once after the sum.
+    """
+    attn, mlp = block.self_attention, block.mlp
+    if attn.pretraining_tp > 1 and attn.slow_but_exact:
+        raise NotImplementedError("BloomConfig.slow_but_exact with pretraining_tp > 1 (an inference-time emulation of TP)")
+    attn.query_key_value = ColumnParallelLinear(attn.query_key_value, *tp)
+    attn.dense = RowParallelLinear(attn.dense, *tp)
+    attn.num_heads //= tp.size
+    mlp.dense_h_to_4h = ColumnParallelLinear(mlp.dense_h_to_4h, *tp)
+    mlp.dense_4h_to_h = RowParallelLinear(mlp.dense_4h_to_h, *tp)
+    return block
+
+
+def tensor_parallel_group(topology) -> TensorParallel:
     """(group, rank in group, size) of this rank's TP group on a DeepSpeed ProcessTopology's 'model' axis.
 
     Every rank must call this in the same order (torch.distributed.new_group is collective);
@@ -137,7 +168,7 @@ def tensor_parallel_group(topology):
     for ranks in topology.get_axis_comm_lists("model"):
         g = dist.new_group(ranks=ranks)
         if me in ranks:
-            mine = (g, ranks.index(me), len(ranks))
+            mine = TensorParallel(g, ranks.index(me), len(ranks))
     if mine is None:
         raise RuntimeError(f"rank {me} is in no 'model' group of {topology}")
     return mine
