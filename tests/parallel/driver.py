@@ -80,7 +80,7 @@ def ds_config(cfg, layout) -> dict:
 def run_pipe(cfg, layout):
     import deepspeed
 
-    from launcher.parallel.pipeline import DecoderBlockPipe, build_pipeline_module
+    from launcher.parallel.pipeline import BloomDecoderBlockPipe, DecoderBlockPipe, build_pipeline_module
     from launcher.parallel.tensor import ColumnParallelLinear, RowParallelLinear
 
     module = build_pipeline_module(cfg, layout, SEED)
@@ -98,8 +98,8 @@ def run_pipe(cfg, layout):
     eval_ids = global_batch(10_000, layout.micro_batch_size, layout.seq_length, layout.vocab_size)
     info_eval = engine.eval_batch(data_iter=iter([(eval_ids, eval_ids)] * layout.grad_accum_steps)).item()
 
-    exported = gather_hf_state_dict(module, grid, cfg.model.num_hidden_layers, cfg.model.tie_word_embeddings)
-    blocks = [m for m in module.modules() if isinstance(m, DecoderBlockPipe)]
+    exported = gather_hf_state_dict(module, grid, cfg.model.num_hidden_layers, cfg.model.tie_word_embeddings, cfg.model.arch)
+    blocks = [m for m in module.modules() if isinstance(m, (DecoderBlockPipe, BloomDecoderBlockPipe))]
     info = {
         "stage": grid.get_stage_id(), "dp_rank": dp_rank, "tp_rank": grid.get_slice_parallel_rank(),
         "slice_group": list(grid.slice_group), "params": sum(p.numel() for p in module.parameters()),

@@ -2,7 +2,7 @@
 1-rank fp32 loss trajectory of the unpipelined, unsharded model trained in plain torch (tests/parallel/driver.py).
 
 Three launches (2, 4, 8 ranks), several layouts each, to pay the start-up once per world size
-(measured on the 2-core machine: ~27 s, ~35 s, ~56 s).
+(measured on the 2-core machine: ~27 s, ~45 s, ~56 s). model.arch=bloom runs TP2 x PP2 and PP2 x DP2 too.
 """
 
 from __future__ import annotations
@@ -25,6 +25,14 @@ BLOCK_LINEAR = 4 * H * H + 3 * H * I          # q, k, v, o + gate, up, down
 BLOCK = BLOCK_LINEAR + 2 * H                  # + two RMSNorm weights
 FULL = 2 * V * H + L * BLOCK + H              # embedding + head + blocks + final norm = 197,184
 TOL = 1e-4                                    # relative, per step (issue 4)
+# The same width as BLOOM (model.arch=bloom): fused qkv (3h x h) + dense (h x h) + 4h MLP, every linear with a
+# bias, two LayerNorms (weight + bias) per block, the word-embedding LayerNorm and ln_f (BigScience 2022, Table 3;
+# transformers modeling_bloom.py).
+BLOOM_BLOCK_LINEAR = 12 * H * H + 9 * H
+BLOOM_COLUMN_ROW_SHARDED = 12 * H * H + 7 * H  # all but the two row-parallel biases (added once after the sum)
+BLOOM_BLOCK = BLOOM_BLOCK_LINEAR + 4 * H
+BLOOM_FULL_TIED = V * H + 2 * H + L * BLOOM_BLOCK + 2 * H
+BLOOM = "model.arch=bloom,model.num_key_value_heads=null,model.intermediate_size=null"
 
 PP = "parallel.pipeline_degree=2"
 TP = "parallel.tensor_degree=2"
@@ -44,6 +52,8 @@ LAUNCHES = {
         f"tp2-pp2-tied:pipe:{TP},{PP},model.tie_word_embeddings=true",
         f"tp2-pp2-z1-ac:pipe:{TP},{PP},{Z1},model.activation_checkpointing=true",
         f"tp2-dp2-z1:autotp:{TP},{Z1}",
+        f"bloom-tp2-pp2-tied:pipe:{BLOOM},{TP},{PP},model.tie_word_embeddings=true",
+        f"bloom-pp2-dp2-z1:pipe:{BLOOM},{PP},{Z1}",
     ],
     8: [f"tp2-pp2-dp2-z1:pipe:{TP},{PP},{Z1}"],
 }
@@ -192,3 +202,32 @@ def test_tp2_pp2_dp2_on_8_ranks(ranks8):
     _assert_megatron_sharding(r)
     _assert_export_reproduces_pipeline(r)
     assert sorted(i["dp_rank"] for i in r["per_rank"]) == [0] * 4 + [1] * 4
+
+
+@pytest.mark.slow
+def test_bloom_tp2_pp2_matches_one_rank_and_shards(ranks4):
+    """Bloom in the pipeline (ALiBi inside the blocks, embedding LayerNorm as its own layer, tied head) with its
+    fused query_key_value split per head over 2 TP ranks."""
+    r = ranks4["bloom-tp2-pp2-tied"]
+    _assert_matches_one_rank(r)
+    _assert_export_reproduces_pipeline(r)
+    for info in r["per_rank"]:
+        blocks = info["blocks"]
+        assert blocks == 2 and info["plain_linear_in_blocks"] == 0
+        assert info["column_parallel"] == 2 * blocks and info["row_parallel"] == 2 * blocks  # qkv, h->4h | dense, 4h->h
+        assert info["sharded_params"] == blocks * BLOOM_COLUMN_ROW_SHARDED // 2
+        assert info["block_linear_params"] == blocks * (BLOOM_COLUMN_ROW_SHARDED // 2 + 2 * H)
+    # Sharded block weights once; everything else on both TP ranks; the tied embedding on both stages.
+    total = sum(i["params"] for i in r["per_rank"])
+    sharded = L * BLOOM_COLUMN_ROW_SHARDED
+    assert total == sharded + 2 * (BLOOM_FULL_TIED - sharded) + 2 * V * H
+
+
+@pytest.mark.slow
+def test_bloom_pp2_dp2_matches_one_rank(ranks4):
+    r = ranks4["bloom-pp2-dp2-z1"]
+    _assert_matches_one_rank(r)
+    _assert_export_reproduces_pipeline(r)
+    untied_full = BLOOM_FULL_TIED + V * H
+    for dp in (0, 1):
+        assert sum(i["params"] for i in r["per_rank"] if i["dp_rank"] == dp) == untied_full
