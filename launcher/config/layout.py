@@ -287,6 +287,17 @@ def _check_precision(cfg, device: str, dtype: str) -> None:
                           "select precision=bf16 or precision=fp32 for CPU ranks")
 
 
+def _warn_bf16_pipeline_accumulation(cfg, pp: int, zero: int, dtype: str, warnings: list[str]) -> None:
+    # DeepSpeed 0.19.8 picks its BF16_Optimizer (fp32 gradient accumulation and master weights, what BLOOM
+    # ran) for bf16 + ZeRO-1 only when data_types.grad_accum_dtype is fp32 (runtime/engine.py,
+    # _do_optimizer_sanity_check); otherwise the ZeRO-1 optimizer sums the pipeline's micro-batch
+    # gradients in bf16 (8 mantissa bits) without a word (seen on CPU ranks, tests/parallel).
+    if pp > 1 and dtype == "bf16" and zero == 1 and cfg.precision.grad_accum_dtype != "fp32":
+        warnings.append(f"bf16 with pipeline_degree={pp} and ZeRO-1 accumulates the micro-batch gradients in bf16 "
+                        f"(precision.grad_accum_dtype={cfg.precision.grad_accum_dtype}); set precision.grad_accum_dtype=fp32 "
+                        "for DeepSpeed's BF16_Optimizer (fp32 accumulation, as BLOOM trained)")
+
+
 def _check_offload(cfg, zero: int) -> None:
     p = cfg.parallel
     if p.offload_optimizer and zero == 0:
@@ -322,6 +333,7 @@ def resolve_layout(cfg) -> Layout:
     accum = _check_batch(cfg, dp)
     _check_pipeline(cfg, pp, p.zero_stage, accum, warnings)
     _check_precision(cfg, device, cfg.precision.dtype)
+    _warn_bf16_pipeline_accumulation(cfg, pp, p.zero_stage, cfg.precision.dtype, warnings)
     _check_offload(cfg, p.zero_stage)
 
     gbs = cfg.batch.global_batch_size

@@ -62,6 +62,17 @@ def test_tp_beyond_node_is_warned(resolve):
     assert any("inter-node" in w for w in layout.warnings)
 
 
+@pytest.mark.parametrize("overrides,warned", [
+    (["recipe=bloom-176b", "precision.grad_accum_dtype=null"], True),   # bf16 + PP 12 + ZeRO-1, bf16 accumulation
+    (["recipe=bloom-176b"], False),                                      # the recipe: fp32 accumulation
+    (["recipe=bloom-176b", "precision=fp32", "precision.grad_accum_dtype=null"], False),
+    (["recipe=llama-7b", "parallel.zero_stage=1"], False),              # bf16 + ZeRO-1 but no pipeline
+])
+def test_bf16_pipeline_zero1_without_fp32_accumulation_is_warned(resolve, overrides, warned):
+    _, layout = resolve(overrides)
+    assert any("grad_accum_dtype=fp32" in w for w in layout.warnings) == warned
+
+
 # The invalid layouts live in the shared bad-config catalogue; here they run through resolve_layout directly.
 INVALID = [(e["args"], e["key"], e["says"]) for e in load_catalogue("layout")]
 
