@@ -3,6 +3,7 @@
 Each CASE is `name:mode:key=value,key=value` where mode is
     pipe    launcher.parallel.pipeline.build_pipeline_module + engine.train_batch (PP, PP x DP, TP x PP [x DP])
     autotp  the plain transformers model with DeepSpeed AutoTP (tensor_parallel.autotp_size from the generated config)
+    ulysses Ulysses sequence parallelism (launcher/parallel/sequence.py); at most one per launch (its groups are global)
 and the key=value pairs are Hydra overrides on top of BASE. Several cases run in one launch to pay the
 start-up once. For every case every rank also trains the unpipelined, unsharded model in plain torch
 (the reference: one process, the whole global batch per step, torch AdamW, torch clip_grad_norm_) and
@@ -152,6 +153,40 @@ def run_autotp(cfg, layout):
     return engine, losses, info, None
 
 
+def run_ulysses(cfg, layout):
+    """Ulysses SP (launcher/parallel/sequence.py): each rank holds seq/sp tokens of its replica's samples."""
+    import deepspeed
+
+    from launcher.parallel.sequence import build_sequence_parallel_model, sequence_parallel_loss, setup_sequence_parallel
+    from launcher.plan.rankmap import rank_coord
+
+    sp = layout.sequence_degree
+    mpu = setup_sequence_parallel(sp)
+    model = build_sequence_parallel_model(cfg.model, SEED, layout.padded_vocab_size)
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config(cfg, layout),
+                                           mpu=mpu)
+    coord = rank_coord(layout, dist.get_rank())
+    assert coord.sp == mpu.get_sequence_parallel_rank()
+    seen = []  # the token counts this rank really embeds (and so runs every per-token layer on)
+    model.model.embed_tokens.register_forward_hook(lambda _m, args, _out: seen.append(args[0].shape[1]))
+    losses = []
+    for step in range(STEPS):
+        micro = []
+        for mb in my_micro_batches(step, layout, coord.dp):
+            loss = sequence_parallel_loss(engine, mb, coord.sp, sp)
+            engine.backward(loss)
+            engine.step()
+            replica = loss.detach().clone()
+            dist.all_reduce(replica, group=mpu.get_sequence_parallel_group())  # the SP shares add up to the replica loss
+            micro.append(replica)
+        avg = torch.stack(micro).mean()
+        dist.all_reduce(avg)
+        losses.append(avg.item() / dist.get_world_size())
+    info = {"params": sum(p.numel() for p in engine.module.parameters()), "tokens_per_rank": sorted(set(seen)),
+            "attn_implementation": engine.module.config._attn_implementation, "optimizer": type(engine.optimizer).__name__}
+    return engine, losses, info, None
+
+
 def compare_export(exported, ref_model, cfg, layout, pipeline_eval_loss) -> dict:
     """Load the merged state dict into a fresh transformers model (strict) and compare with the reference."""
     from launcher.runtime.model import build_model
@@ -180,7 +215,7 @@ def run_case(spec: str) -> dict:
     ref_cfg = compose(overrides + ["parallel.tensor_degree=1", "parallel.pipeline_degree=1", "parallel.sequence_degree=1",
                                    "precision=fp32", "precision.grad_accum_dtype=null", "cluster.gpus_per_node=1"])
     t0 = time.perf_counter()
-    engine, losses, info, exported = (run_pipe if mode == "pipe" else run_autotp)(cfg, layout)
+    engine, losses, info, exported = {"pipe": run_pipe, "autotp": run_autotp, "ulysses": run_ulysses}[mode](cfg, layout)
     seconds = time.perf_counter() - t0
     infos = [None] * dist.get_world_size()
     dist.all_gather_object(infos, info)

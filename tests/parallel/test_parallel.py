@@ -45,6 +45,7 @@ LAUNCHES = {
         f"pp2-bf16:pipe:{PP},{Z1},precision=bf16,precision.grad_accum_dtype=fp32",
         f"tp2:autotp:{TP}",
         f"tp2-z1:autotp:{TP},{Z1}",
+        "sp2:ulysses:parallel.sequence_degree=2",
     ],
     4: [
         f"pp2-dp2-tied:pipe:{PP},model.tie_word_embeddings=true",
@@ -54,6 +55,7 @@ LAUNCHES = {
         f"tp2-dp2-z1:autotp:{TP},{Z1}",
         f"bloom-tp2-pp2-tied:pipe:{BLOOM},{TP},{PP},model.tie_word_embeddings=true",
         f"bloom-pp2-dp2-z1:pipe:{BLOOM},{PP},{Z1}",
+        f"sp2-dp2-z1:ulysses:parallel.sequence_degree=2,{Z1}",
     ],
     8: [f"tp2-pp2-dp2-z1:pipe:{TP},{PP},{Z1}"],
 }
@@ -231,3 +233,16 @@ def test_bloom_pp2_dp2_matches_one_rank(ranks4):
     untied_full = BLOOM_FULL_TIED + V * H
     for dp in (0, 1):
         assert sum(i["params"] for i in r["per_rank"] if i["dp_rank"] == dp) == untied_full
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launch,name", [("ranks2", "sp2"), ("ranks4", "sp2-dp2-z1")])
+def test_ulysses_sp2_matches_one_rank(request, launch, name):
+    """DeepSpeed Ulysses (DistributedAttention all-to-all): each rank embeds, projects and scores only
+    seq/2 = 16 of the 32 tokens, yet the trajectory is the 1-rank one (attention saw the whole sequence)."""
+    r = request.getfixturevalue(launch)[name]
+    _assert_matches_one_rank(r)
+    for info in r["per_rank"]:
+        assert info["tokens_per_rank"] == [16]
+        assert info["attn_implementation"] == "launcher_ulysses"
+        assert info["params"] == FULL  # SP replicates the weights
