@@ -24,7 +24,8 @@ from launcher.plan.rankmap import rank_coord
 from launcher.runtime import checkpoint as ckpt
 from launcher.runtime.data import TokenBatches, prepare_data
 from launcher.runtime.launch import PREEMPTED_FILE, PreemptionFlag, init_distributed, run_dir_of
-from launcher.runtime.metrics import (STATE_BYTES_FILE, MetricsSink, Throughput, measure_model_state_bytes,
+from launcher.runtime.state_bytes import measure_model_state_bytes
+from launcher.runtime.metrics import (STATE_BYTES_FILE, MetricsSink, Throughput,
                                       peak_memory_bytes, plot_loss, truncate_metrics)
 from launcher.runtime.model import build_model
 
@@ -237,7 +238,7 @@ def run(cfg) -> int:
             tokens_seen += layout.tokens_per_step
 
             if state_bytes is not None:
-                _record_state_bytes(run_dir, rank, state_bytes)
+                _record_state_bytes(cfg, layout, run_dir, rank, state_bytes)
             grad_norm = engine.get_global_grad_norm()
             grad_norm = float(grad_norm) if grad_norm is not None else None
             rec = {"kind": "train", "step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm,
@@ -297,16 +298,35 @@ def maybe_freeze_into_run_dir(cfg, run_dir: Path, ds_config: dict, prepared) -> 
         (run_dir / "data.json").write_text(json.dumps(prepared.as_dict(), indent=2))
 
 
-def _record_state_bytes(run_dir: Path, rank: int, state_bytes: dict) -> None:
-    """Gather every rank's measured model-state bytes; rank 0 writes them once per run (the planner compares them)."""
+def _record_state_bytes(cfg, layout, run_dir: Path, rank: int, state_bytes: dict) -> None:
+    """Gather every rank's measured model-state bytes; rank 0 writes them beside the planner's prediction.
+
+    The prediction (launcher.plan.memory.predict_model_state_bytes) is exact for data-parallel layouts
+    without offload; for others it says why it is not given. Every run so checks the memory model.
+    """
     import json
 
     import deepspeed.comm as dist
 
+    from launcher.plan.memory import predict_model_state_bytes
+
     gathered = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, state_bytes)
-    if rank == 0:
-        (run_dir / STATE_BYTES_FILE).write_text(json.dumps({
-            "per_rank": gathered,
-            "note": "bytes of parameters, gradients and optimizer state held by each rank, measured between backward "
-                    "and the optimizer step (launcher.runtime.metrics.measure_model_state_bytes)"}, indent=2))
+    if rank != 0:
+        return
+    try:
+        predicted = [predict_model_state_bytes(cfg, layout, dp_rank=r) for r in range(len(gathered))]
+        note = None
+    except ValueError as exc:
+        predicted, note = None, f"no exact prediction for this layout: {exc}"
+    keys = ("params", "grads", "optimizer")
+    matches = None if predicted is None else all(
+        all(m[k] == p[k] for k in keys) for m, p in zip(gathered, predicted))
+    (run_dir / STATE_BYTES_FILE).write_text(json.dumps({
+        "per_rank": gathered,
+        "predicted_per_rank": predicted,
+        "prediction_matches": matches,
+        "prediction_note": note,
+        "note": "bytes of parameters, gradients and optimizer state held by each rank, measured between backward "
+                "and the optimizer step (launcher.runtime.state_bytes.measure_model_state_bytes); the prediction is "
+                "launcher.plan.memory.predict_model_state_bytes"}, indent=2))

@@ -65,67 +65,6 @@ def peak_memory_bytes(device: str) -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
-def _tensor_bytes(tensors) -> int:
-    seen: set[int] = set()
-    total = 0
-    for t in tensors:
-        if t is None or t.numel() == 0:
-            continue
-        key = t.data_ptr()
-        if key in seen:
-            continue
-        seen.add(key)
-        total += t.numel() * t.element_size()
-    return total
-
-
-def _flat(obj):
-    """Tensors inside nested lists / dicts / tuples."""
-    import torch
-
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, dict):
-        for v in obj.values():
-            yield from _flat(v)
-    elif isinstance(obj, (list, tuple)):
-        for v in obj:
-            yield from _flat(v)
-
-
-# Where DeepSpeed's ZeRO optimizers keep this rank's gradient partitions and fp32 master partitions
-# (deepspeed/runtime/zero/stage_1_and_2.py, stage3.py, runtime/bf16_optimizer.py, 0.19.8).
-_GRAD_ATTRS = ("averaged_gradients", "grads_in_partition", "grad_partitions_flat_buffer", "fp32_groups_gradient_flat_partition")
-_MASTER_ATTRS = ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat", "fp32_groups_flat_partition")
-
-
-def measure_model_state_bytes(engine) -> dict:
-    """Bytes of parameters, gradients and optimizer state tensors this rank actually holds.
-
-    Parameters: the module's tensors, or under ZeRO-3 each parameter's local partition (ds_tensor).
-    Gradients: the .grad tensors plus the ZeRO optimizer's gradient partitions.
-    Optimizer: the inner torch optimizer's state (Adam moments) plus the fp32 master partitions
-    ZeRO keeps beside the model weights. Tensors are counted once each (by storage address).
-    Call it after backward and before the optimizer step of a step > 0, when all three exist.
-    """
-    params = [getattr(p, "ds_tensor", p) for p in engine.module.parameters()]
-    param_ptrs = {t.data_ptr() for t in params}
-    grads = [p.grad for p in engine.module.parameters() if p.grad is not None]
-    opt = engine.optimizer
-    inner = getattr(opt, "optimizer", opt)
-    masters = []
-    for attr in _GRAD_ATTRS:
-        grads.extend(_flat(getattr(opt, attr, None)))
-    for attr in _MASTER_ATTRS:
-        masters.extend(_flat(getattr(opt, attr, None)))
-    state = list(_flat([dict(s) for s in inner.state.values()])) if inner is not None else []
-    # In fp32 without ZeRO the optimizer works on the parameters themselves: those are not extra state.
-    opt_tensors = [t for t in masters + state if t.data_ptr() not in param_ptrs]
-    out = {"params": _tensor_bytes(params), "grads": _tensor_bytes(grads), "optimizer": _tensor_bytes(opt_tensors)}
-    out["total"] = out["params"] + out["grads"] + out["optimizer"]
-    return out
-
-
 class MetricsSink:
     """Rank 0's recorder: metrics.jsonl always, TensorBoard and W&B when enabled. Other ranks get a no-op."""
 

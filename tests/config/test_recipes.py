@@ -42,9 +42,10 @@ def single_rank_process_group():
     import deepspeed
     import deepspeed.comm as ds_dist
 
-    # DeepSpeed would JIT-compile its shared-memory all-reduce op here (~107 s on 2 cores); it only serves
-    # inference all-reduce, so mark it unavailable and let gloo do the work.
-    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    from launcher.runtime.launch import avoid_shm_comm_build
+
+    # DeepSpeed would JIT-compile its shared-memory all-reduce op here (~107 s on 2 cores).
+    avoid_shm_comm_build("cpu")
     if not ds_dist.is_initialized():
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))

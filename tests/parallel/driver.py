@@ -235,10 +235,10 @@ def run_case(spec: str) -> dict:
 def main() -> None:
     import deepspeed
 
-    from launcher.parallel import skip_cpu_shm_comm_build
+    from launcher.runtime.launch import avoid_shm_comm_build
 
     out_path, specs = sys.argv[1], sys.argv[2:]
-    skip_cpu_shm_comm_build()
+    avoid_shm_comm_build("cpu")
     deepspeed.init_distributed(dist_backend="gloo")
     torch.set_num_threads(1)
     results = []

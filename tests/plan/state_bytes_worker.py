@@ -78,9 +78,10 @@ def run_case(overrides: list) -> dict:
 def main():
     out_dir = Path(sys.argv[1])
     cases = json.loads(Path(sys.argv[2]).read_text())
-    # DeepSpeed would JIT-compile its shared-memory comm op on CPU (1-2 min); it only serves inference
-    # all-reduce, so mark it unavailable and let gloo do the work (as tests/config/test_recipes.py does).
-    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    # Nothing may JIT-compile on CPU ranks (see launcher.runtime.launch.avoid_shm_comm_build).
+    from launcher.runtime.launch import avoid_shm_comm_build
+
+    avoid_shm_comm_build("cpu")
     deepspeed.init_distributed("gloo", auto_mpi_discovery=False)
     results = {name: run_case(overrides) for name, overrides in cases.items()}
     (out_dir / f"rank{dist.get_rank()}.json").write_text(json.dumps(results, indent=1))

@@ -52,6 +52,10 @@ def test_run_writes_its_artifacts_and_compiles_nothing(run_a):
     state = json.loads((run_dir / "checkpoints" / "step_00000030" / "launcher_state.json").read_text())
     assert state["step"] == 30 and state["tokens_seen"] == 30 * 8 * 32 and state["versions"]["deepspeed"]
     assert state["deepspeed_config"] == json.loads((run_dir / "deepspeed.json").read_text())
+    # Plan beside the run (planner issue, part 6): each rank's measured model-state bytes equal the prediction.
+    state_bytes = json.loads((run_dir / "model_state_bytes.json").read_text())
+    assert state_bytes["prediction_matches"] is True, state_bytes
+    assert state_bytes["per_rank"][0]["params"] == state_bytes["predicted_per_rank"][0]["params"] > 0
     recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in recs if r["kind"] == "train"]
     assert [r["step"] for r in train] == list(range(1, STEPS + 1))
