@@ -19,12 +19,12 @@ def main() -> None:
     from launcher.config.compose import compose
     from launcher.config.layout import resolve_layout
     from launcher.deepspeed_config import build_deepspeed_config
-    from launcher.parallel import skip_cpu_shm_comm_build
+    from launcher.runtime.launch import avoid_shm_comm_build
     from launcher.plan.rankmap import rank_coord
     from launcher.runtime.model import build_model
 
     out_path, overrides = sys.argv[1], sys.argv[2:]
-    skip_cpu_shm_comm_build()
+    avoid_shm_comm_build("cpu")
     deepspeed.init_distributed(dist_backend="gloo")
     torch.set_num_threads(1)
     cfg = compose(overrides + [f"cluster.gpus_per_node={dist.get_world_size()}"])
