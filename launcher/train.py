@@ -141,11 +141,14 @@ def reduce_step(loss: float, preempt: bool, world: int) -> tuple[float, bool]:
 
 
 def build_progress(enabled: bool, total: int, start: int):
+    from rich.console import Console
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
                                TimeRemainingColumn)
 
+    # soft_wrap: log lines stay whole in files and SLURM logs (a hard wrap at 80 columns splits them for grep).
     progress = Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-                        TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), disable=not enabled)
+                        TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), disable=not enabled,
+                        console=Console(soft_wrap=True))
     task = progress.add_task("train", total=total, completed=start, info="")
     return progress, task
 
