@@ -140,7 +140,7 @@ def launch_training(cfg) -> int:
     from launcher.train import check_supported
 
     layout = resolve_layout(cfg)
-    check_supported(layout)
+    check_supported(cfg, layout)
     if cfg.cluster.nodes > 1:
         raise ConfigError("cluster.nodes", cfg.cluster.nodes, "`launcher train` starts ranks on this machine only",
                           "submit multi-node runs with `launcher submit` (SLURM), or set cluster.nodes=1")

@@ -12,6 +12,7 @@ writes it once). Batches are a pure function of (seed, step, micro step, dp rank
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 import warnings
@@ -34,12 +35,17 @@ from launcher.runtime.model import build_model
 MEASURE_STATE_AT_STEP = 1
 
 
-def check_supported(layout) -> None:
+def check_supported(cfg, layout) -> None:
     """What this loop does not run yet, refused before any process starts."""
-    if layout.sequence_degree > 1:
+    if layout.sequence_degree > 1 and layout.tensor_degree > 1:
         raise ConfigError("parallel.sequence_degree", layout.sequence_degree,
-                          "sequence parallelism (DeepSpeed Ulysses) is not wired into `launcher train` yet",
-                          "set parallel.sequence_degree=1 (use tensor_degree or pipeline_degree to split the model)")
+                          f"Ulysses sequence parallelism runs without tensor parallelism in `launcher train` "
+                          f"(tensor_degree={layout.tensor_degree}: AutoTP and the Ulysses all-to-all are not composed yet)",
+                          "set parallel.tensor_degree=1, or parallel.sequence_degree=1")
+    if layout.sequence_degree > 1 and cfg.model.arch != "llama":
+        raise ConfigError("parallel.sequence_degree", layout.sequence_degree,
+                          f"Ulysses sequence parallelism is implemented for model.arch=llama, not {cfg.model.arch}",
+                          "set parallel.sequence_degree=1, or model.arch=llama")
 
 
 def build_engine(cfg, layout, ds_config: dict):
@@ -49,19 +55,28 @@ def build_engine(cfg, layout, ds_config: dict):
     - pipeline_degree > 1: a PipelineModule cut from the same seeded model (launcher/parallel/pipeline.py),
       tensor-parallel inside the stages on the pipeline grid when tensor_degree > 1 (launcher/parallel/tensor.py);
       deepspeed.initialize then returns a PipelineEngine, driven by train_step_pipeline;
+    - sequence_degree > 1: the transformers model with Ulysses attention (launcher/parallel/sequence.py); the SP
+      groups go to deepspeed.initialize as its `mpu`, so ZeRO and the gradient reduction see them;
     - otherwise the transformers model; with tensor_degree > 1 DeepSpeed AutoTP shards it
       (the generated config's tensor_parallel.autotp_size).
     """
     import deepspeed
 
+    mpu = None
     if layout.pipeline_degree > 1:
         from launcher.parallel.pipeline import build_pipeline_module
 
         model = build_pipeline_module(cfg, layout, seed=cfg.train.seed)  # activation checkpointing per block inside
+    elif layout.sequence_degree > 1:
+        from launcher.parallel.sequence import build_sequence_parallel_model, setup_sequence_parallel
+
+        mpu = setup_sequence_parallel(layout.sequence_degree)
+        model = build_sequence_parallel_model(cfg.model, seed=cfg.train.seed, vocab_size=layout.padded_vocab_size)
+        maybe_apply_activation_checkpointing(cfg, model)
     else:
         model = build_model(cfg.model, seed=cfg.train.seed, vocab_size=layout.padded_vocab_size)
         maybe_apply_activation_checkpointing(cfg, model)
-    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config)
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config, mpu=mpu)
     return engine
 
 
@@ -71,8 +86,26 @@ def maybe_apply_activation_checkpointing(cfg, model) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
-def train_step(engine, batches: TokenBatches, step: int, accum: int, measure_state: bool = False):
-    """One optimizer step of a plain (or AutoTP) engine: `accum` micro-batches forward + backward, then DeepSpeed's step.
+def micro_loss(engine, input_ids, sp_rank: int, sp: int):
+    """(the loss to backpropagate, this rank's term of the logged loss) for one micro-batch.
+
+    Without sequence parallelism both are the model's mean next-token loss. With Ulysses (sp > 1) this
+    rank holds S/sp tokens and backpropagates its share of the replica's loss (launcher/parallel/sequence.py:
+    the sp shares sum to it); logging share x sp makes the mean over all ranks in reduce_step the mean
+    replica loss again, as for every other layout.
+    """
+    if sp == 1:
+        loss = engine(input_ids=input_ids, labels=input_ids).loss
+        return loss, loss.item()
+    from launcher.parallel.sequence import sequence_parallel_loss
+
+    share = sequence_parallel_loss(engine, input_ids, sp_rank, sp)
+    return share, share.item() * sp
+
+
+def train_step(engine, batches: TokenBatches, step: int, accum: int, measure_state: bool = False,
+               sp_rank: int = 0, sp: int = 1):
+    """One optimizer step of a plain (AutoTP, Ulysses) engine: `accum` micro-batches forward + backward, then DeepSpeed's step.
 
     engine.step() is called after every micro-batch; DeepSpeed applies the optimizer (with clipping and
     the LR schedule) only at the accumulation boundary, and scales each micro loss by 1/accum itself.
@@ -86,12 +119,12 @@ def train_step(engine, batches: TokenBatches, step: int, accum: int, measure_sta
         t0 = time.perf_counter()
         input_ids = batches.batch(batches.train_sample_ids(step, micro_step)).to(device, non_blocking=True)
         data_wait += time.perf_counter() - t0
-        loss = engine(input_ids=input_ids, labels=input_ids).loss
+        loss, logged = micro_loss(engine, input_ids, sp_rank, sp)
         engine.backward(loss)
         if measure_state and micro_step == accum - 1:
             state_bytes = measure_model_state_bytes(engine)
         engine.step()
-        loss_sum += loss.item()
+        loss_sum += logged
     return loss_sum / accum, data_wait, state_bytes
 
 
@@ -110,7 +143,7 @@ def train_step_pipeline(engine, batches: TokenBatches, step: int, accum: int, me
     return loss.item(), data_wait, None
 
 
-def evaluate(engine, batches: TokenBatches, num_batches: int, world: int) -> float:
+def evaluate(engine, batches: TokenBatches, num_batches: int, world: int, sp_rank: int = 0, sp: int = 1) -> float:
     """Mean loss over `num_batches` held-out micro-batches per DP replica, averaged over all ranks."""
     import deepspeed.comm as dist
     import torch
@@ -123,7 +156,7 @@ def evaluate(engine, batches: TokenBatches, num_batches: int, world: int) -> flo
             # Averaged over the micro-batches and DP replicas and broadcast to every stage by DeepSpeed.
             local = engine.eval_batch(iter([(x, x) for x in inputs]), num_micro_batches=num_batches).item()
         else:
-            local = sum(engine(input_ids=x, labels=x).loss.item() for x in inputs) / num_batches
+            local = sum(micro_loss(engine, x, sp_rank, sp)[1] for x in inputs) / num_batches
     engine.train()
     t = torch.tensor([local], dtype=torch.float64)
     dist.all_reduce(t)
@@ -168,7 +201,7 @@ def run(cfg) -> int:
 
     # 1. Every derived number, and the DeepSpeed JSON from its one generator.
     layout = resolve_layout(cfg)
-    check_supported(layout)
+    check_supported(cfg, layout)
     ds_config = build_deepspeed_config(cfg, layout)
     run_dir = run_dir_of(cfg)
     ckpt_root = run_dir / "checkpoints"
@@ -193,11 +226,14 @@ def run(cfg) -> int:
         maybe_freeze_into_run_dir(cfg, run_dir, ds_config, prepared)
     torch.distributed.barrier()
     # The ranks of one tensor-parallel group (and of one pipeline) read the same samples: index by DP rank.
-    batches = TokenBatches(prepared, layout, seed=cfg.train.seed, dp_rank=rank_coord(layout, rank).dp)
+    # Ulysses ranks of one replica also read the same samples, each keeping its S/sp tokens.
+    coord = rank_coord(layout, rank)
+    batches = TokenBatches(prepared, layout, seed=cfg.train.seed, dp_rank=coord.dp)
+    sp_args = {"sp_rank": coord.sp, "sp": layout.sequence_degree}
 
     # 4. Model + engine; a pipelined engine runs whole optimizer steps itself.
     engine = build_engine(cfg, layout, ds_config)
-    step_fn = train_step_pipeline if layout.pipeline_degree > 1 else train_step
+    step_fn = train_step_pipeline if layout.pipeline_degree > 1 else functools.partial(train_step, **sp_args)
 
     # 5. Resume: refuse a changed layout, then restore DeepSpeed's state; the step is our data position.
     start_step, tokens_seen = 0, 0
@@ -257,7 +293,7 @@ def run(cfg) -> int:
                 sink.close()
                 return 3
             if cfg.train.eval_every and step % cfg.train.eval_every == 0:
-                val_loss = evaluate(engine, batches, cfg.train.eval_batches, world)
+                val_loss = evaluate(engine, batches, cfg.train.eval_batches, world, **sp_args)
                 sink.log({"kind": "eval", "step": step, "val_loss": val_loss, "val_perplexity": math.exp(min(val_loss, 50))})
                 say(f"eval  step {step:>6}  val loss {val_loss:.4f}  perplexity {math.exp(min(val_loss, 50)):.2f}")
             if stop:
