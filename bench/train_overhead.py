@@ -2,8 +2,9 @@
 
     PYTHONPATH=$PWD .venv/bin/python bench/train_overhead.py [--steps 60] [--repeats 2]
 
-1. tokens/s of `launcher train recipe=tiny` against bench/minimal_ds_loop.py (same model, DeepSpeed JSON,
-   data and batch; 2 CPU ranks), launched alternately A B A B so load from other processes hits both alike.
+1. tokens/s of `launcher train recipe=tiny` against bench/minimal_ds_loop.py and against HF Trainer
+   (bench/hf_trainer_loop.py; same model, DeepSpeed JSON, data and batch; 2 CPU ranks), launched
+   alternately A B C A B C so load from other processes hits all alike. Needs `pip install -e '.[bench]'`.
    Step times are medians over the steps after the first 10 (warm-up).
 2. data wait as a fraction of step time, from launcher train's own metrics.jsonl.
 3. pretokenization: BPE training time and encoding tokens/s on a fresh cache (data.max_bytes of the stdlib).
@@ -36,9 +37,10 @@ def run_launcher(overrides, runs_dir, name):
     return [r for r in recs if r["kind"] == "train"]
 
 
-def run_minimal(overrides, out):
+def run_baseline(script, overrides, out):
+    """bench/minimal_ds_loop.py or bench/hf_trainer_loop.py on 2 CPU ranks; their per-step wall times."""
     subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                    str(REPO / "bench/minimal_ds_loop.py"), str(out), *overrides],
+                    str(REPO / "bench" / script), str(out), *overrides],
                    cwd=REPO, env=env(), check=True, capture_output=True, text=True)
     return json.loads(Path(out).read_text())["step_times"]
 
@@ -73,18 +75,21 @@ def main():
     args = ap.parse_args()
     overrides = ["recipe=tiny", f"train.steps={args.steps}", "train.eval_every=0", "checkpoint.save_every=0",
                  "checkpoint.export_hf=false", "logging.log_every=1", "logging.progress_bar=false"]
-    launcher_times, minimal_times, wait_fracs, per_run = [], [], [], []
+    launcher_times, minimal_times, trainer_times, wait_fracs, per_run = [], [], [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.repeats):
             recs = run_launcher(overrides, tmp, f"bench{i}")[10:]
             launcher_times += [r["step_time_s"] for r in recs]
             wait_fracs.append(sum(r["data_wait_s"] for r in recs) / sum(r["step_time_s"] for r in recs))
-            mins = run_minimal(overrides, Path(tmp) / f"minimal{i}.json")[10:]
+            mins = run_baseline("minimal_ds_loop.py", overrides, Path(tmp) / f"minimal{i}.json")[10:]
             minimal_times += mins
+            hf = run_baseline("hf_trainer_loop.py", overrides, Path(tmp) / f"hf{i}.json")[10:]
+            trainer_times += hf
             per_run.append({"launcher_median_step_s": statistics.median(r["step_time_s"] for r in recs),
-                            "minimal_median_step_s": statistics.median(mins)})
+                            "minimal_median_step_s": statistics.median(mins),
+                            "hf_trainer_median_step_s": statistics.median(hf)})
     tokens_per_step = 16 * 128
-    lt, mt = statistics.median(launcher_times), statistics.median(minimal_times)
+    lt, mt, ht = (statistics.median(t) for t in (launcher_times, minimal_times, trainer_times))
     result = {
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "processor": platform.processor() or platform.machine(),
                     "python": platform.python_version(), "note": "2-core shared VM, other jobs running; no GPU"},
@@ -92,7 +97,9 @@ def main():
         "steps_per_run": args.steps, "runs_each": args.repeats,
         "launcher_train": {"median_step_s": lt, "tokens_per_s": tokens_per_step / lt},
         "minimal_deepspeed_loop": {"median_step_s": mt, "tokens_per_s": tokens_per_step / mt},
+        "hf_trainer": {"median_step_s": ht, "tokens_per_s": tokens_per_step / ht},
         "launcher_vs_minimal": mt / lt,
+        "launcher_vs_hf_trainer": ht / lt,
         "per_run_medians": per_run,
         "data_wait_fraction": max(wait_fracs),
         "pretokenization": pretokenize_bench(args.pretok_bytes),
