@@ -166,6 +166,10 @@ def run(cfg) -> int:
     """Train according to the frozen config `cfg` in this rank; returns the process exit status."""
     import torch
 
+    # 0. The preemption handlers first: under SLURM, SIGUSR1/SIGTERM may come while the ranks are still starting
+    #    (data, process group, engine); Python's default for SIGUSR1 is to die, losing the requeue.
+    preempt = PreemptionFlag()
+
     # 1. Every derived number, and the DeepSpeed JSON from its one generator.
     layout = resolve_layout(cfg)
     check_supported(layout)
@@ -184,10 +188,9 @@ def run(cfg) -> int:
     #    on the lock rather than inside a collective with a timeout.
     prepared = prepare_data(cfg, layout)
 
-    # 3. Process group (gloo / nccl), then the signal handlers of this worker; the run dir exists from here on
+    # 3. Process group (gloo / nccl); the run dir exists from here on
     #    (under SLURM no `launcher train` parent made it, so rank 0 freezes the config there itself).
     rank, world, _ = init_distributed(layout, cfg.train.dist_timeout_s)
-    preempt = PreemptionFlag()
     is_main = rank == 0
     if is_main:
         maybe_freeze_into_run_dir(cfg, run_dir, ds_config, prepared)

@@ -186,6 +186,8 @@ class ClusterConfig:
     """Run a per-node check (torch import, GPU count, all-reduce) before training; null = on for GPU clusters."""
     extra_sbatch: list[str] = field(default_factory=list)
     """Additional `#SBATCH` options, e.g. ['--exclusive']."""
+    job_name: Optional[str] = None
+    """SLURM job name (sbatch --job-name); null = the run directory's name. Any text without control characters."""
 
 
 @dataclass

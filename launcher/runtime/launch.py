@@ -25,16 +25,12 @@ from omegaconf import OmegaConf
 from launcher.config.compose import selected_name
 from launcher.config.errors import ConfigError
 
-CONFIG_FILE = "config.yaml"
-DEEPSPEED_FILE = "deepspeed.json"
-PREEMPTED_FILE = "preempted"
+from launcher.protocol import (CONFIG_FILE, DEEPSPEED_FILE, PREEMPTED_FILE,  # noqa: F401  (re-exported)
+                               TORCHRUN_SHUTDOWN_TIMEOUT_S, TORCHRUN_SIGNALS)
+
 # Signals that mean "checkpoint now and exit 0": SLURM sends SIGUSR1 before the time limit
 # (sbatch --signal) and SIGTERM on scancel / preemption; torchrun forwards SIGTERM to its workers.
 PREEMPT_SIGNALS = ("SIGUSR1", "SIGTERM")
-# torchrun forwards these to its workers (SIGUSR1 is not in its default list) and waits this long
-# for them to save before it kills them.
-TORCHRUN_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
-TORCHRUN_SHUTDOWN_TIMEOUT_S = 300
 
 
 def in_distributed_launch() -> bool:
