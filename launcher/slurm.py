@@ -46,7 +46,7 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 # --signal=<sig>@<sig_time>: "sig_time must be an integer value between 0 and 65535" (sbatch(1)).
 MAX_SIGNAL_TIME_S = 65535
-MAX_JOB_NAME = 200
+MAX_JOB_NAME = 1024  # a sanity bound; squeue shows the first 8 characters by default
 
 
 def time_limit_seconds(value: str) -> int:
@@ -97,10 +97,13 @@ def check_cluster(cfg, layout) -> None:
                               f"check `sinfo -s` (partitions) or `sacctmgr show assoc user=$USER` (accounts) for the exact name")
     if c.job_name is not None:
         name = str(c.job_name)
-        if not name or len(name) > MAX_JOB_NAME or _CONTROL.search(name):
+        if _CONTROL.search(name):
             raise ConfigError("cluster.job_name", c.job_name,
-                              f"must be 1-{MAX_JOB_NAME} characters without control characters (a newline would end the #SBATCH line)",
+                              "holds a control character (a newline would end the #SBATCH comment and start a shell line)",
                               "use a one-line name, or leave it null for the run name")
+        if not 1 <= len(name) <= MAX_JOB_NAME:
+            raise ConfigError("cluster.job_name", c.job_name, f"must be 1..{MAX_JOB_NAME} characters long (it has {len(name)})",
+                              "shorten it, or leave it null for the run name")
     port = c.master_port
     if isinstance(port, bool) or not isinstance(port, int) or not 1024 <= port <= 65534:
         raise ConfigError("cluster.master_port", port, "must be a TCP port in 1024..65534 (the preflight uses port + 1)",

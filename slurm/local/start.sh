@@ -19,7 +19,9 @@ set -euo pipefail
 
 STATE=${1:-${LAUNCHER_SLURM_DIR:-/tmp/launcher-slurm}}
 NODES=(n1 n2)
+# Loopback ports; override both to run a second cluster beside this one.
 CTLD_PORT=${LAUNCHER_SLURM_CTLD_PORT:-16817}
+NODE_PORT=${LAUNCHER_SLURM_NODE_PORT:-17001}
 CPUS_PER_NODE=2
 FAKE_GPUS=8
 PACKAGES=(slurmctld slurmd slurm-client munge)
@@ -101,7 +103,7 @@ MinJobAge=600
 KillWait=30
 # The time limit is checked every 30 s by default; tests use short limits.
 OverTimeLimit=0
-NodeName=n[1-2] NodeHostname=localhost NodeAddr=127.0.0.1 Port=17001-17002 CPUs=$CPUS_PER_NODE Gres=gpu:$FAKE_GPUS State=UNKNOWN
+NodeName=n[1-2] NodeHostname=localhost NodeAddr=127.0.0.1 Port=$NODE_PORT-$((NODE_PORT + 1)) CPUs=$CPUS_PER_NODE Gres=gpu:$FAKE_GPUS State=UNKNOWN
 PartitionName=debug Nodes=n[1-2] Default=YES MaxTime=INFINITE State=UP
 EOF
     local last=$((FAKE_GPUS - 1))
