@@ -22,12 +22,13 @@ MODEL = ["model.hidden_size=32", "model.num_hidden_layers=2", "model.num_attenti
          "model.intermediate_size=64", "model.vocab_size=320", "model.max_position_embeddings=64"]
 
 
-def two_node_overrides(cache_dir: Path, runs_dir: Path, run_name: str, steps: int, port: int) -> list[str]:
+def two_node_overrides(cache_dir: Path, runs_dir: Path, run_name: str, steps: int, port: int,
+                       time_limit: str = "10", grace_s: int = 60) -> list[str]:
     """recipe=tiny on 2 nodes x 1 CPU rank of the local cluster."""
     return ["recipe=tiny", *MODEL, "data.seq_length=32", "data.max_bytes=300000", f"data.cache_dir={cache_dir}",
             "batch.global_batch_size=8", "batch.micro_batch_size=4", f"train.steps={steps}", "train.eval_every=0",
             "scheduler.warmup_steps=2", "logging.log_every=1", "logging.progress_bar=false", "checkpoint.export_hf=false",
-            "cluster.nodes=2", "cluster.gpus_per_node=1", "cluster.gpu=cpu", "cluster.time=10", "cluster.signal_grace_s=60",
+            "cluster.nodes=2", "cluster.gpus_per_node=1", "cluster.gpu=cpu", f"cluster.time={time_limit}", f"cluster.signal_grace_s={grace_s}",
             f"cluster.master_port={port}", f"runs_dir={runs_dir}", f"run_name={run_name}"]
 
 

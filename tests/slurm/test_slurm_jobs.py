@@ -88,7 +88,7 @@ def test_secret_reaches_the_job_but_no_file(job_a):
 
 
 def test_preempted_job_requeues_and_resumes_without_lost_steps(slurm_env, slurm_cache, tmp_path):
-    steps = 150
+    steps = 60
     args = [*two_node_overrides(slurm_cache, tmp_path, "b", steps=steps, port=29620), "checkpoint.save_every=0"]
     out = submit(args, slurm_env)
     assert out.returncode == 0, out.stdout + out.stderr
@@ -111,9 +111,39 @@ def test_preempted_job_requeues_and_resumes_without_lost_steps(slurm_env, slurm_
     assert f"resuming at step {stopped}" in log
     assert metrics_steps(tmp_path / "b") == list(range(1, steps + 1))  # continuous, each step once
     losses = train_losses(log)
-    assert set(losses) == set(range(1, steps + 1)) and losses[steps] < losses[1] - 0.5
+    assert set(losses) == set(range(1, steps + 1)) and losses[steps] < losses[1] - 0.3
     assert (tmp_path / "b" / "checkpoints" / "latest").read_text() == f"step_{steps:08d}"
     assert not (tmp_path / "b" / "preempted").exists()
+
+
+def test_time_limit_signal_checkpoints_requeues_and_resumes(slurm_env, slurm_cache, tmp_path):
+    """The real timer: --time=1 (minute) with --signal=USR1@45, so slurmctld itself sends SIGUSR1 15-45 s in
+    (it checks limits every 30 s). The attempt checkpoints and requeues; attempt 2 resumes from that step.
+    Attempt 2 would be signalled again in turn: once it has resumed, the test ends it (B runs a job to its end).
+    """
+    args = [*two_node_overrides(slurm_cache, tmp_path, "t", steps=100000, port=29650, time_limit="1", grace_s=45),
+            "checkpoint.save_every=0"]
+    out = submit(args, slurm_env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    job_id = job_id_of(out.stdout)
+    assert "#SBATCH --time=1\n" in (tmp_path / "t" / "job.sbatch").read_text()
+    log = tmp_path / "t" / f"slurm-{job_id}.out"
+    resumed = None
+    deadline = time.time() + 240
+    while resumed is None:
+        text = log.read_text() if log.exists() else ""
+        m = re.search(r"resuming at step (\d+)", text)
+        resumed = int(m[1]) if m else None
+        assert time.time() < deadline, (job_fields(job_id, slurm_env), text[-3000:])
+        time.sleep(0.5)
+    subprocess.run(["scancel", job_id], env=slurm_env, check=True, timeout=30)
+    wait_job(job_id, slurm_env, timeout_s=120)
+    text = log.read_text()
+    stopped = int(re.search(r"preempted \(SIGUSR1\) at step (\d+): checkpoint saved", text)[1])
+    assert stopped == resumed >= 1
+    assert f"requeueing job {job_id}" in text and f"launcher: job {job_id} attempt 2 on n[1-2]" in text
+    steps = metrics_steps(tmp_path / "t")
+    assert steps == list(range(1, len(steps) + 1)) and len(steps) >= stopped
 
 
 def test_sweep_submits_one_job_per_point(slurm_env, slurm_cache, tmp_path):
