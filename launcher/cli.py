@@ -197,7 +197,11 @@ def cmd_submit(args) -> int:
         if args.multirun:
             con.print(f"sweep point {i + 1}/{len(points)}: {' '.join(point)}", markup=False)
         jobs.append(plan_job(compose(point), taken))
+    from rich.markup import escape
+
     for job in jobs:
+        for warning in job.layout.warnings:
+            con.print(f"[yellow]warning:[/yellow] {escape(warning)}")
         if args.dry_run:
             print(job.script, end="")
         else:
@@ -255,10 +259,6 @@ def submit_job(job: PlannedJob, con) -> str:
     from launcher.runtime.launch import freeze_config
     from launcher.slurm import sbatch
 
-    from rich.markup import escape
-
-    for warning in job.layout.warnings:
-        con.print(f"[yellow]warning:[/yellow] {escape(warning)}")
     prepared = prepare_data(job.cfg, job.layout, progress=False, console=con)
     freeze_config(job.cfg, job.paths.run_dir, build_deepspeed_config(job.cfg, job.layout))
     (job.paths.run_dir / "data.json").write_text(json.dumps(prepared.as_dict(), indent=2))
