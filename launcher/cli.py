@@ -191,6 +191,10 @@ def cmd_submit(args) -> int:
 
     points = sweep_points(args.overrides) if args.multirun else [list(args.overrides)]
     con = _console(stderr=args.dry_run)  # --dry-run: only the script on stdout
+    if not args.dry_run:
+        from launcher.slurm import require_sbatch
+
+        require_sbatch()  # before any data preparation or job dir
     # Compose and validate every point before submitting any: a sweep with one bad point submits nothing.
     jobs, taken = [], set()
     for i, point in enumerate(points):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -205,6 +206,12 @@ def render_script(values: dict[str, str], template: Optional[Path] = None) -> st
         raise RuntimeError(f"template {template or TEMPLATE} and launcher/slurm.py disagree: "
                            f"unfilled {sorted(used - set(values))}, unused {sorted(set(values) - used)}")
     return _PLACEHOLDER.sub(lambda m: values[m[1]], text)
+
+
+def require_sbatch() -> None:
+    if shutil.which("sbatch") is None:
+        raise ConfigError("(submit)", "sbatch", "sbatch is not on PATH: this machine is not a SLURM login node",
+                          "run launcher submit where sbatch works, or add --dry-run to see the script")
 
 
 def sbatch(script: Path, test_only: bool = False, env: Optional[dict] = None) -> str:

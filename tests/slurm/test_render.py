@@ -234,3 +234,9 @@ def test_sweep_with_one_bad_point_submits_nothing(tmp_path):
 def test_hostile_run_name_is_refused(tmp_path):
     out = launcher("submit", "recipe=tiny", "run_name='x;touch y'", f"runs_dir={tmp_path}", "--dry-run")
     assert out.returncode == 2 and "run_name=" in out.stderr and "fix:" in out.stderr
+
+
+def test_submit_without_sbatch_says_so_and_writes_nothing(tmp_path):
+    out = launcher("submit", "recipe=tiny", f"runs_dir={tmp_path}", PATH=str(Path(sys.executable).parent))
+    assert out.returncode == 2 and "sbatch is not on PATH" in out.stderr and "--dry-run" in out.stderr
+    assert list(tmp_path.iterdir()) == []
