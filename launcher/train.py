@@ -275,6 +275,9 @@ def run(cfg) -> int:
     if stopped_by is not None:
         if is_main:
             (run_dir / PREEMPTED_FILE).write_text(f'{{"step": {step}, "signal": "{stopped_by}"}}\n')
+        # No rank leaves before the marker exists: under `srun --kill-on-bad-exit` the first torchrun to exit
+        # (non-zero after a forwarded signal) ends the step on every node, rank 0's included.
+        torch.distributed.barrier()
         say(f"preempted ({stopped_by}) at step {step}: checkpoint saved, exiting for requeue")
         sink.close()
         return 0
