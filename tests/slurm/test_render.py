@@ -240,3 +240,21 @@ def test_submit_without_sbatch_says_so_and_writes_nothing(tmp_path):
     out = launcher("submit", "recipe=tiny", f"runs_dir={tmp_path}", PATH=str(Path(sys.executable).parent))
     assert out.returncode == 2 and "sbatch is not on PATH" in out.stderr and "--dry-run" in out.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("overrides, points", [
+    (["recipe=tiny", "optimizer.lr=0.001,0.003"], [["recipe=tiny", "optimizer.lr=0.001"], ["recipe=tiny", "optimizer.lr=0.003"]]),
+    # Hydra's BasicSweeper: the cartesian product, the last key varying fastest
+    (["a=1,2", "b=x,y"], [["a=1", "b=x"], ["a=1", "b=y"], ["a=2", "b=x"], ["a=2", "b=y"]]),
+    (["seed=range(1,4)"], [["seed=1"], ["seed=2"], ["seed=3"]]),
+    (["recipe=tiny"], [["recipe=tiny"]]),
+])
+def test_sweep_points_follow_hydra_multirun(overrides, points):
+    from launcher.cli import sweep_points
+
+    assert sweep_points(overrides) == points
+
+
+def test_sweep_with_a_fixed_run_name_is_refused(tmp_path):
+    out = launcher("submit", "-m", "recipe=tiny", "optimizer.lr=0.001,0.003", "run_name=same", f"runs_dir={tmp_path}", "--dry-run")
+    assert out.returncode == 2 and "run_name='same'" in out.stderr and "two jobs of this submission" in out.stderr
