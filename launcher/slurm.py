@@ -73,14 +73,27 @@ def job_name(cfg, run_dir: Path) -> str:
 
 
 def check_cluster(cfg, layout) -> None:
-    """Every SLURM setting the script needs, checked before a job dir is written or sbatch is called."""
+    """Every SLURM setting the script needs, checked before a job dir is written or sbatch is called.
+
+    `layout` is the resolved Layout: nodes and GPUs were checked there (resolve_layout), not here.
+    """
     c = cfg.cluster
+    _check_time_limit(c)
+    _check_names(c)
+    _check_numbers_and_options(c)
+
+
+def _whole(value, low: int, high: Optional[int] = None) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int) and value >= low and (high is None or value <= high)
+
+
+def _check_time_limit(c) -> None:
     limit = time_limit_seconds(c.time)
     if limit < 60:
         raise ConfigError("cluster.time", c.time, "a time limit under one minute: SLURM counts limits in whole minutes",
                           "give at least cluster.time=1 (one minute)")
     grace = c.signal_grace_s
-    if isinstance(grace, bool) or not isinstance(grace, int) or not 0 < grace <= MAX_SIGNAL_TIME_S:
+    if not _whole(grace, 1, MAX_SIGNAL_TIME_S):
         raise ConfigError("cluster.signal_grace_s", grace, f"must be a whole number of seconds in 1..{MAX_SIGNAL_TIME_S} (sbatch --signal)",
                           "e.g. cluster.signal_grace_s=300: enough to save a checkpoint")
     if grace >= limit:
@@ -88,6 +101,9 @@ def check_cluster(cfg, layout) -> None:
                           f"the checkpoint signal would come at or before the start: grace {grace} s >= time limit "
                           f"{c.time} = {limit} s",
                           f"raise cluster.time or lower cluster.signal_grace_s below {limit}")
+
+
+def _check_names(c) -> None:
     for key, value, allow_list in (("cluster.partition", c.partition, True), ("cluster.account", c.account, False)):
         if value is None:
             continue
@@ -95,7 +111,7 @@ def check_cluster(cfg, layout) -> None:
         if not all(_NAME.fullmatch(p) for p in parts):
             what = "comma-separated names" if allow_list else "a name"
             raise ConfigError(key, value, f"must be {what} of letters, digits, '_', '.', '+' or '-' (as SLURM sites name them)",
-                              f"check `sinfo -s` (partitions) or `sacctmgr show assoc user=$USER` (accounts) for the exact name")
+                              "check `sinfo -s` (partitions) or `sacctmgr show assoc user=$USER` (accounts) for the exact name")
     if c.job_name is not None:
         name = str(c.job_name)
         if _CONTROL.search(name):
@@ -105,17 +121,19 @@ def check_cluster(cfg, layout) -> None:
         if not 1 <= len(name) <= MAX_JOB_NAME:
             raise ConfigError("cluster.job_name", c.job_name, f"must be 1..{MAX_JOB_NAME} characters long (it has {len(name)})",
                               "shorten it, or leave it null for the run name")
-    port = c.master_port
-    if isinstance(port, bool) or not isinstance(port, int) or not 1024 <= port <= 65534:
-        raise ConfigError("cluster.master_port", port, "must be a TCP port in 1024..65534 (the preflight uses port + 1)",
+
+
+def _check_numbers_and_options(c) -> None:
+    if not _whole(c.master_port, 1024, 65534):
+        raise ConfigError("cluster.master_port", c.master_port, "must be a TCP port in 1024..65534 (the preflight uses port + 1)",
                           "e.g. cluster.master_port=29500")
-    if c.cpus_per_task is not None and (isinstance(c.cpus_per_task, bool) or not isinstance(c.cpus_per_task, int) or c.cpus_per_task < 1):
+    if c.cpus_per_task is not None and not _whole(c.cpus_per_task, 1):
         raise ConfigError("cluster.cpus_per_task", c.cpus_per_task, "must be a whole number >= 1, or null", "e.g. cluster.cpus_per_task=64")
     for i, option in enumerate(c.extra_sbatch):
         if not str(option).startswith("--") or _CONTROL.search(str(option)):
             raise ConfigError(f"cluster.extra_sbatch[{i}]", option,
                               "each entry is one long sbatch option on one line, starting with '--'",
-                              "e.g. cluster.extra_sbatch='[--exclusive,--constraint=a100]'")
+                              "e.g. cluster.extra_sbatch=[--exclusive]")
     if c.setup is not None and "\x00" in str(c.setup):
         raise ConfigError("cluster.setup", "(text with a NUL byte)", "shell code cannot hold NUL bytes", "remove it")
 
