@@ -47,6 +47,9 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 # --signal=<sig>@<sig_time>: "sig_time must be an integer value between 0 and 65535" (sbatch(1)).
 MAX_SIGNAL_TIME_S = 65535
+# MASTER_PORT = cluster.master_port + 2 x (job id mod PORT_SLOTS): concurrent jobs on one first node get their own
+# rendezvous port (a shared one joins the other job's c10d store and dies with it; seen in tests/slurm's sweep).
+PORT_SLOTS = 500
 MAX_JOB_NAME = 1024  # a sanity bound; squeue shows the first 8 characters by default
 
 
@@ -124,8 +127,10 @@ def _check_names(c) -> None:
 
 
 def _check_numbers_and_options(c) -> None:
-    if not _whole(c.master_port, 1024, 65534):
-        raise ConfigError("cluster.master_port", c.master_port, "must be a TCP port in 1024..65534 (the preflight uses port + 1)",
+    top = 65535 - 2 * PORT_SLOTS
+    if not _whole(c.master_port, 1024, top):
+        raise ConfigError("cluster.master_port", c.master_port,
+                          f"must be a TCP port in 1024..{top}: jobs use master_port + 2 x (job id mod {PORT_SLOTS}) and the next port",
                           "e.g. cluster.master_port=29500")
     if c.cpus_per_task is not None and not _whole(c.cpus_per_task, 1):
         raise ConfigError("cluster.cpus_per_task", c.cpus_per_task, "must be a whole number >= 1, or null", "e.g. cluster.cpus_per_task=64")
@@ -202,6 +207,7 @@ def job_values(cfg, layout, paths: JobPaths) -> dict[str, str]:
         "preempted_file": _q(PREEMPTED_FILE),
         "setup": str(c.setup).rstrip("\n") if c.setup else "# (cluster.setup: none)",
         "master_port": str(c.master_port),
+        "port_slots": str(PORT_SLOTS),
         "preflight": "1" if preflight_enabled(cfg, layout) else "0",
         "device": layout.device,
         "gpus_per_node": str(layout.gpus_per_node),

@@ -67,7 +67,8 @@ BAD = [
     (["cluster.partition='gpu,,cpu'"], "cluster.partition", "comma-separated names"),
     (["cluster.account='proj $(id)'"], "cluster.account", "must be a name"),
     (["cluster.job_name='a\nb'"], "cluster.job_name", "control character"),
-    (["cluster.master_port=80"], "cluster.master_port", "1024..65534"),
+    (["cluster.master_port=80"], "cluster.master_port", "1024..64535"),
+    (["cluster.master_port=65000"], "cluster.master_port", "1024..64535"),
     (["cluster.cpus_per_task=0"], "cluster.cpus_per_task", ">= 1"),
     (["cluster.extra_sbatch=[exclusive]"], "cluster.extra_sbatch[0]", "starting with '--'"),
 ]

@@ -52,7 +52,7 @@ def job_a(slurm_env, slurm_cache, tmp_path_factory):
     fields = wait_job(job_id, slurm_env, timeout_s=300)
     run_dir = runs / "a"
     log = (run_dir / f"slurm-{job_id}.out").read_text()
-    return {"fields": fields, "log": log, "run_dir": run_dir, "name": name, "trap": trap, "stdout": out.stdout,
+    return {"fields": fields, "log": log, "run_dir": run_dir, "name": name, "trap": trap, "stdout": out.stdout, "job_id": job_id,
             "wall_s": time.time() - t0}
 
 
@@ -60,7 +60,8 @@ def test_two_node_job_trains_and_completes(job_a):
     fields, log = job_a["fields"], job_a["log"]
     assert fields["JobState"] == "COMPLETED" and fields["ExitCode"] == "0:0", (fields, log[-3000:])
     assert fields["NumNodes"] == "2" and fields["NodeList"] == "n[1-2]"
-    assert "world 2" in log and "launcher: rendezvous n1:29610" in log
+    # the job's port: cluster.master_port + 2 x (job id mod 500), apart from concurrent jobs
+    assert "world 2" in log and f"launcher: rendezvous n1:{29610 + 2 * (int(job_a['job_id']) % 500)}" in log
     losses = train_losses(log)
     assert sorted(losses) == list(range(1, 41))
     assert losses[40] < losses[1] - 0.3, losses
@@ -160,8 +161,12 @@ def test_sweep_submits_one_job_per_point(slurm_env, slurm_cache, tmp_path):
     assert out.returncode == 0, out.stdout + out.stderr
     ids = re.findall(r"^submitted job (\d+):", out.stdout, re.M)
     assert len(ids) == 2 and "sweep point 2/2: " in out.stdout
+    # Both run at once on n[1-2] (one CPU each per node): their rendezvous ports must differ.
     for job_id in ids:
         assert wait_job(job_id, slurm_env, timeout_s=300)["JobState"] == "COMPLETED"
+    logs = [p.read_text() for p in tmp_path.glob("*/slurm-*.out")]
+    ports = {re.search(r"launcher: rendezvous n1:(\d+)", log)[1] for log in logs}
+    assert len(logs) == 2 and len(ports) == 2
     lrs = sorted(float(re.search(r"^  lr: (\S+)$", (d / "config.yaml").read_text(), re.M)[1]) for d in tmp_path.iterdir())
     assert lrs == [1e-3, 3e-3]
     assert all(metrics_steps(d) == [1, 2, 3] for d in tmp_path.iterdir())
