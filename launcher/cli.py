@@ -6,6 +6,8 @@
     launcher plan  [overrides] --rank-map [--rank-map-png PATH]   node/GPU -> rank -> (tp, pp, dp)
     launcher train [overrides]            train: freeze the config into a run dir, start the local ranks
     launcher train --config PATH [overrides]   run a frozen config (inside srun + torchrun: the loop itself)
+    launcher submit [overrides] [--dry-run]     validate, write the job dir, sbatch (or print the script)
+    launcher submit -m [sweep overrides]        one job per point of a Hydra sweep (a=1,2 b=x,y: 4 jobs)
     launcher export CKPT OUT              a checkpoint -> a transformers directory
 
 Bad input exits with status 2 and a message naming the key, the value, the
@@ -18,6 +20,8 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional, Sequence
 
 from launcher.config.errors import ConfigError
@@ -162,6 +166,114 @@ def launch_training(cfg) -> int:
     return start_local_ranks(config_path, layout.gpus_per_node, run_dir)
 
 
+def sweep_points(overrides: Sequence[str]) -> list[list[str]]:
+    """Hydra multirun: `a=1,2 b=x,y` -> the 4 override lists, in Hydra's order.
+
+    Hydra's own override grammar and BasicSweeper expansion (what `python app.py -m` runs), so quoting,
+    ranges and choice() mean here what they mean in Hydra. BasicSweeper is in hydra._internal; its
+    split_arguments is a static method with no launcher state (hydra-core 1.3, pinned in pyproject.toml).
+    """
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from launcher.config.compose import _translate
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+        (points,) = BasicSweeper.split_arguments(parsed, max_batch_size=None)
+    except Exception as exc:
+        raise _translate(exc) from exc
+    return points
+
+
+def cmd_submit(args) -> int:
+    from launcher.config.compose import compose
+
+    points = sweep_points(args.overrides) if args.multirun else [list(args.overrides)]
+    con = _console(stderr=args.dry_run)  # --dry-run: only the script on stdout
+    if not args.dry_run:
+        from launcher.slurm import require_sbatch
+
+        require_sbatch()  # before any data preparation or job dir
+    # Compose and validate every point before submitting any: a sweep with one bad point submits nothing.
+    jobs, taken = [], set()
+    for i, point in enumerate(points):
+        if args.multirun:
+            con.print(f"sweep point {i + 1}/{len(points)}: {' '.join(point)}", markup=False)
+        jobs.append(plan_job(compose(point), taken))
+    from rich.markup import escape
+
+    for job in jobs:
+        for warning in job.layout.warnings:
+            con.print(f"[yellow]warning:[/yellow] {escape(warning)}")
+        if args.dry_run:
+            print(job.script, end="")
+        else:
+            submit_job(job, con)
+    return 0
+
+
+@dataclass
+class PlannedJob:
+    cfg: object
+    layout: object
+    paths: object
+    script: str
+
+
+def plan_job(cfg, taken: set) -> PlannedJob:
+    """Validate one job (layout, SLURM settings, resume) and render its script; writes nothing.
+
+    The job dir is the run dir (<runs_dir>/<run_name>): the frozen config.yaml and deepspeed.json, the
+    rendered job.sbatch, the slurm-<jobid>.out log, then the checkpoints and metrics of the run. The job
+    runs `launcher train --config <run dir>/config.yaml resume=auto`, so a requeued job continues there.
+    """
+    from launcher.config.layout import resolve_layout
+    from launcher.protocol import CONFIG_FILE
+    from launcher.runtime import checkpoint as ckpt
+    from launcher.runtime.launch import choose_run_dir
+    from launcher.slurm import JobPaths, check_cluster, job_values, render_script
+    from launcher.train import check_supported
+
+    layout = resolve_layout(cfg)
+    check_supported(layout)
+    check_cluster(cfg, layout)
+    run_dir = choose_run_dir(cfg)
+    if cfg.run_name is None and not (run_dir / CONFIG_FILE).exists():
+        # A timestamped name has one-second resolution: sweep points submitted together get -2, -3, ...
+        base, n = run_dir, 1
+        while run_dir in taken or run_dir.exists():
+            n += 1
+            run_dir = base.with_name(f"{base.name}-{n}")
+    if run_dir in taken:
+        raise ConfigError("run_name", run_dir.name, "two jobs of this submission would share one run directory",
+                          "leave run_name null in a sweep (each point gets its own directory), or sweep run_name too")
+    taken.add(run_dir)
+    resume_from = ckpt.checkpoint_to_resume(cfg, run_dir)
+    if resume_from is not None:
+        ckpt.check_layout_unchanged(ckpt.load_state(resume_from), layout, resume_from)
+    paths = JobPaths(run_dir=run_dir, workdir=Path.cwd().resolve(), python=sys.executable)
+    return PlannedJob(cfg, layout, paths, render_script(job_values(cfg, layout, paths)))
+
+
+def submit_job(job: PlannedJob, con) -> str:
+    """Prepare the data here on the login node (bad data fails before the queue), write the job dir, sbatch."""
+    from launcher.deepspeed_config import build_deepspeed_config
+    from launcher.runtime.data import prepare_data
+    from launcher.runtime.launch import freeze_config
+    from launcher.slurm import sbatch
+
+    prepared = prepare_data(job.cfg, job.layout, progress=False, console=con)
+    freeze_config(job.cfg, job.paths.run_dir, build_deepspeed_config(job.cfg, job.layout))
+    (job.paths.run_dir / "data.json").write_text(json.dumps(prepared.as_dict(), indent=2))
+    job.paths.script.write_text(job.script)
+    job.paths.script.chmod(0o755)
+    job_id = sbatch(job.paths.script)
+    con.print(f"submitted job {job_id}: {job.layout.nodes} nodes x {job.layout.gpus_per_node} ranks, "
+              f"run dir {job.paths.run_dir}, log {job.paths.log_for(job_id)}", markup=False)
+    return job_id
+
+
 def cmd_export(args) -> int:
     from launcher.export import export_checkpoint
 
@@ -192,6 +304,9 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--rank-map-png", metavar="PATH", help="draw the rank map as an image (PNG)")
     train = add("train", cmd_train, "train: validate, freeze the config into the run dir, start the local ranks (or, under torchrun, run the loop)")
     train.add_argument("--config", default=None, help="a frozen config.yaml (run or job dir) instead of composing conf/")
+    submit = add("submit", cmd_submit, "validate, write the job dir (frozen config, DeepSpeed JSON, sbatch script) and sbatch it")
+    submit.add_argument("--dry-run", action="store_true", help="print the sbatch script; write and submit nothing")
+    submit.add_argument("-m", "--multirun", action="store_true", help="Hydra sweep: one job per point (a=1,2 b=x,y -> 4 jobs)")
     export = sub.add_parser("export", help="write a transformers directory from a checkpoint",
                             description="write a transformers directory (safetensors, config, tokenizer) from a checkpoint of any ZeRO stage")
     export.add_argument("checkpoint", help="<run_dir>/checkpoints/latest, a checkpoints dir or a step_* dir")

@@ -199,6 +199,10 @@ def run(cfg) -> int:
     """Train according to the frozen config `cfg` in this rank; returns the process exit status."""
     import torch
 
+    # 0. The preemption handlers first: under SLURM, SIGUSR1/SIGTERM may come while the ranks are still starting
+    #    (data, process group, engine); Python's default for SIGUSR1 is to die, losing the requeue.
+    preempt = PreemptionFlag()
+
     # 1. Every derived number, and the DeepSpeed JSON from its one generator.
     layout = resolve_layout(cfg)
     check_supported(cfg, layout)
@@ -217,10 +221,9 @@ def run(cfg) -> int:
     #    on the lock rather than inside a collective with a timeout.
     prepared = prepare_data(cfg, layout)
 
-    # 3. Process group (gloo / nccl), then the signal handlers of this worker; the run dir exists from here on
+    # 3. Process group (gloo / nccl); the run dir exists from here on
     #    (under SLURM no `launcher train` parent made it, so rank 0 freezes the config there itself).
     rank, world, _ = init_distributed(layout, cfg.train.dist_timeout_s)
-    preempt = PreemptionFlag()
     is_main = rank == 0
     if is_main:
         maybe_freeze_into_run_dir(cfg, run_dir, ds_config, prepared)
@@ -308,6 +311,9 @@ def run(cfg) -> int:
     if stopped_by is not None:
         if is_main:
             (run_dir / PREEMPTED_FILE).write_text(f'{{"step": {step}, "signal": "{stopped_by}"}}\n')
+        # No rank leaves before the marker exists: under `srun --kill-on-bad-exit` the first torchrun to exit
+        # (non-zero after a forwarded signal) ends the step on every node, rank 0's included.
+        torch.distributed.barrier()
         say(f"preempted ({stopped_by}) at step {step}: checkpoint saved, exiting for requeue")
         sink.close()
         return 0

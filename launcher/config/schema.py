@@ -181,11 +181,13 @@ class ClusterConfig:
     setup: Optional[str] = None
     """Site hook: shell lines run in the job before training (module loads, exports)."""
     master_port: int = 29500
-    """Rendezvous port on the first node."""
+    """Base rendezvous port on the first node: a SLURM job uses master_port + 2 x (job id mod 500), the preflight the next one."""
     preflight: Optional[bool] = None
     """Run a per-node check (torch import, GPU count, all-reduce) before training; null = on for GPU clusters."""
     extra_sbatch: list[str] = field(default_factory=list)
     """Additional `#SBATCH` options, e.g. ['--exclusive']."""
+    job_name: Optional[str] = None
+    """SLURM job name (sbatch --job-name); null = the run directory's name. Any text without control characters."""
 
 
 @dataclass

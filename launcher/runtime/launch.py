@@ -25,16 +25,8 @@ from omegaconf import OmegaConf
 from launcher.config.compose import selected_name
 from launcher.config.errors import ConfigError
 
-CONFIG_FILE = "config.yaml"
-DEEPSPEED_FILE = "deepspeed.json"
-PREEMPTED_FILE = "preempted"
-# Signals that mean "checkpoint now and exit 0": SLURM sends SIGUSR1 before the time limit
-# (sbatch --signal) and SIGTERM on scancel / preemption; torchrun forwards SIGTERM to its workers.
-PREEMPT_SIGNALS = ("SIGUSR1", "SIGTERM")
-# torchrun forwards these to its workers (SIGUSR1 is not in its default list) and waits this long
-# for them to save before it kills them.
-TORCHRUN_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
-TORCHRUN_SHUTDOWN_TIMEOUT_S = 300
+from launcher.protocol import (CONFIG_FILE, DEEPSPEED_FILE, EARLY_PREEMPTION,  # noqa: F401  (re-exported)
+                               PREEMPT_SIGNALS, PREEMPTED_FILE, TORCHRUN_SHUTDOWN_TIMEOUT_S, TORCHRUN_SIGNALS)
 
 
 def in_distributed_launch() -> bool:
@@ -173,8 +165,9 @@ class PreemptionFlag:
     """Set by SIGUSR1/SIGTERM in any rank; `agreed()` all-reduces it at a step boundary so all ranks stop together."""
 
     def __init__(self):
-        self.raised = False
-        self.signal_name: Optional[str] = None
+        # A signal recorded while the rank was still importing (launcher/__main__.py) counts as raised.
+        self.raised = bool(EARLY_PREEMPTION)
+        self.signal_name: Optional[str] = EARLY_PREEMPTION[0] if EARLY_PREEMPTION else None
         for name in PREEMPT_SIGNALS:
             signal.signal(getattr(signal, name), self._handler)
 

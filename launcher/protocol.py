@@ -1,0 +1,37 @@
+"""Names shared by the launchers (`launcher train`, the sbatch script) and the loop; no imports, no torch.
+
+The SLURM rendering (launcher/slurm.py) sits before the runtime in the import order, yet its script must
+name the same run-dir files and torchrun flags as launcher/runtime/launch.py: both read them from here.
+"""
+
+CONFIG_FILE = "config.yaml"
+DEEPSPEED_FILE = "deepspeed.json"
+# Written by rank 0 when the loop stopped on SIGUSR1/SIGTERM after saving; the sbatch script requeues the
+# job when it finds it, and clears it when a (requeued) job starts.
+PREEMPTED_FILE = "preempted"
+# torchrun forwards these to its workers (SIGUSR1 is not in its default list) and waits this long
+# for them to save before it kills them.
+TORCHRUN_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
+TORCHRUN_SHUTDOWN_TIMEOUT_S = 300
+
+# Signals that mean "checkpoint now and exit 0": SLURM sends SIGUSR1 before the time limit
+# (sbatch --signal) and SIGTERM on scancel / preemption; torchrun forwards them to its workers.
+PREEMPT_SIGNALS = ("SIGUSR1", "SIGTERM")
+# Preemption signals that arrived before the loop installed its handler (see remember_early_preemption).
+EARLY_PREEMPTION: list = []
+
+
+def remember_early_preemption() -> None:
+    """In a rank, from the first line of `python -m launcher`: record SIGUSR1/SIGTERM instead of dying.
+
+    SLURM may send the --signal "up to 60 seconds earlier than specified" (sbatch(1), --signal), i.e. while a
+    rank still imports torch and DeepSpeed (seconds); Python's default for SIGUSR1 is to exit, which loses the
+    checkpoint and the requeue. launcher.runtime.launch.PreemptionFlag takes over the record.
+    """
+    import signal
+
+    def record(signum, _frame):
+        EARLY_PREEMPTION.append(signal.Signals(signum).name)
+
+    for name in PREEMPT_SIGNALS:
+        signal.signal(getattr(signal, name), record)

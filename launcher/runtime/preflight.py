@@ -1,0 +1,75 @@
+"""The per-node preflight of an sbatch job: `srun --ntasks-per-node=1 python -m launcher.runtime.preflight`.
+
+One task per node checks, in order, what most often breaks a large job in its first minutes: torch imports,
+the node shows the GPUs the layout needs, and a small all-reduce across all nodes completes (NCCL on GPUs,
+gloo on CPU ranks) within a timeout. A failure prints one line naming the node and exits 1; the script's
+`srun --kill-on-bad-exit=1` then ends the other nodes' tasks and the job stops before training starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+import time
+from datetime import timedelta
+
+
+def node_name() -> str:
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
+def fail(stage: str, detail: str) -> int:
+    print(f"preflight FAILED on node {node_name()} ({stage}): {detail}", file=sys.stderr, flush=True)
+    return 1
+
+
+def check(device: str, gpus_per_node: int, port: int, timeout_s: int) -> int:
+    t0 = time.perf_counter()
+    try:
+        import torch
+        import torch.distributed as dist
+    except Exception as exc:  # a broken site environment: the most common first-minute failure
+        return fail("torch import", f"{type(exc).__name__}: {exc}")
+    if device == "cuda":
+        found = torch.cuda.device_count()
+        if found < gpus_per_node:
+            return fail("GPU count", f"torch sees {found} GPUs, the layout needs cluster.gpus_per_node={gpus_per_node} "
+                                     f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})")
+    rank, world = int(os.environ["SLURM_PROCID"]), int(os.environ["SLURM_NTASKS"])
+    try:
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], port, world, is_master=rank == 0,
+                              timeout=timedelta(seconds=timeout_s))
+        backend = "nccl" if device == "cuda" else "gloo"
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s))
+        tensor_device = "cuda:0" if device == "cuda" else "cpu"
+        if device == "cuda":
+            torch.cuda.set_device(0)
+        t = torch.ones(1024, device=tensor_device) * (rank + 1)
+        dist.all_reduce(t)
+        expected = world * (world + 1) / 2
+        if float(t[0]) != expected:
+            return fail("all-reduce", f"got {float(t[0])}, expected {expected} over {world} nodes")
+        dist.barrier()
+        dist.destroy_process_group()
+    except Exception as exc:
+        return fail(f"all-reduce over {world} nodes via {os.environ['MASTER_ADDR']}:{port}", f"{type(exc).__name__}: {str(exc).splitlines()[0]}")
+    print(f"preflight ok on node {node_name()}: torch {torch.__version__}, "
+          f"{'%d GPUs' % torch.cuda.device_count() if device == 'cuda' else 'CPU'}, "
+          f"all-reduce over {world} nodes, {time.perf_counter() - t0:.1f} s", flush=True)
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m launcher.runtime.preflight", description=__doc__)
+    p.add_argument("--device", choices=("cuda", "cpu"), required=True)
+    p.add_argument("--gpus-per-node", type=int, required=True)
+    p.add_argument("--port", type=int, required=True, help="TCP port on MASTER_ADDR for the check's store")
+    p.add_argument("--timeout-s", type=int, default=120, help="give up on the all-reduce after this long")
+    args = p.parse_args(argv)
+    return check(args.device, args.gpus_per_node, args.port, args.timeout_s)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
