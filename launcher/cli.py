@@ -236,7 +236,7 @@ def plan_job(cfg, taken: set) -> PlannedJob:
     from launcher.train import check_supported
 
     layout = resolve_layout(cfg)
-    check_supported(layout)
+    check_supported(cfg, layout)
     check_cluster(cfg, layout)
     run_dir = choose_run_dir(cfg)
     if cfg.run_name is None and not (run_dir / CONFIG_FILE).exists():
