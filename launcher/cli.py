@@ -124,10 +124,25 @@ def cmd_train(args) -> int:
 
         cfg = compose(args.overrides)
     if in_distributed_launch():
-        from launcher.train import run
-
-        return run(cfg)
+        return run_rank(cfg)
     return launch_training(cfg)
+
+
+def run_rank(cfg) -> int:
+    """One rank: the loop, with its registration and exit record for the `launcher train` parent (RankWatch)."""
+    from launcher.runtime.launch import _die_with_parent, record_rank_exit, register_rank
+    from launcher.train import run
+
+    _die_with_parent()  # torchrun gone (killed) -> this rank goes too, instead of training on as an orphan
+    record = register_rank()
+    try:
+        rc = run(cfg)
+    except BaseException as exc:
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        record_rank_exit(record, EXIT_CONFIG_ERROR if isinstance(exc, ConfigError) else 1, f"{type(exc).__name__}: {first}")
+        raise
+    record_rank_exit(record, rc)
+    return rc
 
 
 def launch_training(cfg) -> int:
