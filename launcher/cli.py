@@ -142,6 +142,15 @@ def run_rank(cfg) -> int:
         record_rank_exit(record, EXIT_CONFIG_ERROR if isinstance(exc, ConfigError) else 1, f"{type(exc).__name__}: {first}")
         raise
     record_rank_exit(record, rc)
+    # Tear the process group down here rather than in interpreter shutdown, where gloo's threads were
+    # seen to abort a rank that had already finished ("terminate called without an active exception").
+    try:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception:  # noqa: BLE001 -- the run's result is recorded; teardown must not change it
+        pass
     return rc
 
 
@@ -165,16 +174,26 @@ def launch_training(cfg) -> int:
     for warning in layout.warnings:
         con.print(f"[yellow]warning:[/yellow] {escape(warning)}")
     run_dir = choose_run_dir(cfg)
-    resume_from = ckpt.checkpoint_to_resume(cfg, run_dir)
-    if resume_from is not None:
-        ckpt.check_layout_unchanged(ckpt.load_state(resume_from), layout, resume_from)
+    # The checkpoint to resume from is verified against its manifest (resume=auto falls back to the newest
+    # intact one) and checked against this config before any rank starts; the ranks are then told which
+    # one, so they neither choose again nor hash it again.
+    resume_from = ckpt.checkpoint_to_resume(cfg, run_dir, warn=lambda m: con.print(f"[yellow]{escape(m)}[/yellow]"))
+    saved = ckpt.load_state(resume_from) if resume_from is not None else None
+    if saved is not None:
+        ckpt.check_resume_compatible(saved, cfg, layout, resume_from)
     prepared = prepare_data(cfg, layout, progress=True, console=con)
+    if saved is not None:
+        ckpt.check_resume_compatible(saved, cfg, layout, resume_from, prepared)  # the tokens and the tokenizer too
     con.print(f"data: {prepared.num_tokens:,} tokens ({prepared.source}), {prepared.train_samples:,} train / "
               f"{prepared.val_samples:,} val samples of {prepared.seq_length}", markup=False)
     config_path = freeze_config(cfg, run_dir, build_deepspeed_config(cfg, layout))
     (run_dir / "data.json").write_text(json.dumps(prepared.as_dict(), indent=2))
-    con.print(f"run dir {run_dir}; starting {layout.gpus_per_node} local ranks", markup=False)
-    return start_local_ranks(config_path, layout.gpus_per_node, run_dir)
+    con.print(f"run dir {run_dir}; starting {layout.gpus_per_node} local ranks"
+              + (f", resuming from {resume_from}" if resume_from else ""), markup=False)
+    if resume_from is None:
+        return start_local_ranks(config_path, layout.gpus_per_node, run_dir)
+    return start_local_ranks(config_path, layout.gpus_per_node, run_dir, overrides=[f"resume={resume_from}"],
+                             extra_env={ckpt.VERIFIED_ENV: str(resume_from)})
 
 
 def cmd_export(args) -> int:

@@ -47,6 +47,8 @@ RANKS_DIR = "ranks"
 # sends SIGTERM and waits 30 s (LocalElasticAgent._shutdown's default) -- and a stopped process never acts
 # on SIGTERM -- so without this the job could outlive a failure by 30 s or forever.
 FAILURE_GRACE_S = 10.0
+# A rank's exit status after stopping on a non-finite loss (launcher/train.py EXIT_NONFINITE).
+EXIT_NONFINITE = 3
 
 
 def in_distributed_launch() -> bool:
@@ -163,6 +165,11 @@ def start_local_ranks(config_path: Path, nproc: int, run_dir: Path, overrides=()
     # torchrun reports a forwarded signal as a failure even when every worker saved and exited 0.
     if rc != 0 and (run_dir / PREEMPTED_FILE).exists():
         return 0
+    if rc != 0 and not watch.deaths and watch.ranks and all(
+            r.get("exit_code") == EXIT_NONFINITE for r in watch.ranks.values()):
+        _say_stderr(f"launcher: training stopped on a non-finite loss or gradients (exit status {EXIT_NONFINITE}); "
+                    "the rank 0 log above says which step and what was saved")
+        return EXIT_NONFINITE
     if rc != 0:
         _say_stderr(f"launcher: training failed (torchrun exit status {rc}): {watch.summary()}")
     return rc
@@ -289,6 +296,8 @@ class RankWatch:
                     return
                 self.deaths[pid] = where
                 deaths.append(self._death(pid))
+            elif code == EXIT_NONFINITE:
+                failures.append(f"{where} stopped on a non-finite loss or gradients (exit status {code}, see train.nan_policy)")
             elif code != 0:
                 failures.append(f"{where} failed with exit status {code}" + (f": {_short(rec['error'])}" if rec.get("error") else ""))
             self.reported.add(pid)
@@ -319,7 +328,9 @@ class RankWatch:
     def summary(self) -> str:
         """Every failure in the order seen; deaths re-rendered with the signal torchrun's summary named."""
         if not self.failures:
-            return "no rank reported a failure (see torchrun's summary above)"
+            late = [f"rank {r['rank']} (pid {r['pid']}) finished (exit record 0) but then died with {_signal_name(self.exitcodes[r['pid']])}"
+                    for r in self.ranks.values() if self.exitcodes.get(r["pid"], 0) < 0]
+            return "; ".join(late) if late else "no rank reported a failure (see torchrun's summary above)"
         return "; ".join([self._death(pid) for pid in self.deaths] + [f for f in self.failures if " died " not in f])
 
 
