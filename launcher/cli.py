@@ -44,7 +44,10 @@ def cmd_show(args) -> int:
     from launcher.deepspeed_config import build_deepspeed_config
     from launcher.plan.report import plan_summary, render_plan
 
+    from launcher.runtime.launch import refuse_secrets_in_config
+
     cfg, layout = _resolve(args.overrides)
+    refuse_secrets_in_config(cfg)
     con = _console()
     con.rule("resolved config")
     con.print(to_yaml(cfg), markup=False)
@@ -160,18 +163,21 @@ def launch_training(cfg) -> int:
     from launcher.deepspeed_config import build_deepspeed_config
     from launcher.runtime import checkpoint as ckpt
     from launcher.runtime.data import prepare_data
-    from launcher.runtime.launch import choose_run_dir, freeze_config, start_local_ranks
+    from launcher.plan.report import check_memory
+    from launcher.runtime.launch import choose_run_dir, freeze_config, refuse_secrets_in_config, start_local_ranks
     from launcher.train import check_supported
 
     layout = resolve_layout(cfg)
     check_supported(layout)
+    refuse_secrets_in_config(cfg)
+    memory_warning = check_memory(cfg, layout)
     if cfg.cluster.nodes > 1:
         raise ConfigError("cluster.nodes", cfg.cluster.nodes, "`launcher train` starts ranks on this machine only",
                           "submit multi-node runs with `launcher submit` (SLURM), or set cluster.nodes=1")
     con = _console()
     from rich.markup import escape
 
-    for warning in layout.warnings:
+    for warning in [*layout.warnings, *([memory_warning] if memory_warning else [])]:
         con.print(f"[yellow]warning:[/yellow] {escape(warning)}")
     run_dir = choose_run_dir(cfg)
     # The checkpoint to resume from is verified against its manifest (resume=auto falls back to the newest

@@ -254,7 +254,11 @@ def checkpoint_to_resume(cfg, run_dir: Path, warn: Callable[[str], None] = print
         return None
     verified = os.environ.get(VERIFIED_ENV)
     if cfg.resume != "auto":
-        tag_dir = resolve_checkpoint(cfg.resume)
+        try:
+            tag_dir = resolve_checkpoint(cfg.resume)
+        except ConfigError as err:
+            raise ConfigError("resume", cfg.resume, err.rule, "resume=auto (this run's newest intact checkpoint), "
+                              "resume=never, or " + err.fix) from None
         problems = [] if verified == str(tag_dir) else verify_checkpoint(tag_dir)
         if problems:
             older = [p.name for p in _older_tags(tag_dir.parent, tag_dir.name)][:3]

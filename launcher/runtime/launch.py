@@ -66,18 +66,70 @@ def _latest_run(runs_dir: Path, prefix: str) -> Optional[Path]:
 
 def choose_run_dir(cfg) -> Path:
     """<runs_dir>/<run_name>; with run_name null, a new timestamped name, or for resume=auto the newest run of this recipe."""
+    check_runs_dir(cfg.runs_dir)
     runs_dir = Path(cfg.runs_dir).expanduser().resolve()
     if cfg.run_name:
         name = cfg.run_name
         if not all(c.isalnum() or c in "._-" for c in name):
             raise ConfigError("run_name", name, "may only hold letters, digits, '.', '_' and '-'", "rename the run, e.g. run_name=tiny-1")
-        return runs_dir / name
-    prefix = selected_name(cfg) or "run"
-    if cfg.resume == "auto":
-        found = _latest_run(runs_dir, prefix)
-        if found is not None:
-            return found
-    return runs_dir / f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}"
+        run_dir = runs_dir / name
+    else:
+        prefix = selected_name(cfg) or "run"
+        found = _latest_run(runs_dir, prefix) if cfg.resume == "auto" else None
+        run_dir = found or runs_dir / f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError("run_name", run_dir.name, f"{run_dir} exists and is not a directory", "pick another run_name")
+    return run_dir
+
+
+def check_runs_dir(runs_dir: str) -> None:
+    """runs_dir becomes part of every path we write and of SLURM's log paths: no control characters, and a directory."""
+    if any(ord(c) < 32 or ord(c) == 127 for c in str(runs_dir)):
+        raise ConfigError("runs_dir", runs_dir, "holds a control character (newline, tab, ...), which would break log lines "
+                          "and the paths in job scripts", "use a plain directory path, e.g. runs_dir=/scratch/$USER/runs")
+    path = Path(runs_dir).expanduser().resolve()
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ConfigError("runs_dir", runs_dir, f"{probe} is a file, so no run directory can be made under it",
+                          "point runs_dir at a directory (it is created when missing)")
+
+
+# Environment variables that hold credentials: their values must never reach config.yaml, checkpoints or logs.
+SECRET_ENV = re.compile(r"(API_KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIALS?)(_[A-Z0-9]+)?$|^WANDB_API_KEY$|^HF_TOKEN$")
+# Names of free-form keys (extras.*) that would hold a credential; schema keys are known not to.
+SECRET_KEY = re.compile(r"(^|[_.-])(api_?key|token|secret|password|passwd|credentials?)($|[_.-])", re.IGNORECASE)
+
+
+def refuse_secrets_in_config(cfg) -> None:
+    """A config value equal to (or holding) a credential from the environment, or an extras key named like one, is refused.
+
+    config.yaml is written into the run dir and into every checkpoint's launcher_state.json, and `launcher show`
+    prints it; W&B reads WANDB_API_KEY from the environment itself. The value is never echoed.
+    """
+    secrets = {name: value for name, value in os.environ.items() if SECRET_ENV.search(name) and len(value) >= 8}
+
+    def walk(node, prefix):
+        if isinstance(node, dict):
+            for k, v in node.items():
+                key = f"{prefix}{k}"
+                if key.startswith("extras.") and SECRET_KEY.search(str(k)) and v not in (None, "", {}, []):
+                    raise ConfigError(key, "<redacted>", "looks like a credential, and config values are written to "
+                                      "config.yaml, checkpoints and logs", "pass credentials as environment variables "
+                                      "(WANDB_API_KEY for W&B, HF_TOKEN for the hub), never as config values")
+                walk(v, key + ".")
+        elif isinstance(node, (list, tuple)):
+            for i, v in enumerate(node):
+                walk(v, f"{prefix[:-1]}[{i}].")
+        elif isinstance(node, str):
+            for name, value in secrets.items():
+                if value in node:
+                    raise ConfigError(prefix[:-1], "<redacted>", f"holds the value of the environment variable {name}, "
+                                      "and config values are written to config.yaml, checkpoints and logs",
+                                      f"remove it from the config; the launcher and W&B read {name} from the environment")
+
+    walk(OmegaConf.to_container(cfg, resolve=True), "")
 
 
 def freeze_config(cfg, run_dir: Path, ds_config: dict) -> Path:
