@@ -97,7 +97,7 @@ def check_runs_dir(runs_dir: str) -> None:
 
 
 # Environment variables that hold credentials: their values must never reach config.yaml, checkpoints or logs.
-SECRET_ENV = re.compile(r"(API_KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIALS?)(_[A-Z0-9]+)?$|^WANDB_API_KEY$|^HF_TOKEN$")
+SECRET_ENV = re.compile(r"(^|_)(API_KEY|ACCESS_KEY|SECRET_KEY|PRIVATE_KEY|TOKEN|SECRET|PASSWORD|PASSWD)$")
 # Names of free-form keys (extras.*) that would hold a credential; schema keys are known not to.
 SECRET_KEY = re.compile(r"(^|[_.-])(api_?key|token|secret|password|passwd|credentials?)($|[_.-])", re.IGNORECASE)
 
@@ -108,7 +108,9 @@ def refuse_secrets_in_config(cfg) -> None:
     config.yaml is written into the run dir and into every checkpoint's launcher_state.json, and `launcher show`
     prints it; W&B reads WANDB_API_KEY from the environment itself. The value is never echoed.
     """
-    secrets = {name: value for name, value in os.environ.items() if SECRET_ENV.search(name) and len(value) >= 8}
+    # A path (HF_TOKEN_PATH-like variables hold one) is no credential and could be a prefix of a config path.
+    secrets = {name: value for name, value in os.environ.items()
+               if SECRET_ENV.search(name) and len(value) >= 8 and not value.startswith(("/", "~", "."))}
 
     def walk(node, prefix):
         if isinstance(node, dict):
