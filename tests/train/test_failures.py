@@ -88,18 +88,19 @@ def test_killed_rank_fails_the_job_fast_and_is_named(cache_dir, tmp_path, nproc,
     assert not any(alive(p) for p in pids.values())
 
 
-def test_stopped_rank_is_detected_by_the_collective_timeout(cache_dir, tmp_path):
-    proc, pids = start(cache_dir, tmp_path, "stop2", 2)
+@pytest.mark.parametrize("nproc,victim", [(2, 1), (4, 2)])
+def test_stopped_rank_is_detected_by_the_collective_timeout(cache_dir, tmp_path, nproc, victim):
+    proc, pids = start(cache_dir, tmp_path, f"stop{nproc}", nproc)
     t_stop = time.monotonic()
-    os.kill(pids[1], signal.SIGSTOP)
+    os.kill(pids[victim], signal.SIGSTOP)
     _, out, err = finish(proc, pids, DIST_TIMEOUT_S + 60)
     elapsed = time.monotonic() - t_stop
-    print(f"2 ranks, SIGSTOP rank 1: exit {proc.returncode} after {elapsed:.1f} s (dist_timeout_s={DIST_TIMEOUT_S})")
+    print(f"{nproc} ranks, SIGSTOP rank {victim}: exit {proc.returncode} after {elapsed:.1f} s (dist_timeout_s={DIST_TIMEOUT_S})")
     assert proc.returncode != 0
     # Not before the timeout (nothing else can tell a slow rank from a hung one), and soon after it.
     assert DIST_TIMEOUT_S - 1 < elapsed < DIST_TIMEOUT_S + 60, elapsed
-    assert f"rank 0 (pid {pids[0]}" in err and f"Timed out waiting {DIST_TIMEOUT_S * 1000}ms" in err, err[-3000:]
-    assert f"rank 1 (pid {pids[1]}) is stopped" in err and "killed with SIGKILL" in err, err[-3000:]
+    assert f"Timed out waiting {DIST_TIMEOUT_S * 1000}ms" in err, err[-3000:]
+    assert f"rank {victim} (pid {pids[victim]}) is stopped" in err and "killed with SIGKILL" in err, err[-3000:]
     assert not any(alive(p) for p in pids.values())
 
 
