@@ -328,7 +328,7 @@ def run(cfg) -> int:
                     sink.close()
                     return EXIT_NONFINITE
                 say(f"non-finite {what} at step {step}: update skipped (train.nan_policy=skip); "
-                    f"{len(skipped_steps)} step(s) skipped in this run: {skipped_steps[-10:]}", markup=False)
+                    f"{len(skipped_steps)} step(s) skipped in this run (across resumes): {skipped_steps[-10:]}", markup=False)
             if cfg.train.eval_every and step % cfg.train.eval_every == 0:
                 val_loss = evaluate(engine, batches, cfg.train.eval_batches, world)
                 sink.log({"kind": "eval", "step": step, "val_loss": val_loss, "val_perplexity": math.exp(min(val_loss, 50))})
@@ -340,8 +340,8 @@ def run(cfg) -> int:
                 save(step)
 
     if skipped_steps or overflow_steps:
-        say(f"skipped updates: {len(skipped_steps)} non-finite step(s) {skipped_steps[-10:]}, "
-            f"{overflow_steps} fp16 overflow step(s) in this session", markup=False)
+        say(f"skipped updates: {len(skipped_steps)} non-finite step(s) in this run {skipped_steps[-10:]}, "
+            f"{overflow_steps} fp16 overflow step(s) since this process started", markup=False)
 
     # 8. Final checkpoint (also on preemption; not again when a resumed run had nothing left to do), then the artifacts.
     if step > start_step or resume_from is None:
