@@ -20,7 +20,7 @@ import argparse
 import json
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -48,7 +48,10 @@ def cmd_show(args) -> int:
     from launcher.deepspeed_config import build_deepspeed_config
     from launcher.plan.report import plan_summary, render_plan
 
+    from launcher.runtime.launch import refuse_secrets_in_config
+
     cfg, layout = _resolve(args.overrides)
+    refuse_secrets_in_config(cfg)
     con = _console()
     con.rule("resolved config")
     con.print(to_yaml(cfg), markup=False)
@@ -128,10 +131,34 @@ def cmd_train(args) -> int:
 
         cfg = compose(args.overrides)
     if in_distributed_launch():
-        from launcher.train import run
-
-        return run(cfg)
+        return run_rank(cfg)
     return launch_training(cfg)
+
+
+def run_rank(cfg) -> int:
+    """One rank: the loop, with its registration and exit record for the `launcher train` parent (RankWatch)."""
+    from launcher.runtime.launch import _die_with_parent, record_rank_exit, register_rank
+    from launcher.train import run
+
+    _die_with_parent()  # torchrun gone (killed) -> this rank goes too, instead of training on as an orphan
+    record = register_rank()
+    try:
+        rc = run(cfg)
+    except BaseException as exc:
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        record_rank_exit(record, EXIT_CONFIG_ERROR if isinstance(exc, ConfigError) else 1, f"{type(exc).__name__}: {first}")
+        raise
+    record_rank_exit(record, rc)
+    # Tear the process group down here rather than in interpreter shutdown, where gloo's threads were
+    # seen to abort a rank that had already finished ("terminate called without an active exception").
+    try:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception:  # noqa: BLE001 -- the run's result is recorded; teardown must not change it
+        pass
+    return rc
 
 
 def launch_training(cfg) -> int:
@@ -140,30 +167,43 @@ def launch_training(cfg) -> int:
     from launcher.deepspeed_config import build_deepspeed_config
     from launcher.runtime import checkpoint as ckpt
     from launcher.runtime.data import prepare_data
-    from launcher.runtime.launch import choose_run_dir, freeze_config, start_local_ranks
+    from launcher.plan.report import check_memory
+    from launcher.runtime.launch import choose_run_dir, freeze_config, refuse_secrets_in_config, start_local_ranks
     from launcher.train import check_supported
 
     layout = resolve_layout(cfg)
     check_supported(cfg, layout)
+    refuse_secrets_in_config(cfg)
+    memory_warning = check_memory(cfg, layout)
     if cfg.cluster.nodes > 1:
         raise ConfigError("cluster.nodes", cfg.cluster.nodes, "`launcher train` starts ranks on this machine only",
                           "submit multi-node runs with `launcher submit` (SLURM), or set cluster.nodes=1")
     con = _console()
     from rich.markup import escape
 
-    for warning in layout.warnings:
+    for warning in [*layout.warnings, *([memory_warning] if memory_warning else [])]:
         con.print(f"[yellow]warning:[/yellow] {escape(warning)}")
     run_dir = choose_run_dir(cfg)
-    resume_from = ckpt.checkpoint_to_resume(cfg, run_dir)
-    if resume_from is not None:
-        ckpt.check_layout_unchanged(ckpt.load_state(resume_from), layout, resume_from)
+    # The checkpoint to resume from is verified against its manifest (resume=auto falls back to the newest
+    # intact one) and checked against this config before any rank starts; the ranks are then told which
+    # one, so they neither choose again nor hash it again.
+    resume_from = ckpt.checkpoint_to_resume(cfg, run_dir, warn=lambda m: con.print(f"[yellow]{escape(m)}[/yellow]"))
+    saved = ckpt.load_state(resume_from) if resume_from is not None else None
+    if saved is not None:
+        ckpt.check_resume_compatible(saved, cfg, layout, resume_from)
     prepared = prepare_data(cfg, layout, progress=True, console=con)
+    if saved is not None:
+        ckpt.check_resume_compatible(saved, cfg, layout, resume_from, prepared)  # the tokens and the tokenizer too
     con.print(f"data: {prepared.num_tokens:,} tokens ({prepared.source}), {prepared.train_samples:,} train / "
               f"{prepared.val_samples:,} val samples of {prepared.seq_length}", markup=False)
     config_path = freeze_config(cfg, run_dir, build_deepspeed_config(cfg, layout))
     (run_dir / "data.json").write_text(json.dumps(prepared.as_dict(), indent=2))
-    con.print(f"run dir {run_dir}; starting {layout.gpus_per_node} local ranks", markup=False)
-    return start_local_ranks(config_path, layout.gpus_per_node, run_dir)
+    con.print(f"run dir {run_dir}; starting {layout.gpus_per_node} local ranks"
+              + (f", resuming from {resume_from}" if resume_from else ""), markup=False)
+    if resume_from is None:
+        return start_local_ranks(config_path, layout.gpus_per_node, run_dir)
+    return start_local_ranks(config_path, layout.gpus_per_node, run_dir, overrides=[f"resume={resume_from}"],
+                             extra_env={ckpt.VERIFIED_ENV: str(resume_from)})
 
 
 def sweep_points(overrides: Sequence[str]) -> list[list[str]]:
@@ -229,15 +269,20 @@ def plan_job(cfg, taken: set) -> PlannedJob:
     runs `launcher train --config <run dir>/config.yaml resume=auto`, so a requeued job continues there.
     """
     from launcher.config.layout import resolve_layout
+    from launcher.plan.report import check_memory
     from launcher.protocol import CONFIG_FILE
     from launcher.runtime import checkpoint as ckpt
-    from launcher.runtime.launch import choose_run_dir
+    from launcher.runtime.launch import choose_run_dir, refuse_secrets_in_config
     from launcher.slurm import JobPaths, check_cluster, job_values, render_script
     from launcher.train import check_supported
 
     layout = resolve_layout(cfg)
     check_supported(cfg, layout)
     check_cluster(cfg, layout)
+    refuse_secrets_in_config(cfg)  # the job dir holds config.yaml, and the script its values
+    memory_warning = check_memory(cfg, layout)  # refuses model states that cannot fit; warns on activations
+    if memory_warning:
+        layout = replace(layout, warnings=(*layout.warnings, memory_warning))
     run_dir = choose_run_dir(cfg)
     if cfg.run_name is None and not (run_dir / CONFIG_FILE).exists():
         # A timestamped name has one-second resolution: sweep points submitted together get -2, -3, ...
@@ -249,9 +294,11 @@ def plan_job(cfg, taken: set) -> PlannedJob:
         raise ConfigError("run_name", run_dir.name, "two jobs of this submission would share one run directory",
                           "leave run_name null in a sweep (each point gets its own directory), or sweep run_name too")
     taken.add(run_dir)
-    resume_from = ckpt.checkpoint_to_resume(cfg, run_dir)
+    # Verified against its manifest (resume=auto falls back to the newest intact one) and checked for a compatible
+    # config now; the job's rank 0 verifies again when it starts (the files may change while the job queues).
+    resume_from = ckpt.checkpoint_to_resume(cfg, run_dir, warn=lambda m: _console(stderr=True).print(m, markup=False))
     if resume_from is not None:
-        ckpt.check_layout_unchanged(ckpt.load_state(resume_from), layout, resume_from)
+        ckpt.check_resume_compatible(ckpt.load_state(resume_from), cfg, layout, resume_from)
     paths = JobPaths(run_dir=run_dir, workdir=Path.cwd().resolve(), python=sys.executable)
     return PlannedJob(cfg, layout, paths, render_script(job_values(cfg, layout, paths)))
 

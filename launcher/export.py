@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from launcher.runtime.checkpoint import load_state, resolve_checkpoint
+from launcher.config.errors import ConfigError
+from launcher.runtime.checkpoint import load_state, resolve_checkpoint, verify_checkpoint
 
 MODEL_STATES = "mp_rank_00_model_states.pt"
 
@@ -45,6 +46,10 @@ def export_checkpoint(ckpt, out) -> Path:
     from launcher.runtime.model import attn_implementation, hf_config
 
     tag_dir = resolve_checkpoint(ckpt)
+    problems = verify_checkpoint(tag_dir)  # never export a half-written or corrupted checkpoint
+    if problems:
+        raise ConfigError("checkpoint", str(ckpt), f"{tag_dir} is damaged: {'; '.join(problems)}",
+                          "export an intact checkpoint (an older step_* of the run)")
     state = load_state(tag_dir)
     cfg = OmegaConf.create(state["config"])
     layout = state["layout"]

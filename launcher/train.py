@@ -24,11 +24,15 @@ from launcher.deepspeed_config import build_deepspeed_config
 from launcher.plan.rankmap import rank_coord
 from launcher.runtime import checkpoint as ckpt
 from launcher.runtime.data import TokenBatches, prepare_data
-from launcher.runtime.launch import PREEMPTED_FILE, PreemptionFlag, init_distributed, run_dir_of
+from launcher.runtime.launch import EXIT_NONFINITE, PREEMPTED_FILE, PreemptionFlag, init_distributed, run_dir_of
 from launcher.runtime.state_bytes import measure_model_state_bytes
-from launcher.runtime.metrics import (STATE_BYTES_FILE, MetricsSink, Throughput,
+from launcher.runtime.metrics import (STATE_BYTES_FILE, MetricsSink, Throughput, current_rss_bytes,
                                       peak_memory_bytes, plot_loss, truncate_metrics)
 from launcher.runtime.model import build_model
+from launcher.runtime.nonfinite import UpdateVeto
+
+# train.nan_policy=skip drops single bad batches; this many skipped steps in a row means divergence: stop.
+MAX_CONSECUTIVE_SKIPS = 5
 
 # The step whose model-state bytes we record: by then the optimizer has allocated its state (at step 0)
 # and the gradients of this step exist (measured between backward and the optimizer step).
@@ -87,30 +91,32 @@ def maybe_apply_activation_checkpointing(cfg, model) -> None:
 
 
 def micro_loss(engine, input_ids, sp_rank: int, sp: int):
-    """(the loss to backpropagate, this rank's term of the logged loss) for one micro-batch.
+    """(the loss to backpropagate, the factor that makes it this rank's term of the logged loss) for one micro-batch.
 
-    Without sequence parallelism both are the model's mean next-token loss. With Ulysses (sp > 1) this
-    rank holds S/sp tokens and backpropagates its share of the replica's loss (launcher/parallel/sequence.py:
-    the sp shares sum to it); logging share x sp makes the mean over all ranks in reduce_step the mean
-    replica loss again, as for every other layout.
+    Without sequence parallelism the loss is the model's mean next-token loss (factor 1). With Ulysses
+    (sp > 1) this rank holds S/sp tokens and backpropagates its share of the replica's loss
+    (launcher/parallel/sequence.py: the sp shares sum to it); logging share x sp makes the mean over all
+    ranks (train: the step's agreed loss, eval: the all-reduce) the mean replica loss again.
     """
     if sp == 1:
-        loss = engine(input_ids=input_ids, labels=input_ids).loss
-        return loss, loss.item()
+        return engine(input_ids=input_ids, labels=input_ids).loss, 1
     from launcher.parallel.sequence import sequence_parallel_loss
 
-    share = sequence_parallel_loss(engine, input_ids, sp_rank, sp)
-    return share, share.item() * sp
+    return sequence_parallel_loss(engine, input_ids, sp_rank, sp), sp
 
 
-def train_step(engine, batches: TokenBatches, step: int, accum: int, measure_state: bool = False,
+def train_step(engine, batches: TokenBatches, step: int, accum: int, agree, veto, measure_state: bool = False,
                sp_rank: int = 0, sp: int = 1):
     """One optimizer step of a plain (AutoTP, Ulysses) engine: `accum` micro-batches forward + backward, then DeepSpeed's step.
 
     engine.step() is called after every micro-batch; DeepSpeed applies the optimizer (with clipping and
     the LR schedule) only at the accumulation boundary, and scales each micro loss by 1/accum itself.
-    Returns (mean micro loss on this rank, seconds spent waiting for data, model-state bytes or None).
+    Before that boundary step, `agree(local mean loss)` all-reduces the loss (and the preemption flag);
+    when the global loss is not finite the update is vetoed (launcher/runtime/nonfinite.py).
+    Returns (global mean loss, stop requested, seconds spent waiting for data, model-state bytes or None).
     """
+    from launcher.runtime.nonfinite import maybe_poison
+
     device = engine.device
     loss_sum = 0.0
     data_wait = 0.0
@@ -119,28 +125,35 @@ def train_step(engine, batches: TokenBatches, step: int, accum: int, measure_sta
         t0 = time.perf_counter()
         input_ids = batches.batch(batches.train_sample_ids(step, micro_step)).to(device, non_blocking=True)
         data_wait += time.perf_counter() - t0
-        loss, logged = micro_loss(engine, input_ids, sp_rank, sp)
+        loss, scale = micro_loss(engine, input_ids, sp_rank, sp)
+        loss = maybe_poison(loss, step + 1, micro_step, engine.global_rank)
         engine.backward(loss)
-        if measure_state and micro_step == accum - 1:
-            state_bytes = measure_model_state_bytes(engine)
+        loss_sum += loss.item() * scale
+        if micro_step == accum - 1:
+            if measure_state:
+                state_bytes = measure_model_state_bytes(engine)
+            global_loss, stop = agree(loss_sum / accum)
+            veto.armed = not math.isfinite(global_loss)
         engine.step()
-        loss_sum += logged
-    return loss_sum / accum, data_wait, state_bytes
+    veto.armed = False
+    return global_loss, stop, data_wait, state_bytes
 
 
-def train_step_pipeline(engine, batches: TokenBatches, step: int, accum: int, measure_state: bool = False):
+def train_step_pipeline(engine, batches: TokenBatches, step: int, accum: int, agree, veto, measure_state: bool = False):
     """One optimizer step of a PipelineEngine: DeepSpeed's 1F1B schedule over `accum` micro-batches.
 
     engine.train_batch runs forward, backward and the optimizer step itself, pulling (inputs, labels)
     pairs from the iterator on the first and last stage, and returns the mean loss over the micro-batches
     and the DP replicas on every rank. Model-state bytes are not measured here (the gradients are gone
-    when train_batch returns). Same return shape as train_step.
+    when train_batch returns). Same return shape as train_step; no veto (the update happens inside train_batch).
     """
     t0 = time.perf_counter()
     micro = [batches.batch(batches.train_sample_ids(step, j)) for j in range(accum)]
     data_wait = time.perf_counter() - t0
     loss = engine.train_batch(data_iter=iter([(x, x) for x in micro]))
-    return loss.item(), data_wait, None
+    # The loss is known only after the update: a non-finite one is caught afterwards (run: "applied").
+    global_loss, stop = agree(loss.item())
+    return global_loss, stop, data_wait, None
 
 
 def evaluate(engine, batches: TokenBatches, num_batches: int, world: int, sp_rank: int = 0, sp: int = 1) -> float:
@@ -156,7 +169,7 @@ def evaluate(engine, batches: TokenBatches, num_batches: int, world: int, sp_ran
             # Averaged over the micro-batches and DP replicas and broadcast to every stage by DeepSpeed.
             local = engine.eval_batch(iter([(x, x) for x in inputs]), num_micro_batches=num_batches).item()
         else:
-            local = sum(micro_loss(engine, x, sp_rank, sp)[1] for x in inputs) / num_batches
+            local = sum(loss.item() * scale for loss, scale in (micro_loss(engine, x, sp_rank, sp) for x in inputs)) / num_batches
     engine.train()
     t = torch.tensor([local], dtype=torch.float64)
     dist.all_reduce(t)
@@ -171,6 +184,24 @@ def reduce_step(loss: float, preempt: bool, world: int) -> tuple[float, bool]:
     t = torch.tensor([loss, 1.0 if preempt else 0.0], dtype=torch.float64)
     dist.all_reduce(t)
     return t[0].item() / world, t[1].item() > 0
+
+
+def agree_on_checkpoint(cfg, run_dir: Path, rank: int):
+    """Rank 0 picks and verifies the checkpoint to resume from (runtime/checkpoint.py); every rank gets its choice or its error."""
+    import deepspeed.comm as dist
+
+    box = [None]
+    if rank == 0:
+        try:
+            found = ckpt.checkpoint_to_resume(cfg, run_dir, warn=lambda m: print(m, flush=True))
+            box[0] = ("ok", None if found is None else str(found))
+        except ConfigError as err:
+            box[0] = ("error", (err.key, err.value, err.rule, err.fix))
+    dist.broadcast_object_list(box, src=0)
+    kind, value = box[0]
+    if kind == "error":
+        raise ConfigError(*value)
+    return None if value is None else Path(value)
 
 
 def build_progress(enabled: bool, total: int, start: int):
@@ -189,10 +220,11 @@ def build_progress(enabled: bool, total: int, start: int):
 def format_line(rec: dict) -> str:
     mfu = "MFU n/a" if rec["mfu"] is None else f"MFU {rec['mfu']:.1%}"
     gn = "n/a" if rec["grad_norm"] is None else f"{rec['grad_norm']:.3f}"
+    skipped = "  SKIPPED (no update)" if rec.get("skipped") else ""
     return (f"step {rec['step']:>6}  loss {rec['loss']:.4f}  lr {rec['lr']:.2e}  gnorm {gn}  "
             f"{rec['tokens_per_s']:,.0f} tok/s ({rec['tokens_per_s_per_rank']:,.0f}/rank)  "
             f"{rec['tflops_per_rank'] * 1e3:.2f} GFLOP/s/rank  {mfu}  step {rec['step_time_s'] * 1e3:.0f} ms  "
-            f"data {rec['data_wait_s'] * 1e3:.1f} ms  mem {rec['peak_memory_bytes'] / 2**20:,.0f} MiB")
+            f"data {rec['data_wait_s'] * 1e3:.1f} ms  mem {rec['peak_memory_bytes'] / 2**20:,.0f} MiB{skipped}")
 
 
 def run(cfg) -> int:
@@ -240,10 +272,10 @@ def run(cfg) -> int:
 
     # 5. Resume: refuse a changed layout, then restore DeepSpeed's state; the step is our data position.
     start_step, tokens_seen = 0, 0
-    resume_from = ckpt.checkpoint_to_resume(cfg, run_dir)
+    resume_from = agree_on_checkpoint(cfg, run_dir, rank)
     if resume_from is not None:
         saved = ckpt.load_state(resume_from)
-        ckpt.check_layout_unchanged(saved, layout, resume_from)
+        ckpt.check_resume_compatible(saved, cfg, layout, resume_from, prepared)
         ckpt.load_checkpoint(engine, resume_from)
         start_step, tokens_seen = saved["step"], saved["tokens_seen"]
         if is_main:
@@ -262,19 +294,33 @@ def run(cfg) -> int:
         f"{'resuming at step ' + str(start_step) if resume_from else 'fresh start'}", markup=False)
 
     def save(step: int) -> None:
+        import deepspeed.comm as dist
+
         state = ckpt.build_state(cfg, layout, ds_config, step, tokens_seen, prepared)
-        ckpt.save_checkpoint(engine, ckpt_root, step, state, cfg.checkpoint.keep_last, rank, prepared.tokenizer_path)
+        state["skipped_steps"] = list(skipped_steps)
+        info = ckpt.save_checkpoint(engine, ckpt_root, step, state, cfg.checkpoint.keep_last, rank, prepared.tokenizer_path)
+        # Each rank's resident memory at every checkpoint: a leak across saves shows as a rising series.
+        rss = [None] * world
+        dist.all_gather_object(rss, current_rss_bytes())
+        sink.log({"kind": "checkpoint", "step": step, "bytes": info["bytes"], "save_s": info["save_s"],
+                  "hash_s": info["hash_s"], "rss_bytes_per_rank": rss})
 
     # 7. The loop.
     step = start_step
     stopped_by = None
+    # Steps whose update was not applied (non-finite loss or gradients, fp16 overflow), across resumes.
+    skipped_steps = list(saved.get("skipped_steps", [])) if resume_from is not None else []
+    overflow_steps = 0
+    veto = UpdateVeto(engine)
+    agree = lambda local_loss: reduce_step(local_loss, preempt.raised, world)  # noqa: E731
     with progress:
         while step < steps:
             lr = engine.get_lr()[0]  # the rate this step's optimizer update uses
             t0 = time.perf_counter()
             measure = step == max(start_step, MEASURE_STATE_AT_STEP)
-            local_loss, data_wait, state_bytes = step_fn(engine, batches, step, accum, measure_state=measure)
-            loss, stop = reduce_step(local_loss, preempt.raised, world)
+            skipped_before = engine.skipped_steps
+            loss, stop, data_wait, state_bytes = step_fn(engine, batches, step, accum, agree, veto, measure_state=measure)
+            skipped = engine.skipped_steps > skipped_before
             step_time = time.perf_counter() - t0
             step += 1
             tokens_seen += layout.tokens_per_step
@@ -283,18 +329,43 @@ def run(cfg) -> int:
                 _record_state_bytes(cfg, layout, run_dir, rank, state_bytes)
             grad_norm = engine.get_global_grad_norm()
             grad_norm = float(grad_norm) if grad_norm is not None else None
+            loss_finite = math.isfinite(loss)
+            overflow = skipped and loss_finite and layout.dtype == "fp16"  # the loss scaler's ordinary business
+            if skipped and not overflow:
+                skipped_steps.append(step)
+            overflow_steps += overflow
             rec = {"kind": "train", "step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm,
                    "tokens_seen": tokens_seen, "step_time_s": step_time, "data_wait_s": data_wait,
-                   "peak_memory_bytes": peak_memory_bytes(layout.device), **throughput(step_time)}
-            if step % cfg.logging.log_every == 0 or step == steps or step == start_step + 1:
+                   "peak_memory_bytes": peak_memory_bytes(layout.device), "skipped": skipped,
+                   "skipped_steps": len(skipped_steps), "overflow_steps": overflow_steps, **throughput(step_time)}
+            if step % cfg.logging.log_every == 0 or step == steps or step == start_step + 1 or skipped or not loss_finite:
                 sink.log(rec)
                 say(format_line(rec), markup=False)
             progress.update(task, completed=step, info=f"loss {loss:.3f}")
 
-            if not math.isfinite(loss) and cfg.train.nan_policy == "stop":
-                say(f"non-finite loss at step {step}: stopping (train.nan_policy=stop); the last good checkpoint is kept")
+            # Non-finite loss or gradients (launcher/runtime/nonfinite.py): the update was vetoed, unless the
+            # engine applied it before we could know (pipeline); then the weights may hold NaN and nothing is saved.
+            bad = not loss_finite or (grad_norm is not None and not math.isfinite(grad_norm) and not overflow)
+            if bad and not skipped:
+                say(f"non-finite {'loss' if not loss_finite else 'gradient norm'} at step {step}, and the update was "
+                    f"applied (it happens inside the engine's step here): the weights may be poisoned, nothing is saved; "
+                    f"exiting with status {EXIT_NONFINITE}. The last checkpoint is {ckpt.read_latest(ckpt_root)}", markup=False)
                 sink.close()
-                return 3
+                return EXIT_NONFINITE
+            if skipped and not overflow:
+                what = "loss" if not loss_finite else "gradients"
+                consecutive = _trailing_run(skipped_steps)
+                if cfg.train.nan_policy == "stop" or consecutive >= MAX_CONSECUTIVE_SKIPS:
+                    why = ("train.nan_policy=stop" if cfg.train.nan_policy == "stop"
+                           else f"{consecutive} consecutive steps skipped: the model diverged, not one bad batch")
+                    save(step)
+                    say(f"non-finite {what} at step {step} ({why}): the update was not applied; saved {ckpt.tag_for(step)} "
+                        f"with the weights of step {step - 1} as latest; exiting with status {EXIT_NONFINITE}. resume=auto "
+                        f"continues after this batch; resume=<run_dir>/checkpoints/step_N from an earlier one", markup=False)
+                    sink.close()
+                    return EXIT_NONFINITE
+                say(f"non-finite {what} at step {step}: update skipped (train.nan_policy=skip); "
+                    f"{len(skipped_steps)} step(s) skipped in this run (across resumes): {skipped_steps[-10:]}", markup=False)
             if cfg.train.eval_every and step % cfg.train.eval_every == 0:
                 val_loss = evaluate(engine, batches, cfg.train.eval_batches, world, **sp_args)
                 sink.log({"kind": "eval", "step": step, "val_loss": val_loss, "val_perplexity": math.exp(min(val_loss, 50))})
@@ -304,6 +375,10 @@ def run(cfg) -> int:
                 break
             if cfg.checkpoint.save_every and step % cfg.checkpoint.save_every == 0 and step < steps:
                 save(step)
+
+    if skipped_steps or overflow_steps:
+        say(f"skipped updates: {len(skipped_steps)} non-finite step(s) in this run {skipped_steps[-10:]}, "
+            f"{overflow_steps} fp16 overflow step(s) since this process started", markup=False)
 
     # 8. Final checkpoint (also on preemption; not again when a resumed run had nothing left to do), then the artifacts.
     if step > start_step or resume_from is None:
@@ -329,6 +404,14 @@ def run(cfg) -> int:
             say(f"transformers export {out}")
     sink.close()
     return 0
+
+
+def _trailing_run(steps: list[int]) -> int:
+    """How many of the last entries of a sorted step list are consecutive (5, 7, 8, 9 -> 3)."""
+    n = 0
+    while n < len(steps) and steps[-1 - n] == steps[-1] - n:
+        n += 1
+    return n
 
 
 def maybe_freeze_into_run_dir(cfg, run_dir: Path, ds_config: dict, prepared) -> None:

@@ -93,6 +93,34 @@ def _check_names(cfg) -> None:
         raise ConfigError("parallel.zero_stage", stage, "DeepSpeed ZeRO has stages 0, 1, 2 and 3", "set parallel.zero_stage to 0, 1, 2 or 3")
 
 
+NAN_POLICIES = ("stop", "skip")
+
+
+def _check_run_settings(cfg) -> None:
+    """Steps, intervals, timeouts, optimizer numbers: sizes that must be positive (or >= 0 where 0 means off)."""
+    t = cfg.train
+    _positive("train.steps", t.steps, "train for at least one step, e.g. train.steps=1000")
+    _positive("train.dist_timeout_s", t.dist_timeout_s,
+              "use seconds >= 1 (60 on CPU ranks; a few minutes on large GPU jobs, where a slow step must not trip it)")
+    _positive("logging.log_every", cfg.logging.log_every, "log every N >= 1 steps")
+    for key, value in (("train.eval_every", t.eval_every), ("checkpoint.save_every", cfg.checkpoint.save_every),
+                       ("checkpoint.keep_last", cfg.checkpoint.keep_last), ("scheduler.warmup_steps", cfg.scheduler.warmup_steps)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ConfigError(key, value, "must be a whole number >= 0 (0 turns it off)", f"set {key}=0 or a positive number")
+    if t.eval_every:
+        _positive("train.eval_batches", t.eval_batches, "evaluate on at least one batch, or set train.eval_every=0")
+    if t.nan_policy not in NAN_POLICIES:
+        raise ConfigError("train.nan_policy", t.nan_policy, f"must be one of {', '.join(NAN_POLICIES)}",
+                          "train.nan_policy=stop (save the last good weights and exit 3) or skip (drop the step's update)")
+    o = cfg.optimizer
+    if not o.lr > 0 or not math.isfinite(o.lr):
+        raise ConfigError("optimizer.lr", o.lr, "the peak learning rate must be a finite number > 0", "e.g. optimizer.lr=3e-4")
+    if o.grad_clip < 0:
+        raise ConfigError("optimizer.grad_clip", o.grad_clip, "the gradient-norm clip must be >= 0 (0 turns it off)", "e.g. optimizer.grad_clip=1.0")
+    if cfg.resume in ("", None):
+        raise ConfigError("resume", cfg.resume, "must be never, auto or a checkpoint path", "resume=never (fresh) or resume=auto")
+
+
 DATA_SOURCES = ("stdlib", "hf", "tokens")
 
 
@@ -255,6 +283,10 @@ def _check_pipeline(cfg, pp: int, zero: int, accum: int, warnings: list[str]) ->
             f"DeepSpeed's pipeline engine supports ZeRO stage 0 or 1 only (pipeline_degree={pp} > 1); "
             "stages 2 and 3 partition gradients/parameters in ways the pipeline schedule does not support",
             "set parallel.zero_stage=1 (or 0), or parallel.pipeline_degree=1")
+    if pp > 1 and cfg.train.nan_policy == "skip":
+        warnings.append("train.nan_policy=skip with pipeline_degree > 1: DeepSpeed's pipeline engine updates the weights "
+                        "inside train_batch before the loss is known, so a non-finite loss stops the run (exit 3) "
+                        "instead of skipping the step (unless DeepSpeed skipped it itself)")
     if pp > 1 and accum < pp:
         warnings.append(f"only {accum} pipeline micro-batches for {pp} stages: bubble (p-1)/m = {(pp - 1) / accum:.0%}; "
                         f"raise batch.global_batch_size or lower batch.micro_batch_size")
@@ -311,6 +343,7 @@ def _check_offload(cfg, zero: int) -> None:
 def resolve_layout(cfg) -> Layout:
     """Check every layout rule and derive the numbers above. `cfg` is the composed config."""
     _check_names(cfg)
+    _check_run_settings(cfg)
     _check_data(cfg)
     _check_model_shape(cfg)
     device = _check_cluster(cfg)

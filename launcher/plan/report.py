@@ -5,6 +5,9 @@ No torch here: planning must be instant and run on a laptop.
 
 from __future__ import annotations
 
+from typing import Optional
+
+from launcher.config.errors import ConfigError
 from launcher.config.layout import Layout
 from launcher.plan.flops import estimate_step_time
 from launcher.plan.inputs import model_shape, resolve_hardware, strategy
@@ -43,6 +46,40 @@ def plan_summary(cfg, layout: Layout) -> dict:
         "padded_vocab_size": layout.padded_vocab_size,
         "warnings": list(layout.warnings),
     } | performance_summary(cfg, layout)
+
+
+def check_memory(cfg, layout: Layout) -> Optional[str]:
+    """Refuse a layout whose model states alone exceed the GPU; a warning (returned) when only the full estimate does.
+
+    The split is deliberate. Parameters, gradients and optimizer states per GPU follow from the layout by
+    the ZeRO paper's accounting (Rajbhandari et al. 2020, section 3; our exact ledger matches DeepSpeed to
+    the byte on CPU ranks, tests/plan), so when they alone do not fit, no micro-batch or recompute setting
+    can help: a ConfigError before any rank starts or any job is submitted (`launcher train`, `launcher
+    submit`). Activations and framework overhead are an estimate (kernels, allocator), so a total over
+    capacity is a warning there; `launcher plan` reports both as DOES NOT FIT with the shortfall.
+    CPU ranks have no capacity to plan against: None.
+    """
+    hw = resolve_hardware(cfg.cluster, layout.dtype)
+    if hw is None:
+        return None
+    mem = estimate_memory(model_shape(cfg.model), strategy(cfg, layout), hw)
+    peak = mem.peak
+    states = peak.params + peak.grads + peak.optimizer
+    gb = 1e9
+    if states > mem.capacity_bytes:
+        raise ConfigError(
+            "parallel.zero_stage" if layout.zero_stage < 3 else "cluster.nodes",
+            layout.zero_stage if layout.zero_stage < 3 else cfg.cluster.nodes,
+            f"the model states alone need {states / gb:.1f} GB per GPU (parameters {peak.params / gb:.1f} + gradients "
+            f"{peak.grads / gb:.1f} + optimizer {peak.optimizer / gb:.1f} GB with ZeRO stage {layout.zero_stage}, "
+            f"TP {layout.tensor_degree} x PP {layout.pipeline_degree} x DP {layout.data_degree}) but one "
+            f"{cfg.cluster.gpu} GPU holds {mem.capacity_bytes / gb:.1f} GB",
+            "shard more: a higher parallel.zero_stage, more tensor/pipeline degree or more nodes "
+            "(`launcher plan --search` ranks the layouts that fit)")
+    if not mem.fits:
+        return (f"the planner estimates {peak.total / gb:.1f} GB per GPU (activations {peak.activations / gb:.1f} GB "
+                f"included) for {mem.capacity_bytes / gb:.1f} GB: this may run out of memory; see `launcher plan`")
+    return None
 
 
 def performance_summary(cfg, layout: Layout) -> dict:

@@ -11,23 +11,39 @@ to `<tag>/` and only then replaces `latest` (write a temp file + os.replace).
 A crash anywhere before that leaves `latest` naming the previous, complete
 checkpoint; a leftover `.tmp-*` is removed by the next save. The directory
 rename assumes all ranks write to one shared filesystem (as on SLURM clusters).
+
+Integrity: before publishing, the ranks hash every file of the checkpoint (each
+rank a share of the files) and rank 0 writes `manifest.json` (bytes + sha256 per
+file). Resume and export verify it first, so a truncated, corrupted or missing
+file is named in a clear error instead of being half-loaded. SHA-256 because it
+is in the standard library, runs on the SHA extensions of x86 and ARM CPUs
+(1.36 GB/s on this machine vs 0.74 GB/s for BLAKE2b; xxHash would be faster but
+is another dependency and not tamper-evident), and `sha256sum` can check it by hand.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
+import time
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from omegaconf import OmegaConf
 
 from launcher.config.errors import ConfigError
 
 STATE_FILE = "launcher_state.json"
+MANIFEST = "manifest.json"
+HASH = "sha256"
+# `launcher train` verifies the checkpoint it resumes from before starting the ranks, and tells them (this
+# variable = the tag dir) so they do not hash it again.
+VERIFIED_ENV = "LAUNCHER_VERIFIED_CHECKPOINT"
 LATEST = "latest"
 TAG_PREFIX = "step_"
 # Layout fields a DeepSpeed checkpoint is tied to: ZeRO partitions optimizer state per DP rank,
@@ -74,6 +90,8 @@ def build_state(cfg, layout, ds_config: dict, step: int, tokens_seen: int, prepa
         "data": prepared.as_dict(),
         "versions": package_versions(),
         "git_sha": git_sha(),
+        # Checkpoints with this key must have a manifest: a missing manifest.json is damage, not an old format.
+        "manifest": MANIFEST,
     }
 
 
@@ -84,10 +102,14 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 def save_checkpoint(engine, ckpt_root: Path, step: int, state: dict, keep_last: int, rank: int,
-                    tokenizer_path: Optional[str]) -> Path:
-    """Save atomically (see the module docstring); all ranks call it. Returns the final tag directory."""
+                    tokenizer_path: Optional[str]) -> dict:
+    """Save atomically with a manifest (see the module docstring); all ranks call it.
+
+    Returns {"path", "bytes", "save_s", "hash_s"} (the same on every rank).
+    """
     import deepspeed.comm as dist
 
+    t0 = time.perf_counter()
     tag = tag_for(step)
     tmp_tag = f".tmp-{tag}"
     final = ckpt_root / tag
@@ -101,16 +123,89 @@ def save_checkpoint(engine, ckpt_root: Path, step: int, state: dict, keep_last: 
         _write_atomic(ckpt_root / tmp_tag / STATE_FILE, json.dumps(state, indent=2))
         if tokenizer_path:
             shutil.copyfile(tokenizer_path, ckpt_root / tmp_tag / "tokenizer.json")
-        _maybe_crash_for_test(tag)
     dist.barrier()
+    # Every file is on the shared filesystem now; each rank hashes its share, rank 0 writes the manifest.
+    t_hash = time.perf_counter()
+    files = _checkpoint_files(ckpt_root / tmp_tag)
+    world = dist.get_world_size()
+    mine = {rel: _file_entry(ckpt_root / tmp_tag / rel) for rel in files[rank::world]}
+    shares = [None] * world
+    dist.all_gather_object(shares, mine)
+    hash_s = time.perf_counter() - t_hash
+    entries = {rel: e for share in shares for rel, e in share.items()}
     if rank == 0:
+        _write_atomic(ckpt_root / tmp_tag / MANIFEST, json.dumps(
+            {"algorithm": HASH, "files": dict(sorted(entries.items()))}, indent=1))
+        _maybe_crash_for_test(tag)
         if final.exists():  # the same step saved again after a resume: the new one replaces it
             shutil.rmtree(final)
         os.rename(ckpt_root / tmp_tag, final)
         _write_atomic(ckpt_root / LATEST, tag)
         prune(ckpt_root, keep_last)
     dist.barrier()
-    return final
+    return {"path": str(final), "bytes": sum(e["bytes"] for e in entries.values()),
+            "save_s": time.perf_counter() - t0, "hash_s": hash_s}
+
+
+def _checkpoint_files(tag_dir: Path) -> list[str]:
+    """Every regular file under a checkpoint directory but the manifest, as sorted relative paths."""
+    return sorted(p.relative_to(tag_dir).as_posix() for p in tag_dir.rglob("*")
+                  if p.is_file() and p.name != MANIFEST and not p.name.startswith(f"{MANIFEST}.tmp"))
+
+
+def _file_entry(path: Path) -> dict:
+    with open(path, "rb") as f:
+        digest = hashlib.file_digest(f, HASH).hexdigest()
+    return {"bytes": path.stat().st_size, HASH: digest}
+
+
+def verify_checkpoint(tag_dir: Path) -> list[str]:
+    """What is wrong with a checkpoint directory against its manifest, one line per file; [] when intact.
+
+    Sizes are compared first (a truncated file is named as such without reading it), then the hashes.
+    A checkpoint saved before manifests existed (its launcher_state.json has no "manifest" key) has
+    nothing to verify against: [] as well (its loader will be the judge).
+    """
+    tag_dir = Path(tag_dir)
+    if not tag_dir.is_dir():
+        return [f"{tag_dir.name}: the directory is missing"]
+    try:
+        state = load_state(tag_dir)
+    except (OSError, ValueError) as exc:
+        return [f"{STATE_FILE}: unreadable ({type(exc).__name__}: {exc})"]
+    if "manifest" not in state:
+        return []
+    try:
+        manifest = json.loads((tag_dir / MANIFEST).read_text())
+        files = manifest["files"]
+    except FileNotFoundError:
+        return [f"{MANIFEST}: missing (every checkpoint of this launcher version has one)"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return [f"{MANIFEST}: unreadable ({type(exc).__name__})"]
+    problems, to_hash = [], []
+    for rel, want in files.items():
+        path = tag_dir / rel
+        if not path.is_file():
+            problems.append(f"{rel}: missing")
+            continue
+        size = path.stat().st_size
+        if size != want["bytes"]:
+            how = "truncated" if size < want["bytes"] else "longer than written"
+            problems.append(f"{rel}: {size:,} bytes, the manifest says {want['bytes']:,} ({how})")
+            continue
+        to_hash.append(rel)
+    # hashlib releases the GIL on large buffers: threads hash the files in parallel (one process verifying a
+    # multi-GB checkpoint before the ranks start would otherwise take ~1 s per 1.2 GB here).
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1, len(to_hash)))) as pool:
+        digests = dict(zip(to_hash, pool.map(lambda rel: _file_entry(tag_dir / rel)[HASH], to_hash)))
+    for rel in to_hash:
+        got, want = digests[rel], files[rel][HASH]
+        if got != want:
+            problems.append(f"{rel}: {HASH} {got[:12]}... differs from the manifest's {want[:12]}... "
+                            "(same size, changed content)")
+    return problems
 
 
 def _maybe_crash_for_test(tag: str) -> None:
@@ -150,34 +245,129 @@ def resolve_checkpoint(path) -> Path:
                       "give <run_dir>/checkpoints/latest, a checkpoints directory, or a step_* directory")
 
 
-def checkpoint_to_resume(cfg, run_dir: Path) -> Optional[Path]:
-    """The tag dir to resume from: `resume=auto` -> latest of this run (None if there is none yet), or a path."""
+def checkpoint_to_resume(cfg, run_dir: Path, warn: Callable[[str], None] = print) -> Optional[Path]:
+    """The verified tag dir to resume from, or None for a fresh start.
+
+    - resume=never: None (refused when the run dir already holds checkpoints);
+    - resume=auto: the newest *intact* checkpoint of this run: `latest`, or when that one is damaged, the next
+      older step_* (with a warning naming what is damaged); None when the run has no checkpoint yet;
+    - resume=PATH: that checkpoint, refused when damaged (the user chose it; we do not substitute another).
+    A checkpoint `launcher train` already verified (VERIFIED_ENV) is not hashed again.
+    """
     ckpt_root = run_dir / "checkpoints"
     if cfg.resume == "never":
         if read_latest(ckpt_root) is not None:
             raise ConfigError("resume", "never", f"the run directory {run_dir} already holds checkpoints, and a fresh run would mix with them",
                               "continue it with resume=auto, or start another run with a different run_name")
         return None
-    if cfg.resume == "auto":
-        tag = read_latest(ckpt_root)
-        return ckpt_root / tag if tag else None
-    return resolve_checkpoint(cfg.resume)
+    verified = os.environ.get(VERIFIED_ENV)
+    if cfg.resume != "auto":
+        try:
+            tag_dir = resolve_checkpoint(cfg.resume)
+        except ConfigError as err:
+            raise ConfigError("resume", cfg.resume, err.rule, "resume=auto (this run's newest intact checkpoint), "
+                              "resume=never, or " + err.fix) from None
+        problems = [] if verified == str(tag_dir) else verify_checkpoint(tag_dir)
+        if problems:
+            older = [p.name for p in _older_tags(tag_dir.parent, tag_dir.name)][:3]
+            raise ConfigError("resume", str(cfg.resume), f"the checkpoint {tag_dir} is damaged: {'; '.join(problems)}",
+                              "resume from an intact checkpoint"
+                              + (f" (older ones here: {', '.join(older)})" if older else "")
+                              + ", or resume=auto to take the newest intact one of the run")
+        return tag_dir
+    latest = read_latest(ckpt_root)
+    candidates = ([ckpt_root / latest] if latest else []) + _older_tags(ckpt_root, latest)
+    if not candidates:
+        return None
+    damaged = []
+    for tag_dir in candidates:
+        problems = [] if verified == str(tag_dir) else verify_checkpoint(tag_dir)
+        if not problems:
+            if damaged:
+                warn(f"warning: resume=auto skips damaged checkpoints ({'; '.join(damaged)}) and resumes from "
+                     f"{tag_dir.name}, the newest intact one")
+            return tag_dir
+        damaged.append(f"{tag_dir.name}: {', '.join(problems)}")
+    raise ConfigError("resume", "auto", f"no intact checkpoint in {ckpt_root}: {'; '.join(damaged)}",
+                      "start a new run (resume=never with another run_name), or restore the files from a copy")
+
+
+def _older_tags(ckpt_root: Path, than: Optional[str]) -> list[Path]:
+    """step_* directories older than tag `than` (all of them when None), newest first."""
+    tags = sorted((p for p in ckpt_root.glob(f"{TAG_PREFIX}*") if p.is_dir() and re.fullmatch(r"step_\d+", p.name)),
+                  reverse=True)
+    return [p for p in tags if than is None or p.name < than]
 
 
 def load_state(tag_dir: Path) -> dict:
     return json.loads((tag_dir / STATE_FILE).read_text())
 
 
-def check_layout_unchanged(saved: dict, layout, tag_dir: Path) -> None:
-    """Refuse a resume whose layout differs from the checkpoint's, naming every change."""
+# What may differ between a checkpoint's config and the resuming run's (prefixes of flattened keys). Everything
+# else is refused: the model shape and the tokenizer define the weights; the parallel layout, batch, precision,
+# data, seed and step arithmetic define the ZeRO partitions and which samples each step reads; the optimizer and
+# scheduler continue from the checkpoint's own state (DeepSpeed restores it), so a changed lr or schedule in the
+# config would be silently overridden or mixed -- refused until it is supported on purpose.
+RESUME_MAY_CHANGE = (
+    "train.steps", "train.tokens", "train.eval_every", "train.eval_batches", "train.nan_policy", "train.dist_timeout_s",
+    "logging.", "checkpoint.", "resume", "run_name", "runs_dir", "recipe_name", "extras.", "model.init_from",
+    "data.cache_dir",
+    # Where the job runs and how it is planned and scheduled (not what it computes).
+    "cluster.name", "cluster.gpu", "cluster.peak_tflops", "cluster.memory_gb", "cluster.intra_node_gbps",
+    "cluster.inter_node_gbps", "cluster.partition", "cluster.account", "cluster.time", "cluster.signal_grace_s",
+    "cluster.setup", "cluster.job_name", "cluster.master_port", "cluster.preflight", "cluster.extra_sbatch", "cluster.cpus_per_task",
+)
+
+
+def _flatten(tree, prefix: str = "") -> dict:
+    if isinstance(tree, dict):
+        out = {}
+        for k, v in tree.items():
+            out.update(_flatten(v, f"{prefix}{k}."))
+        return out if out or not prefix else {prefix[:-1]: {}}
+    return {prefix[:-1]: tree}
+
+
+def _may_change(key: str) -> bool:
+    return any(key == p or (p.endswith(".") and key.startswith(p)) or key.startswith(p + ".") for p in RESUME_MAY_CHANGE)
+
+
+def resume_changes(saved: dict, cfg, layout, tag_dir: Path, prepared=None) -> list[str]:
+    """Every change between a checkpoint and the run resuming it that a resume cannot absorb, as `key: saved -> now`."""
+    now = _flatten(OmegaConf.to_container(cfg, resolve=True))
+    then = _flatten(saved.get("config", {}))
+    changes = [f"{k}: {then.get(k, '(absent)')} -> {now.get(k, '(absent)')}" for k in sorted(set(now) | set(then))
+               if then.get(k) != now.get(k) and not _may_change(k)]
     old = saved["layout"]
-    changed = [f"{k}: {old.get(k)} -> {getattr(layout, k)}" for k in LAYOUT_KEYS if old.get(k) != getattr(layout, k)]
-    if changed:
+    changes += [f"layout.{k}: {old.get(k)} -> {getattr(layout, k)}" for k in LAYOUT_KEYS if old.get(k) != getattr(layout, k)]
+    if prepared is not None:
+        # The tokens and the tokenizer themselves (a config can stay equal while the files behind it change).
+        data = saved.get("data", {})
+        for k in ("num_tokens", "vocab_size", "eos_id", "train_samples"):
+            if k in data and data[k] != getattr(prepared, k):
+                changes.append(f"data.{k}: {data[k]} -> {getattr(prepared, k)}")
+        if data.get("bin_path") and Path(data["bin_path"]).name != Path(prepared.bin_path).name:
+            changes.append(f"packed tokens: {Path(data['bin_path']).name} -> {Path(prepared.bin_path).name} (other content)")
+        saved_tok = Path(tag_dir) / "tokenizer.json"
+        if prepared.tokenizer_path and saved_tok.is_file():
+            a, b = _file_entry(saved_tok)[HASH], _file_entry(Path(prepared.tokenizer_path))[HASH]
+            if a != b:
+                changes.append(f"tokenizer: {HASH} {a[:12]}... -> {b[:12]}...")
+    return changes
+
+
+def check_resume_compatible(saved: dict, cfg, layout, tag_dir: Path, prepared=None) -> None:
+    """Refuse a resume that changes more than RESUME_MAY_CHANGE, with a diff of what changed (key: saved -> now)."""
+    changes = resume_changes(saved, cfg, layout, tag_dir, prepared)
+    if changes:
         raise ConfigError("resume", str(tag_dir),
-                          f"the checkpoint was saved with another layout ({'; '.join(changed)}); ZeRO optimizer state is "
-                          "partitioned per data-parallel rank and the data order follows the batch layout, so it cannot be continued as is",
-                          "resume with the checkpoint's layout (see its launcher_state.json), or start a new run (resume=never, "
-                          "model.init_from=<an exported HF directory>)")
+                          f"the checkpoint was saved with another model, data or layout ({'; '.join(changes)}); ZeRO optimizer "
+                          "state is partitioned per data-parallel rank, the data order follows the batch layout and the "
+                          "weights fit one model shape and tokenizer, so it cannot be continued as is. A resume may change "
+                          "only: train.steps, evaluation, logging, checkpointing, train.nan_policy, train.dist_timeout_s "
+                          "and where/how the job is scheduled (cluster.partition, time, ...)",
+                          "resume with the checkpoint's settings (see its launcher_state.json), or start a new run "
+                          "(resume=never, model.init_from=<an exported HF directory>)")
 
 
 def load_checkpoint(engine, tag_dir: Path) -> None:

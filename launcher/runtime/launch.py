@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -27,6 +30,17 @@ from launcher.config.errors import ConfigError
 
 from launcher.protocol import (CONFIG_FILE, DEEPSPEED_FILE, EARLY_PREEMPTION,  # noqa: F401  (re-exported)
                                PREEMPT_SIGNALS, PREEMPTED_FILE, TORCHRUN_SHUTDOWN_TIMEOUT_S, TORCHRUN_SIGNALS)
+# `launcher train` tells its ranks where to register (pid, rank) and record their exit status, so it can name a
+# dead rank and kill a stopped one (see RankWatch).
+RANKS_DIR_ENV = "LAUNCHER_RANKS_DIR"
+RANKS_DIR = "ranks"
+# After one rank has failed, the others get this long to exit on their own (their next collective fails at
+# once when a peer's sockets closed) before the launcher kills them. torchrun's own stop after a failure
+# sends SIGTERM and waits 30 s (LocalElasticAgent._shutdown's default) -- and a stopped process never acts
+# on SIGTERM -- so without this the job could outlive a failure by 30 s or forever.
+FAILURE_GRACE_S = 10.0
+# A rank's exit status after stopping on a non-finite loss (launcher/train.py EXIT_NONFINITE).
+EXIT_NONFINITE = 3
 
 
 def in_distributed_launch() -> bool:
@@ -44,18 +58,72 @@ def _latest_run(runs_dir: Path, prefix: str) -> Optional[Path]:
 
 def choose_run_dir(cfg) -> Path:
     """<runs_dir>/<run_name>; with run_name null, a new timestamped name, or for resume=auto the newest run of this recipe."""
+    check_runs_dir(cfg.runs_dir)
     runs_dir = Path(cfg.runs_dir).expanduser().resolve()
     if cfg.run_name:
         name = cfg.run_name
         if not all(c.isalnum() or c in "._-" for c in name):
             raise ConfigError("run_name", name, "may only hold letters, digits, '.', '_' and '-'", "rename the run, e.g. run_name=tiny-1")
-        return runs_dir / name
-    prefix = selected_name(cfg) or "run"
-    if cfg.resume == "auto":
-        found = _latest_run(runs_dir, prefix)
-        if found is not None:
-            return found
-    return runs_dir / f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}"
+        run_dir = runs_dir / name
+    else:
+        prefix = selected_name(cfg) or "run"
+        found = _latest_run(runs_dir, prefix) if cfg.resume == "auto" else None
+        run_dir = found or runs_dir / f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError("run_name", run_dir.name, f"{run_dir} exists and is not a directory", "pick another run_name")
+    return run_dir
+
+
+def check_runs_dir(runs_dir: str) -> None:
+    """runs_dir becomes part of every path we write and of SLURM's log paths: no control characters, and a directory."""
+    if any(ord(c) < 32 or ord(c) == 127 for c in str(runs_dir)):
+        raise ConfigError("runs_dir", runs_dir, "holds a control character (newline, tab, ...), which would break log lines "
+                          "and the paths in job scripts", "use a plain directory path, e.g. runs_dir=/scratch/$USER/runs")
+    path = Path(runs_dir).expanduser().resolve()
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ConfigError("runs_dir", runs_dir, f"{probe} is a file, so no run directory can be made under it",
+                          "point runs_dir at a directory (it is created when missing)")
+
+
+# Environment variables that hold credentials: their values must never reach config.yaml, checkpoints or logs.
+SECRET_ENV = re.compile(r"(^|_)(API_KEY|ACCESS_KEY|SECRET_KEY|PRIVATE_KEY|TOKEN|SECRET|PASSWORD|PASSWD)$")
+# Names of free-form keys (extras.*) that would hold a credential; schema keys are known not to.
+SECRET_KEY = re.compile(r"(^|[_.-])(api_?key|token|secret|password|passwd|credentials?)($|[_.-])", re.IGNORECASE)
+
+
+def refuse_secrets_in_config(cfg) -> None:
+    """A config value equal to (or holding) a credential from the environment, or an extras key named like one, is refused.
+
+    config.yaml is written into the run dir and into every checkpoint's launcher_state.json, and `launcher show`
+    prints it; W&B reads WANDB_API_KEY from the environment itself. The value is never echoed.
+    """
+    # A path (HF_TOKEN_PATH-like variables hold one) is no credential and could be a prefix of a config path.
+    secrets = {name: value for name, value in os.environ.items()
+               if SECRET_ENV.search(name) and len(value) >= 8 and not value.startswith(("/", "~", "."))}
+
+    def walk(node, prefix):
+        if isinstance(node, dict):
+            for k, v in node.items():
+                key = f"{prefix}{k}"
+                if key.startswith("extras.") and SECRET_KEY.search(str(k)) and v not in (None, "", {}, []):
+                    raise ConfigError(key, "<redacted>", "looks like a credential, and config values are written to "
+                                      "config.yaml, checkpoints and logs", "pass credentials as environment variables "
+                                      "(WANDB_API_KEY for W&B, HF_TOKEN for the hub), never as config values")
+                walk(v, key + ".")
+        elif isinstance(node, (list, tuple)):
+            for i, v in enumerate(node):
+                walk(v, f"{prefix[:-1]}[{i}].")
+        elif isinstance(node, str):
+            for name, value in secrets.items():
+                if value in node:
+                    raise ConfigError(prefix[:-1], "<redacted>", f"holds the value of the environment variable {name}, "
+                                      "and config values are written to config.yaml, checkpoints and logs",
+                                      f"remove it from the config; the launcher and W&B read {name} from the environment")
+
+    walk(OmegaConf.to_container(cfg, resolve=True), "")
 
 
 def freeze_config(cfg, run_dir: Path, ds_config: dict) -> Path:
@@ -99,26 +167,246 @@ def torchrun_command(config_path: Path, nproc: int, overrides=()) -> list[str]:
             "-m", "launcher", "train", "--config", str(config_path), *overrides]
 
 
-def start_local_ranks(config_path: Path, nproc: int, run_dir: Path) -> int:
-    """Run torchrun in the foreground, passing our own termination signals on; 0 also when preempted cleanly."""
+def start_local_ranks(config_path: Path, nproc: int, run_dir: Path, overrides=(), extra_env: Optional[dict] = None) -> int:
+    """Run torchrun in the foreground, passing our own termination signals on; 0 also when preempted cleanly.
+
+    While it runs, RankWatch follows every rank: a rank that dies (no exit record: a signal, the OOM killer)
+    or fails is named on the console ("rank 1 (pid 4242) died with SIGKILL"), and whatever is left of the job
+    is killed FAILURE_GRACE_S later at the latest, stopped (SIGSTOP) ranks at once. torchrun runs in its own
+    session (so a Ctrl-C reaches it only through us, as a forwarded SIGINT) and dies with us (PR_SET_PDEATHSIG):
+    `kill -9` of `launcher train` leaves no orphaned ranks.
+    """
     env = dict(os.environ)
     # One BLAS/OpenMP thread per CPU rank unless the user chose otherwise (torchrun would set 1 and warn).
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
-    proc = subprocess.Popen(torchrun_command(config_path, nproc), env=env)
+    ranks_dir = run_dir / RANKS_DIR
+    if ranks_dir.exists():
+        for old in ranks_dir.glob("rank-*.json"):
+            old.unlink()
+    ranks_dir.mkdir(parents=True, exist_ok=True)
+    env[RANKS_DIR_ENV] = str(ranks_dir)
+    env.update(extra_env or {})
+    proc = subprocess.Popen(torchrun_command(config_path, nproc, overrides), env=env, stderr=subprocess.PIPE,
+                            start_new_session=True, preexec_fn=_die_with_parent)
+    watch = RankWatch(ranks_dir, nproc)
+    relay = threading.Thread(target=watch.relay_stderr, args=(proc.stderr,), daemon=True)
+    relay.start()
 
     def forward(signum, _frame):
         proc.send_signal(signum)
 
     previous = {s: signal.signal(getattr(signal, s), forward) for s in ("SIGTERM", "SIGUSR1", "SIGINT")}
     try:
-        rc = proc.wait()
+        while proc.poll() is None:
+            time.sleep(0.2)
+            watch.check()
+            if watch.killed_all_at and time.monotonic() - watch.killed_all_at > 5:
+                os.killpg(proc.pid, signal.SIGKILL)  # torchrun itself did not exit after its ranks were gone
+        rc = proc.returncode
     finally:
         for s, handler in previous.items():
             signal.signal(getattr(signal, s), handler)
+    relay.join(timeout=5)
+    watch.check()
     # torchrun reports a forwarded signal as a failure even when every worker saved and exited 0.
     if rc != 0 and (run_dir / PREEMPTED_FILE).exists():
         return 0
+    if rc != 0 and not watch.deaths and watch.ranks and all(
+            r.get("exit_code") == EXIT_NONFINITE for r in watch.ranks.values()):
+        _say_stderr(f"launcher: training stopped on a non-finite loss or gradients (exit status {EXIT_NONFINITE}); "
+                    "the rank 0 log above says which step and what was saved")
+        return EXIT_NONFINITE
+    if rc != 0:
+        _say_stderr(f"launcher: training failed (torchrun exit status {rc}): {watch.summary()}")
     return rc
+
+
+def _say_stderr(text: str) -> None:
+    sys.stderr.write(text.rstrip() + "\n")
+    sys.stderr.flush()
+
+
+def _die_with_parent() -> None:
+    """In a child (Popen preexec_fn / a rank at start): get SIGKILL when the parent dies. Linux only; else no-op."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+
+
+def _signal_name(exitcode: int) -> str:
+    if exitcode < 0:
+        try:
+            return signal.Signals(-exitcode).name
+        except ValueError:
+            return f"signal {-exitcode}"
+    return f"exit status {exitcode}"
+
+
+def _proc_state(pid: int) -> Optional[str]:
+    """The one-letter state of a process (R, S, D, T stopped, Z zombie), None when it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            pass
+        return "?"
+    return stat[stat.rindex(")") + 2]
+
+
+class RankWatch:
+    """What `launcher train` knows about its ranks: their registrations, exit records and torchrun's failure lines.
+
+    Every rank writes <run_dir>/ranks/rank-N.json ({rank, pid, host}) when it starts and adds its exit status
+    when it leaves `launcher train --config` (also on an exception). A rank whose process is gone without
+    an exit record was killed by a signal; torchrun, its parent, reaped it and logs the status
+    ("failed (exitcode: -9) local_rank: 1 (pid: 4242)"), which relay_stderr picks out of the stream it
+    passes through to our stderr.
+    """
+
+    # torch/distributed/elastic/multiprocessing/api.py (torch 2.13): logged when torchrun sees a worker fail.
+    TORCHRUN_FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)")
+    # ... and in its final summary, one block per failed rank: "exitcode  : -9 (pid: 4242)".
+    TORCHRUN_SUMMARY = re.compile(r"exitcode\s*:\s*(-?\d+) \(pid: (\d+)\)")
+
+    def __init__(self, ranks_dir: Path, nproc: int):
+        self.ranks_dir = ranks_dir
+        self.nproc = nproc
+        self.ranks: dict[int, dict] = {}
+        self.exitcodes: dict[int, int] = {}   # pid -> exit code torchrun reported
+        self.reported: set[int] = set()
+        self.waited: set[int] = set()
+        self.deaths: dict[int, str] = {}
+        self.failures: list[str] = []
+        self.first_failure_at: Optional[float] = None
+        self.killed_all_at: Optional[float] = None
+
+    def relay_stderr(self, stream) -> None:
+        for raw in iter(stream.readline, b""):
+            try:
+                sys.stderr.buffer.write(raw)
+                sys.stderr.flush()
+            except (OSError, ValueError):
+                pass
+            line = raw.decode(errors="replace")
+            m = self.TORCHRUN_FAILED.search(line)
+            if m:
+                self.exitcodes[int(m.group(3))] = int(m.group(1))
+            m = self.TORCHRUN_SUMMARY.search(line)
+            if m:
+                self.exitcodes.setdefault(int(m.group(2)), int(m.group(1)))
+
+    def _load(self) -> None:
+        for f in self.ranks_dir.glob("rank-*.json"):
+            try:
+                rec = json.loads(f.read_text())
+            except (OSError, ValueError):
+                continue  # being written
+            self.ranks[rec["rank"]] = rec
+
+    def _fail(self, text: str) -> None:
+        self.failures.append(text)
+        _say_stderr(f"launcher: {text}")
+        if self.first_failure_at is None:
+            self.first_failure_at = time.monotonic()
+
+    def check(self) -> None:
+        """Name ranks that died or failed; kill stopped ranks after a failure, and all of them after the grace."""
+        self._load()
+        alive, deaths, failures = [], [], []
+        for rank, rec in sorted(self.ranks.items()):
+            pid = rec["pid"]
+            state = _proc_state(pid)
+            if state is not None and state != "Z":
+                alive.append((rank, pid, state))
+                continue
+            if pid in self.reported:
+                continue
+            where = f"rank {rank} (pid {pid}, {rec.get('host', '?')})"
+            code = rec.get("exit_code")
+            if code is None:
+                # No exit record: killed by a signal. torchrun (its parent) logs the status right after reaping
+                # it; give that line one more poll so the message can name the signal.
+                code = self.exitcodes.get(pid)
+                if code is None and pid not in self.waited:
+                    self.waited.add(pid)
+                    return
+                self.deaths[pid] = where
+                deaths.append(self._death(pid))
+            elif code == EXIT_NONFINITE:
+                failures.append(f"{where} stopped on a non-finite loss or gradients (exit status {code}, see train.nan_policy)")
+            elif code != 0:
+                failures.append(f"{where} failed with exit status {code}" + (f": {_short(rec['error'])}" if rec.get("error") else ""))
+            self.reported.add(pid)
+        for text in deaths + failures:  # a death is the likelier cause of the other ranks' failures
+            self._fail(text)
+        if self.first_failure_at is None or not alive:
+            return
+        overdue = time.monotonic() - self.first_failure_at > FAILURE_GRACE_S
+        for rank, pid, state in alive:
+            if state == "T" or overdue:
+                why = ("is stopped (SIGSTOP/SIGTSTP) and cannot act on SIGTERM" if state == "T"
+                       else f"did not exit within {FAILURE_GRACE_S:.0f} s of the failure")
+                self._fail(f"rank {rank} (pid {pid}) {why}: killed with SIGKILL")
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                self.reported.add(pid)
+        if overdue and self.killed_all_at is None:
+            self.killed_all_at = time.monotonic()
+
+    def _death(self, pid: int) -> str:
+        code = self.exitcodes.get(pid)
+        if code is not None and code < 0:
+            return f"{self.deaths[pid]} died with {_signal_name(code)}"
+        return f"{self.deaths[pid]} died (no exit record: killed by a signal)"
+
+    def summary(self) -> str:
+        """Every failure in the order seen; deaths re-rendered with the signal torchrun's summary named."""
+        if not self.failures:
+            late = [f"rank {r['rank']} (pid {r['pid']}) finished (exit record 0) but then died with {_signal_name(self.exitcodes[r['pid']])}"
+                    for r in self.ranks.values() if self.exitcodes.get(r["pid"], 0) < 0]
+            return "; ".join(late) if late else "no rank reported a failure (see torchrun's summary above)"
+        return "; ".join([self._death(pid) for pid in self.deaths] + [f for f in self.failures if " died " not in f])
+
+
+def _short(error: str) -> str:
+    """A rank's error, without gloo's source path prefix and boilerplate."""
+    error = re.sub(r"\[/[^\]]*\] ", "", error)
+    return error.split(" This is typically")[0]
+
+
+def register_rank() -> Optional[Path]:
+    """In a rank started by `launcher train`: record (rank, pid, host) for RankWatch. Returns the record's path."""
+    ranks_dir = os.environ.get(RANKS_DIR_ENV)
+    if not ranks_dir or "RANK" not in os.environ:
+        return None
+    path = Path(ranks_dir) / f"rank-{int(os.environ['RANK']):05d}.json"
+    _write_atomic(path, json.dumps({"rank": int(os.environ["RANK"]), "local_rank": int(os.environ.get("LOCAL_RANK", 0)),
+                                    "pid": os.getpid(), "host": socket.gethostname()}))
+    return path
+
+
+def record_rank_exit(path: Optional[Path], exit_code: int, error: Optional[str] = None) -> None:
+    """Add the exit status to this rank's record (every exit but a signal's writes one)."""
+    if path is None:
+        return
+    try:
+        rec = json.loads(path.read_text())
+        rec.update(exit_code=exit_code, error=error)
+        _write_atomic(path, json.dumps(rec))
+    except OSError:
+        pass
 
 
 # ----------------------------------------------------------------------------- inside a rank
@@ -156,9 +444,27 @@ def init_distributed(layout, timeout_s: int) -> tuple[int, int, int]:
                           "launch as many ranks as the config describes (launcher train / launcher submit do)")
     if layout.device == "cuda":
         torch.cuda.set_device(local_rank)
+    apply_default_group_timeout(timeout_s)
     deepspeed.init_distributed(dist_backend="nccl" if layout.device == "cuda" else "gloo",
                                timeout=timedelta(seconds=timeout_s), verbose=False)
     return rank, world, local_rank
+
+
+def apply_default_group_timeout(timeout_s: int) -> None:
+    """Make train.dist_timeout_s the timeout of every process group, not only the world group.
+
+    init_process_group(timeout=...) sets the world group's timeout only. Every group created later with
+    new_group(timeout=None) -- DeepSpeed's data-parallel, ZeRO and pipeline groups (deepspeed/comm/torch.py
+    new_group, deepspeed/utils/groups.py) -- gets torch's module default instead
+    (torch/distributed/distributed_c10d.py `_get_default_timeout`: 30 min for gloo, 10 min for nccl).
+    Measured here: with one of two CPU ranks SIGSTOPped, the other waited in ZeRO's gradient all-reduce
+    for more than 10 minutes with dist_timeout_s=20. `_get_default_timeout` reads these module globals
+    at call time, so setting them before DeepSpeed builds its groups is enough.
+    """
+    from torch.distributed import distributed_c10d
+
+    distributed_c10d.default_pg_timeout = timedelta(seconds=timeout_s)
+    distributed_c10d.default_pg_nccl_timeout = timedelta(seconds=timeout_s)
 
 
 class PreemptionFlag:

@@ -65,6 +65,15 @@ def peak_memory_bytes(device: str) -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
+def current_rss_bytes() -> int:
+    """This process's resident set size now (not the peak): what a leak across checkpoints would grow."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+        return pages * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 class MetricsSink:
     """Rank 0's recorder: metrics.jsonl always, TensorBoard and W&B when enabled. Other ranks get a no-op."""
 

@@ -20,6 +20,7 @@ from launcher.deepspeed_config import build_deepspeed_config
 from launcher.runtime.checkpoint import build_state, save_checkpoint
 from launcher.runtime.data import TokenBatches, prepare_data
 from launcher.runtime.launch import init_distributed
+from launcher.runtime.nonfinite import UpdateVeto
 from launcher.train import build_engine, reduce_step, train_step
 
 CASES = {
@@ -47,10 +48,12 @@ def main() -> None:
         batches = TokenBatches(prepared, layout, seed=cfg.train.seed, dp_rank=rank)
         engine = build_engine(cfg, layout, ds_config)
         losses, sample_ids, state_bytes = [], [], None
+        veto = UpdateVeto(engine)
+        agree = lambda local: reduce_step(local, False, world)  # noqa: E731  (the loop's all-reduce before the update)
         for step in range(cfg.train.steps):
             sample_ids.append([batches.train_sample_ids(step, m) for m in range(layout.grad_accum_steps)])
-            local, _, measured = train_step(engine, batches, step, layout.grad_accum_steps, measure_state=step == 1)
-            loss, _ = reduce_step(local, False, world)
+            loss, _, _, measured = train_step(engine, batches, step, layout.grad_accum_steps, agree, veto,
+                                              measure_state=step == 1)
             losses.append(loss)
             state_bytes = measured or state_bytes
         gathered_ids = [None] * world

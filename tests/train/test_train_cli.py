@@ -3,6 +3,8 @@
 A: an uninterrupted run; its artifacts; nothing JIT-compiled (empty TORCH_EXTENSIONS_DIR stays empty).
 B: the same run preempted by SIGUSR1 partway, then `resume=auto`: losses equal A's step for step (1e-6).
 C: a save killed after writing but before publishing leaves the previous checkpoint as `latest`.
+D: a W&B key in the environment of run A appears nowhere in its run dir (config, metrics, checkpoints,
+   TensorBoard and offline W&B files) nor in its console output.
 """
 
 import json
@@ -17,6 +19,7 @@ from train_helpers import PYTHON, REPO, base_overrides, child_env, launcher
 
 pytestmark = pytest.mark.slow
 STEPS = 30
+SECRET = "sk-launcher-test-6f1c2d9e8b7a4c3d"  # a made-up W&B key; offline mode never sends it
 
 
 def losses(run_dir: Path) -> dict[int, float]:
@@ -36,13 +39,13 @@ def run_a(cache_dir, runs, tmp_path_factory):
             "checkpoint.keep_last=2", "checkpoint.export_hf=true", "train.eval_every=10",
             "logging.tensorboard=true", "logging.wandb.enabled=true", "logging.wandb.mode=offline"]
     t0 = time.time()
-    result = launcher(args, TORCH_EXTENSIONS_DIR=ext, WANDB_SILENT="true")
+    result = launcher(args, TORCH_EXTENSIONS_DIR=ext, WANDB_SILENT="true", WANDB_API_KEY=SECRET)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
-    return runs / "a", ext, time.time() - t0
+    return runs / "a", ext, time.time() - t0, result.stdout + result.stderr
 
 
 def test_run_writes_its_artifacts_and_compiles_nothing(run_a):
-    run_dir, ext, _ = run_a
+    run_dir, ext, _, _ = run_a
     assert list(ext.iterdir()) == [], "a CPU run JIT-compiled a DeepSpeed op"
     for name in ("config.yaml", "deepspeed.json", "data.json", "metrics.jsonl", "loss.png", "model_state_bytes.json"):
         assert (run_dir / name).is_file(), name
@@ -120,3 +123,12 @@ def test_save_killed_midway_keeps_previous_latest(cache_dir, runs):
     assert result.returncode == 0, result.stderr[-3000:]
     assert "resuming at step 2" in result.stdout + result.stderr
     assert (ckpts / "latest").read_text() == "step_00000004" and not (ckpts / ".tmp-step_00000004").exists()
+
+
+def test_secret_from_the_environment_is_written_nowhere(run_a):
+    run_dir, _, _, console = run_a
+    files = [p for p in run_dir.rglob("*") if p.is_file()]
+    assert len(files) > 20 and any("wandb" in p.parts for p in files) and any("tensorboard" in p.parts for p in files)
+    leaked = [str(p) for p in files if SECRET.encode() in p.read_bytes()]
+    assert leaked == []
+    assert SECRET not in console
