@@ -28,7 +28,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
 PYTHON = sys.executable
+
+from launcher.runtime.launch import proc_state, read_rank_records  # noqa: E402  (after the path)
 MODEL = ["model.hidden_size=32", "model.num_hidden_layers=2", "model.num_attention_heads=2", "model.num_key_value_heads=2",
          "model.intermediate_size=64", "model.vocab_size=320", "model.max_position_embeddings=64"]
 
@@ -62,21 +65,11 @@ def records(run_dir: Path, kind: str) -> list[dict]:
 
 
 def rank_pids(run_dir: Path) -> dict[int, int]:
-    pids = {}
-    for f in (run_dir / "ranks").glob("rank-*.json"):
-        try:
-            rec = json.loads(f.read_text())
-            pids[rec["rank"]] = rec["pid"]
-        except (OSError, ValueError):
-            pass
-    return pids
+    return {rank: rec["pid"] for rank, rec in read_rank_records(run_dir / "ranks").items()}
 
 
 def alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+    return proc_state(pid) not in (None, "Z")
 
 
 def start(args: list[str], log: Path):

@@ -248,7 +248,19 @@ def _signal_name(exitcode: int) -> str:
     return f"exit status {exitcode}"
 
 
-def _proc_state(pid: int) -> Optional[str]:
+def read_rank_records(ranks_dir: Path) -> dict[int, dict]:
+    """rank -> its record in <run_dir>/ranks/rank-N.json ({rank, local_rank, pid, host}, then its exit status)."""
+    records = {}
+    for f in Path(ranks_dir).glob("rank-*.json"):
+        try:
+            rec = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue  # being written
+        records[rec["rank"]] = rec
+    return records
+
+
+def proc_state(pid: int) -> Optional[str]:
     """The one-letter state of a process (R, S, D, T stopped, Z zombie), None when it is gone."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -306,12 +318,7 @@ class RankWatch:
                 self.exitcodes.setdefault(int(m.group(2)), int(m.group(1)))
 
     def _load(self) -> None:
-        for f in self.ranks_dir.glob("rank-*.json"):
-            try:
-                rec = json.loads(f.read_text())
-            except (OSError, ValueError):
-                continue  # being written
-            self.ranks[rec["rank"]] = rec
+        self.ranks.update(read_rank_records(self.ranks_dir))
 
     def _fail(self, text: str) -> None:
         self.failures.append(text)
@@ -325,7 +332,7 @@ class RankWatch:
         alive, deaths, failures = [], [], []
         for rank, rec in sorted(self.ranks.items()):
             pid = rec["pid"]
-            state = _proc_state(pid)
+            state = proc_state(pid)
             if state is not None and state != "Z":
                 alive.append((rank, pid, state))
                 continue

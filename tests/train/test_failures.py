@@ -10,7 +10,6 @@ The ranks' pids come from their registrations (<run_dir>/ranks/rank-N.json), whi
 against /proc (each pid runs `launcher train --config` of this run).
 """
 
-import json
 import os
 import signal
 import subprocess
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from launcher.runtime.launch import proc_state, read_rank_records
 from train_helpers import PYTHON, REPO, base_overrides, child_env
 
 pytestmark = pytest.mark.slow
@@ -36,12 +36,7 @@ def start(cache_dir, runs: Path, name: str, nproc: int, *extra):
     deadline = time.time() + 300
     pids: dict[int, int] = {}
     while time.time() < deadline and proc.poll() is None:
-        for f in (run_dir / "ranks").glob("rank-*.json"):
-            try:
-                rec = json.loads(f.read_text())
-                pids[rec["rank"]] = rec["pid"]
-            except (OSError, ValueError):
-                pass
+        pids = {rank: rec["pid"] for rank, rec in read_rank_records(run_dir / "ranks").items()}
         metrics = run_dir / "metrics.jsonl"
         if len(pids) == nproc and metrics.exists() and len(metrics.read_text().splitlines()) >= 3:
             break
@@ -54,11 +49,7 @@ def start(cache_dir, runs: Path, name: str, nproc: int, *extra):
 
 
 def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
+    return proc_state(pid) not in (None, "Z")
 
 
 def finish(proc, pids, limit_s: float):
