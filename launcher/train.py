@@ -343,29 +343,15 @@ def run(cfg) -> int:
                 say(format_line(rec), markup=False)
             progress.update(task, completed=step, info=f"loss {loss:.3f}")
 
-            # Non-finite loss or gradients (launcher/runtime/nonfinite.py): the update was vetoed, unless the
-            # engine applied it before we could know (pipeline); then the weights may hold NaN and nothing is saved.
-            bad = not loss_finite or (grad_norm is not None and not math.isfinite(grad_norm) and not overflow)
-            if bad and not skipped:
-                say(f"non-finite {'loss' if not loss_finite else 'gradient norm'} at step {step}, and the update was "
-                    f"applied (it happens inside the engine's step here): the weights may be poisoned, nothing is saved; "
-                    f"exiting with status {EXIT_NONFINITE}. The last checkpoint is {ckpt.read_latest(ckpt_root)}", markup=False)
+            action, message = nonfinite_action(cfg, step, loss_finite, grad_norm, skipped, overflow, skipped_steps, ckpt_root)
+            if action == "stop":
+                save(step)  # the vetoed update left the weights of step - 1: those become latest
+            if action in ("stop", "applied"):
+                say(message, markup=False)
                 sink.close()
                 return EXIT_NONFINITE
-            if skipped and not overflow:
-                what = "loss" if not loss_finite else "gradients"
-                consecutive = _trailing_run(skipped_steps)
-                if cfg.train.nan_policy == "stop" or consecutive >= MAX_CONSECUTIVE_SKIPS:
-                    why = ("train.nan_policy=stop" if cfg.train.nan_policy == "stop"
-                           else f"{consecutive} consecutive steps skipped: the model diverged, not one bad batch")
-                    save(step)
-                    say(f"non-finite {what} at step {step} ({why}): the update was not applied; saved {ckpt.tag_for(step)} "
-                        f"with the weights of step {step - 1} as latest; exiting with status {EXIT_NONFINITE}. resume=auto "
-                        f"continues after this batch; resume=<run_dir>/checkpoints/step_N from an earlier one", markup=False)
-                    sink.close()
-                    return EXIT_NONFINITE
-                say(f"non-finite {what} at step {step}: update skipped (train.nan_policy=skip); "
-                    f"{len(skipped_steps)} step(s) skipped in this run (across resumes): {skipped_steps[-10:]}", markup=False)
+            if action == "skip":
+                say(message, markup=False)
             if cfg.train.eval_every and step % cfg.train.eval_every == 0:
                 val_loss = evaluate(engine, batches, cfg.train.eval_batches, world, **sp_args)
                 sink.log({"kind": "eval", "step": step, "val_loss": val_loss, "val_perplexity": math.exp(min(val_loss, 50))})
@@ -404,6 +390,34 @@ def run(cfg) -> int:
             say(f"transformers export {out}")
     sink.close()
     return 0
+
+
+def nonfinite_action(cfg, step: int, loss_finite: bool, grad_norm, skipped: bool, overflow: bool,
+                     skipped_steps: list[int], ckpt_root: Path) -> tuple[str | None, str]:
+    """What a step with a non-finite loss or gradient norm means (launcher/runtime/nonfinite.py), and its log line.
+
+    `applied`: the engine applied the update before the loss was known (pipeline): the weights may hold NaN,
+    nothing is saved, the run exits. `stop`: the update was vetoed and train.nan_policy=stop (or too many
+    steps in a row were skipped): save the untouched weights, exit. `skip`: vetoed, go on. None: a finite step
+    (an fp16 overflow skip is the loss scaler's ordinary business, counted apart).
+    """
+    bad = not loss_finite or (grad_norm is not None and not math.isfinite(grad_norm) and not overflow)
+    if bad and not skipped:
+        return "applied", (f"non-finite {'loss' if not loss_finite else 'gradient norm'} at step {step}, and the update was "
+                           f"applied (it happens inside the engine's step here): the weights may be poisoned, nothing is saved; "
+                           f"exiting with status {EXIT_NONFINITE}. The last checkpoint is {ckpt.read_latest(ckpt_root)}")
+    if not skipped or overflow:
+        return None, ""
+    what = "loss" if not loss_finite else "gradients"
+    consecutive = _trailing_run(skipped_steps)
+    if cfg.train.nan_policy == "stop" or consecutive >= MAX_CONSECUTIVE_SKIPS:
+        why = ("train.nan_policy=stop" if cfg.train.nan_policy == "stop"
+               else f"{consecutive} consecutive steps skipped: the model diverged, not one bad batch")
+        return "stop", (f"non-finite {what} at step {step} ({why}): the update was not applied; saved {ckpt.tag_for(step)} "
+                        f"with the weights of step {step - 1} as latest; exiting with status {EXIT_NONFINITE}. resume=auto "
+                        f"continues after this batch; resume=<run_dir>/checkpoints/step_N from an earlier one")
+    return "skip", (f"non-finite {what} at step {step}: update skipped (train.nan_policy=skip); "
+                    f"{len(skipped_steps)} step(s) skipped in this run (across resumes): {skipped_steps[-10:]}")
 
 
 def _trailing_run(steps: list[int]) -> int:
