@@ -136,11 +136,14 @@ def cmd_train(args) -> int:
 
 
 def run_rank(cfg) -> int:
-    """One rank: the loop, with its registration and exit record for the `launcher train` parent (RankWatch)."""
-    from launcher.runtime.launch import _die_with_parent, record_rank_exit, register_rank
+    """One rank: the loop, with its registration and exit record for the `launcher train` parent (RankWatch).
+
+    Does not return when the loop returns: the process exits with its status (see the end).
+    """
+    from launcher.runtime.launch import die_with_parent, record_rank_exit, register_rank
     from launcher.train import run
 
-    _die_with_parent()  # torchrun gone (killed) -> this rank goes too, instead of training on as an orphan
+    die_with_parent()  # torchrun gone (killed) -> this rank goes too, instead of training on as an orphan
     record = register_rank()
     try:
         rc = run(cfg)
@@ -158,39 +161,66 @@ def run_rank(cfg) -> int:
             dist.destroy_process_group()
     except Exception:  # noqa: BLE001 -- the run's result is recorded; teardown must not change it
         pass
-    return rc
+    # Even so, a finished rank was still seen to abort (SIGABRT, same message) in C++ static destructors at
+    # interpreter exit, failing a run whose every file was written (tests/train: once in well over 100 launches on
+    # 2026-11-23). By here everything is on disk (checkpoint, metrics closed, W&B finished, exit recorded):
+    # leave without the interpreter's teardown.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)
 
 
-def launch_training(cfg) -> int:
-    """Validate everything, prepare the data, freeze the config into the run dir, start the local ranks."""
+def validate_before_start(cfg):
+    """The checks `launcher train` and `launcher submit` share, before any rank starts or any job is queued.
+
+    The layout rules (resolve_layout), what the loop does not run yet, credentials in config values, and
+    model states that cannot fit the GPU; returns the Layout with the planner's memory warning, if any,
+    added to its warnings.
+    """
     from launcher.config.layout import resolve_layout
-    from launcher.deepspeed_config import build_deepspeed_config
-    from launcher.runtime import checkpoint as ckpt
-    from launcher.runtime.data import prepare_data
     from launcher.plan.report import check_memory
-    from launcher.runtime.launch import choose_run_dir, freeze_config, refuse_secrets_in_config, start_local_ranks
+    from launcher.runtime.launch import refuse_secrets_in_config
     from launcher.train import check_supported
 
     layout = resolve_layout(cfg)
     check_supported(cfg, layout)
-    refuse_secrets_in_config(cfg)
-    memory_warning = check_memory(cfg, layout)
+    refuse_secrets_in_config(cfg)  # config.yaml, checkpoints, job scripts and logs all carry config values
+    memory_warning = check_memory(cfg, layout)  # refuses model states that cannot fit; warns on activations
+    return replace(layout, warnings=(*layout.warnings, memory_warning)) if memory_warning else layout
+
+
+def verified_resume(cfg, run_dir, layout, warn):
+    """(checkpoint to resume from or None, its launcher_state or None), verified against its manifest
+    (resume=auto falls back to the newest intact one) and checked against this config's model and layout."""
+    from launcher.runtime import checkpoint as ckpt
+
+    resume_from = ckpt.checkpoint_to_resume(cfg, run_dir, warn=warn)
+    if resume_from is None:
+        return None, None
+    saved = ckpt.load_state(resume_from)
+    ckpt.check_resume_compatible(saved, cfg, layout, resume_from)
+    return resume_from, saved
+
+
+def launch_training(cfg) -> int:
+    """Validate everything, prepare the data, freeze the config into the run dir, start the local ranks."""
+    from launcher.deepspeed_config import build_deepspeed_config
+    from launcher.runtime import checkpoint as ckpt
+    from launcher.runtime.data import prepare_data
+    from launcher.runtime.launch import choose_run_dir, freeze_config, start_local_ranks
+
+    layout = validate_before_start(cfg)
     if cfg.cluster.nodes > 1:
         raise ConfigError("cluster.nodes", cfg.cluster.nodes, "`launcher train` starts ranks on this machine only",
                           "submit multi-node runs with `launcher submit` (SLURM), or set cluster.nodes=1")
     con = _console()
     from rich.markup import escape
 
-    for warning in [*layout.warnings, *([memory_warning] if memory_warning else [])]:
+    for warning in layout.warnings:
         con.print(f"[yellow]warning:[/yellow] {escape(warning)}")
     run_dir = choose_run_dir(cfg)
-    # The checkpoint to resume from is verified against its manifest (resume=auto falls back to the newest
-    # intact one) and checked against this config before any rank starts; the ranks are then told which
-    # one, so they neither choose again nor hash it again.
-    resume_from = ckpt.checkpoint_to_resume(cfg, run_dir, warn=lambda m: con.print(f"[yellow]{escape(m)}[/yellow]"))
-    saved = ckpt.load_state(resume_from) if resume_from is not None else None
-    if saved is not None:
-        ckpt.check_resume_compatible(saved, cfg, layout, resume_from)
+    # The ranks are told which checkpoint was verified, so they neither choose again nor hash it again.
+    resume_from, saved = verified_resume(cfg, run_dir, layout, warn=lambda m: con.print(f"[yellow]{escape(m)}[/yellow]"))
     prepared = prepare_data(cfg, layout, progress=True, console=con)
     if saved is not None:
         ckpt.check_resume_compatible(saved, cfg, layout, resume_from, prepared)  # the tokens and the tokenizer too
@@ -268,21 +298,12 @@ def plan_job(cfg, taken: set) -> PlannedJob:
     rendered job.sbatch, the slurm-<jobid>.out log, then the checkpoints and metrics of the run. The job
     runs `launcher train --config <run dir>/config.yaml resume=auto`, so a requeued job continues there.
     """
-    from launcher.config.layout import resolve_layout
-    from launcher.plan.report import check_memory
     from launcher.protocol import CONFIG_FILE
-    from launcher.runtime import checkpoint as ckpt
-    from launcher.runtime.launch import choose_run_dir, refuse_secrets_in_config
+    from launcher.runtime.launch import choose_run_dir
     from launcher.slurm import JobPaths, check_cluster, job_values, render_script
-    from launcher.train import check_supported
 
-    layout = resolve_layout(cfg)
-    check_supported(cfg, layout)
+    layout = validate_before_start(cfg)
     check_cluster(cfg, layout)
-    refuse_secrets_in_config(cfg)  # the job dir holds config.yaml, and the script its values
-    memory_warning = check_memory(cfg, layout)  # refuses model states that cannot fit; warns on activations
-    if memory_warning:
-        layout = replace(layout, warnings=(*layout.warnings, memory_warning))
     run_dir = choose_run_dir(cfg)
     if cfg.run_name is None and not (run_dir / CONFIG_FILE).exists():
         # A timestamped name has one-second resolution: sweep points submitted together get -2, -3, ...
@@ -294,11 +315,8 @@ def plan_job(cfg, taken: set) -> PlannedJob:
         raise ConfigError("run_name", run_dir.name, "two jobs of this submission would share one run directory",
                           "leave run_name null in a sweep (each point gets its own directory), or sweep run_name too")
     taken.add(run_dir)
-    # Verified against its manifest (resume=auto falls back to the newest intact one) and checked for a compatible
-    # config now; the job's rank 0 verifies again when it starts (the files may change while the job queues).
-    resume_from = ckpt.checkpoint_to_resume(cfg, run_dir, warn=lambda m: _console(stderr=True).print(m, markup=False))
-    if resume_from is not None:
-        ckpt.check_resume_compatible(ckpt.load_state(resume_from), cfg, layout, resume_from)
+    # The job's rank 0 verifies again when it starts (the files may change while the job queues).
+    verified_resume(cfg, run_dir, layout, warn=lambda m: _console(stderr=True).print(m, markup=False))
     paths = JobPaths(run_dir=run_dir, workdir=Path.cwd().resolve(), python=sys.executable)
     return PlannedJob(cfg, layout, paths, render_script(job_values(cfg, layout, paths)))
 

@@ -187,7 +187,7 @@ def start_local_ranks(config_path: Path, nproc: int, run_dir: Path, overrides=()
     env[RANKS_DIR_ENV] = str(ranks_dir)
     env.update(extra_env or {})
     proc = subprocess.Popen(torchrun_command(config_path, nproc, overrides), env=env, stderr=subprocess.PIPE,
-                            start_new_session=True, preexec_fn=_die_with_parent)
+                            start_new_session=True, preexec_fn=die_with_parent)
     watch = RankWatch(ranks_dir, nproc)
     relay = threading.Thread(target=watch.relay_stderr, args=(proc.stderr,), daemon=True)
     relay.start()
@@ -226,7 +226,7 @@ def _say_stderr(text: str) -> None:
     sys.stderr.flush()
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """In a child (Popen preexec_fn / a rank at start): get SIGKILL when the parent dies. Linux only; else no-op."""
     if not sys.platform.startswith("linux"):
         return
