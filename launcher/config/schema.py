@@ -143,7 +143,8 @@ class SchedulerConfig:
     name: str = "cosine"
     """`cosine` (linear warmup, cosine decay to min_lr) or `constant` (warmup then flat)."""
     warmup_steps: int = 100
-    """Optimizer steps of linear warmup from 0 to optimizer.lr."""
+    """Optimizer steps of linear warmup from 0 to optimizer.lr: step k (1-based) uses optimizer.lr * (k-1)/warmup_steps
+    (DeepSpeed's WarmupCosineLR/WarmupLR at iteration k-1; DeepSpeed raises values below 2 to 2)."""
     min_lr: float = 3e-5
     """The floor the cosine decays to."""
     decay_steps: Optional[int] = None

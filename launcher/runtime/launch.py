@@ -475,7 +475,7 @@ def apply_default_group_timeout(timeout_s: int) -> None:
 
 
 class PreemptionFlag:
-    """Set by SIGUSR1/SIGTERM in any rank; `agreed()` all-reduces it at a step boundary so all ranks stop together."""
+    """Set by SIGUSR1/SIGTERM in any rank; the loop's StepAgreement all-reduces it every step so all ranks stop together."""
 
     def __init__(self):
         # A signal recorded while the rank was still importing (launcher/__main__.py) counts as raised.

@@ -1,6 +1,6 @@
 """Non-finite losses and gradients: veto the optimizer update, count what was skipped (train.nan_policy).
 
-The loop learns the step's global loss (one all-reduce, launcher/train.py reduce_step) after the last
+The loop learns the step's global loss (one all-reduce, launcher/train.py StepAgreement) after the last
 backward and *before* DeepSpeed's optimizer step; NaN and inf survive the sum, so a non-finite loss on any
 rank makes the global mean non-finite and every rank decides alike. When it is non-finite the loop arms
 `UpdateVeto`, and the innermost torch optimizer's step() returns without touching the weights or its state

@@ -21,7 +21,7 @@ from launcher.runtime.checkpoint import build_state, save_checkpoint
 from launcher.runtime.data import TokenBatches, prepare_data
 from launcher.runtime.launch import init_distributed
 from launcher.runtime.nonfinite import UpdateVeto
-from launcher.train import build_engine, reduce_step, train_step
+from launcher.train import StepAgreement, build_engine, train_step
 
 CASES = {
     "zero0": ["parallel.zero_stage=0", "batch.micro_batch_size=4"],
@@ -49,7 +49,7 @@ def main() -> None:
         engine = build_engine(cfg, layout, ds_config)
         losses, sample_ids, state_bytes = [], [], None
         veto = UpdateVeto(engine)
-        agree = lambda local: reduce_step(local, False, world)  # noqa: E731  (the loop's all-reduce before the update)
+        agree = StepAgreement(world, stop_requested=lambda: False)  # the loop's all-reduce before the update
         for step in range(cfg.train.steps):
             sample_ids.append([batches.train_sample_ids(step, m) for m in range(layout.grad_accum_steps)])
             loss, _, _, measured = train_step(engine, batches, step, layout.grad_accum_steps, agree, veto,

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 from train_helpers import PYTHON, REPO, base_overrides, child_env, launcher
 
@@ -65,6 +66,12 @@ def test_run_writes_its_artifacts_and_compiles_nothing(run_a):
     assert all(r["mfu"] is None and r["tokens_per_s"] > 0 and r["grad_norm"] is not None for r in train)
     assert [r["step"] for r in recs if r["kind"] == "eval"] == [10, 20, 30]
     assert train[-1]["loss"] < train[0]["loss"] - 0.5
+    # The schedule each step used (launcher.train.start_lr_schedule): lr 0 at step 1 only, half the peak after
+    # one of scheduler.warmup_steps=2, the floor at the last step; wall times of the records only increase.
+    frozen = OmegaConf.load(run_dir / "config.yaml")
+    lrs = [r["lr"] for r in train]
+    assert lrs[0] == 0 and lrs[1] == pytest.approx(frozen.optimizer.lr / 2) and lrs[-1] == pytest.approx(frozen.scheduler.min_lr)
+    assert all(a["time"] < b["time"] for a, b in zip(train, train[1:]))
     assert (run_dir / "hf" / "model.safetensors").is_file() and (run_dir / "hf" / "tokenizer.json").is_file()
     assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
     assert list((run_dir / "wandb").glob("offline-run-*"))

@@ -43,9 +43,7 @@ def driver(cache_dir, tmp_path_factory):
 
 def warmup_cosine_ratio(i: int, warmup: int, total: int, min_ratio: float) -> float:
     """DeepSpeed's WarmupCosineLR (deepspeed/runtime/lr_schedules.py) for iteration i, linear warmup from 0."""
-    if i < 0:
-        return 0.0  # before the first scheduler step DeepSpeed sets lr 0
-    w = max(2, warmup)
+    w = max(2, warmup)  # DeepSpeed's own lower bound on warmup_num_steps
     if i < w:
         return i / w
     progress = min(1.0, (i - w + 1) / max(1, total - w))
@@ -63,7 +61,8 @@ def reference_losses(overrides) -> list[float]:
     losses = []
     for step in range(cfg.train.steps):
         for group in opt.param_groups:
-            group["lr"] = o.lr * warmup_cosine_ratio(step - 1, s.warmup_steps, cfg.train.steps, s.min_lr / o.lr)
+            # 0-based step s uses iteration s (launcher.train.start_lr_schedule): lr 0 only at the first step.
+            group["lr"] = o.lr * warmup_cosine_ratio(step, s.warmup_steps, cfg.train.steps, s.min_lr / o.lr)
         x = batches.batch(batches.train_sample_ids(step, 0))
         loss = model(input_ids=x, labels=x).loss
         loss.backward()
