@@ -9,8 +9,10 @@ Needs `accelerate` (pip install -e '.[bench]').
 """
 
 import json
+import os
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -41,13 +43,16 @@ class PackedSamples(torch.utils.data.Dataset):
 
 class StepTimer(TrainerCallback):
     def __init__(self):
-        self.times, self._t0 = [], None
+        self.times, self.ends, self._t0 = [], [], None
 
     def on_step_begin(self, args, state, control, **kwargs):
         self._t0 = time.perf_counter()
 
     def on_step_end(self, args, state, control, **kwargs):
         self.times.append(time.perf_counter() - self._t0)
+        self.ends.append(time.time())
+        if len(self.times) == 10 and os.environ.get("BENCH_READY_FILE"):
+            Path(os.environ["BENCH_READY_FILE"]).touch()  # bench/train_overhead.py starts sampling rank 0 now
 
 
 def main():
@@ -70,7 +75,7 @@ def main():
     trainer.train()
     if torch.distributed.get_rank() == 0:
         with open(sys.argv[1], "w") as f:
-            json.dump({"step_times": timer.times}, f)
+            json.dump({"step_times": timer.times, "step_ends": timer.ends}, f)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ batch size as `launcher train`, but no metrics, no progress bar, no sampler: con
 """
 
 import json
+import os
 import sys
 import time
 
@@ -30,7 +31,7 @@ tokens = np.memmap(prepared.bin_path, dtype=prepared.dtype, mode="r")
 model = build_model(cfg.model, seed=cfg.train.seed, vocab_size=layout.padded_vocab_size)
 engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=build_deepspeed_config(cfg, layout))
 micro, seq = layout.micro_batch_size, layout.seq_length
-times = []
+times, ends = [], []
 for step in range(cfg.train.steps):
     t0 = time.perf_counter()
     for m in range(layout.grad_accum_steps):
@@ -41,5 +42,8 @@ for step in range(cfg.train.steps):
         engine.step()
     loss.item()
     times.append(time.perf_counter() - t0)
+    ends.append(time.time())
+    if step == 9 and os.environ.get("BENCH_READY_FILE"):
+        open(os.environ["BENCH_READY_FILE"], "w").close()  # bench/train_overhead.py starts sampling rank 0 now
 if rank == 0:
-    json.dump({"step_times": times}, open(sys.argv[1], "w"))
+    json.dump({"step_times": times, "step_ends": ends}, open(sys.argv[1], "w"))
