@@ -25,6 +25,8 @@ from launcher.runtime.data import prepare_data
 from launcher.runtime.launch import avoid_shm_comm_build
 from launcher.runtime.model import build_model
 
+from bench_common import exit_without_teardown
+
 
 class PackedSamples(torch.utils.data.Dataset):
     """The train samples of the packed token file, one (seq,) row each."""
@@ -76,6 +78,7 @@ def main():
     if torch.distributed.get_rank() == 0:
         with open(sys.argv[1], "w") as f:
             json.dump({"step_times": timer.times, "step_ends": timer.ends}, f)
+    exit_without_teardown()
 
 
 if __name__ == "__main__":

@@ -134,8 +134,9 @@ def profile_rank0(loop: str, overrides, tmp: Path, seconds: int = 15):
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                str(REPO / "bench" / BASELINE_SCRIPTS[loop]), str(tmp / f"{loop}_profiled.json"), *args]
+    log = tmp / f"{loop}.profiled.log"
     proc = subprocess.Popen(cmd, cwd=REPO, env=dict(env(), BENCH_READY_FILE=str(ready)),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL, stderr=log.open("w"))
     deadline = time.time() + 300
     if loop == "launcher":
         while proc.poll() is None and not (metrics.exists() and len(metrics.read_text().splitlines()) > WARMUP_STEPS):
@@ -149,7 +150,7 @@ def profile_rank0(loop: str, overrides, tmp: Path, seconds: int = 15):
     subprocess.run([pyspy, "record", "--idle", "--nonblocking", "--rate", "250", "--duration", str(seconds),
                     "--format", "raw", "--output", str(raw), "--pid", str(pid)], check=True, capture_output=True)
     if proc.wait() != 0:
-        raise SystemExit(f"profiled {loop} run failed (exit {proc.returncode})")
+        raise RuntimeError(f"profiled {loop} run failed (exit {proc.returncode}): {log.read_text()[-1500:]}")
     engine = other = 0
     by_frame: dict[str, int] = {}
     for line in raw.read_text().splitlines():
@@ -170,9 +171,23 @@ def profile_rank0(loop: str, overrides, tmp: Path, seconds: int = 15):
             "method": f"py-spy record --idle --nonblocking --rate 250 on rank 0 for {seconds} s after step {WARMUP_STEPS}"}
 
 
+def profile_all(overrides, tmp: Path) -> dict:
+    """profile_rank0 of every loop; a failed launch is retried once and recorded in BASELINE_FAILURES."""
+    out = {}
+    for loop in LOOP_FRAMES:
+        for _ in range(2):
+            try:
+                out[loop] = profile_rank0(loop, overrides, tmp)
+                break
+            except RuntimeError as exc:
+                BASELINE_FAILURES.append({"script": f"profile of {loop}", "error": str(exc)})
+                out[loop] = None
+    return out
+
+
 def implied(profile, baseline: str):
     """tokens/s ratio the two loops' overhead shares imply when their DeepSpeed calls take the same time a step."""
-    if profile["launcher"] is None:
+    if profile["launcher"] is None or profile[baseline] is None:
         return None
     return (1 - profile["launcher"]["loop_overhead"]) / (1 - profile[baseline]["loop_overhead"])
 
@@ -214,7 +229,7 @@ def main():
     tokens_per_step = resolve_layout(compose(overrides)).tokens_per_step
     if args.profile_only:
         with tempfile.TemporaryDirectory() as tmp:
-            print(json.dumps({loop: profile_rank0(loop, overrides, Path(tmp)) for loop in LOOP_FRAMES}, indent=2))
+            print(json.dumps({"profiles": profile_all(overrides, Path(tmp)), "failures": BASELINE_FAILURES}, indent=2))
         return
     pooled = {"launcher": [], "minimal": [], "hf_trainer": []}
     load_before = os.getloadavg()  # the benchmark means something only on an otherwise idle machine
@@ -239,7 +254,7 @@ def main():
             row["launcher_vs_hf_trainer"] = row["launcher"]["window_tokens_per_s"] / row["hf_trainer"]["window_tokens_per_s"]
             per_run.append(row)
             print(json.dumps(row), flush=True)
-        profile = {loop: profile_rank0(loop, overrides, Path(tmp)) for loop in LOOP_FRAMES}
+        profile = profile_all(overrides, Path(tmp))
     ratios_min = [r["launcher_vs_minimal"] for r in per_run]
     ratios_hf = [r["launcher_vs_hf_trainer"] for r in per_run]
     result = {
