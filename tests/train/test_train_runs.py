@@ -9,11 +9,7 @@
 
 import json
 import math
-import os
-import signal
 import subprocess
-import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -22,7 +18,7 @@ from launcher.config.compose import compose
 from launcher.config.layout import resolve_layout
 from launcher.runtime.data import TokenBatches, prepare_data
 from launcher.runtime.model import build_model
-from train_helpers import PYTHON, REPO, base_overrides, child_env, launcher
+from train_helpers import PYTHON, REPO, base_overrides, child_env
 
 pytestmark = pytest.mark.slow
 STEPS = 6
