@@ -145,13 +145,19 @@ def run_rank(cfg) -> int:
 
     die_with_parent()  # torchrun gone (killed) -> this rank goes too, instead of training on as an orphan
     record = register_rank()
+    lock = None
     try:
+        lock = maybe_own_run_dir_as_rank(cfg)
         rc = run(cfg)
     except BaseException as exc:
         first = (str(exc).strip().splitlines() or [""])[0][:300]
         record_rank_exit(record, EXIT_CONFIG_ERROR if isinstance(exc, ConfigError) else 1, f"{type(exc).__name__}: {first}")
+        if lock is not None:
+            lock.release()
         raise
     record_rank_exit(record, rc)
+    if lock is not None:
+        lock.release()
     # Tear the process group down here rather than in interpreter shutdown, where gloo's threads were
     # seen to abort a rank that had already finished ("terminate called without an active exception").
     try:
@@ -168,6 +174,18 @@ def run_rank(cfg) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(rc)
+
+
+def maybe_own_run_dir_as_rank(cfg):
+    """Under srun + torchrun (no `launcher train` parent holding the run dir), global rank 0 owns it while it runs:
+    a second job or `launcher train` into the same run dir is refused. A requeued attempt of the same job takes
+    its own lock over (launcher/runtime/runlock.py). Returns the lock, or None where the parent holds it."""
+    from launcher.runtime.launch import run_dir_of
+    from launcher.runtime.runlock import LOCK_TOKEN_ENV, acquire
+
+    if os.environ.get("RANK") != "0" or os.environ.get(LOCK_TOKEN_ENV):
+        return None
+    return acquire(run_dir_of(cfg), "train").start_heartbeat()
 
 
 def validate_before_start(cfg):
@@ -203,11 +221,9 @@ def verified_resume(cfg, run_dir, layout, warn):
 
 
 def launch_training(cfg) -> int:
-    """Validate everything, prepare the data, freeze the config into the run dir, start the local ranks."""
-    from launcher.deepspeed_config import build_deepspeed_config
-    from launcher.runtime import checkpoint as ckpt
-    from launcher.runtime.data import prepare_data
-    from launcher.runtime.launch import choose_run_dir, freeze_config, start_local_ranks
+    """Validate everything, own the run dir, prepare the data, freeze the config into the run dir, start the local ranks."""
+    from launcher.runtime.launch import choose_run_dir
+    from launcher.runtime.runlock import acquire, claim_new_dir
 
     layout = validate_before_start(cfg)
     if cfg.cluster.nodes > 1:
@@ -219,6 +235,27 @@ def launch_training(cfg) -> int:
     for warning in layout.warnings:
         con.print(f"[yellow]warning:[/yellow] {escape(warning)}")
     run_dir = choose_run_dir(cfg)
+    claimed = cfg.run_name is None and not run_dir.exists()
+    if claimed:  # a new timestamped name: another start in the same second gets -2, -3, ...
+        run_dir = claim_new_dir(run_dir)
+    lock = acquire(run_dir, "train").start_heartbeat()  # refused (exit 2) while another run owns the directory
+    try:
+        return _train_in_run_dir(cfg, layout, run_dir, lock, con)
+    finally:
+        lock.release()
+        if claimed and not any(run_dir.iterdir()):
+            run_dir.rmdir()  # refused before anything was written: leave no empty run directory behind
+
+
+def _train_in_run_dir(cfg, layout, run_dir, lock, con) -> int:
+    from rich.markup import escape
+
+    from launcher.deepspeed_config import build_deepspeed_config
+    from launcher.runtime import checkpoint as ckpt
+    from launcher.runtime.data import prepare_data
+    from launcher.runtime.durable import write_atomic
+    from launcher.runtime.launch import freeze_config, start_local_ranks
+
     # The ranks are told which checkpoint was verified, so they neither choose again nor hash it again.
     resume_from, saved = verified_resume(cfg, run_dir, layout, warn=lambda m: con.print(f"[yellow]{escape(m)}[/yellow]"))
     prepared = prepare_data(cfg, layout, progress=True, console=con)
@@ -227,13 +264,13 @@ def launch_training(cfg) -> int:
     con.print(f"data: {prepared.num_tokens:,} tokens ({prepared.source}), {prepared.train_samples:,} train / "
               f"{prepared.val_samples:,} val samples of {prepared.seq_length}", markup=False)
     config_path = freeze_config(cfg, run_dir, build_deepspeed_config(cfg, layout))
-    (run_dir / "data.json").write_text(json.dumps(prepared.as_dict(), indent=2))
+    write_atomic(run_dir / "data.json", json.dumps(prepared.as_dict(), indent=2))
     con.print(f"run dir {run_dir}; starting {layout.gpus_per_node} local ranks"
               + (f", resuming from {resume_from}" if resume_from else ""), markup=False)
     if resume_from is None:
-        return start_local_ranks(config_path, layout.gpus_per_node, run_dir)
+        return start_local_ranks(config_path, layout.gpus_per_node, run_dir, lock_token=lock.token)
     return start_local_ranks(config_path, layout.gpus_per_node, run_dir, overrides=[f"resume={resume_from}"],
-                             extra_env={ckpt.VERIFIED_ENV: str(resume_from)})
+                             extra_env={ckpt.VERIFIED_ENV: str(resume_from)}, lock_token=lock.token)
 
 
 def sweep_points(overrides: Sequence[str]) -> list[list[str]]:
@@ -270,7 +307,7 @@ def cmd_submit(args) -> int:
     for i, point in enumerate(points):
         if args.multirun:
             con.print(f"sweep point {i + 1}/{len(points)}: {' '.join(point)}", markup=False)
-        jobs.append(plan_job(compose(point), taken))
+        jobs.append(plan_job(compose(point), taken, claim=not args.dry_run))
     from rich.markup import escape
 
     for job in jobs:
@@ -291,8 +328,9 @@ class PlannedJob:
     script: str
 
 
-def plan_job(cfg, taken: set) -> PlannedJob:
-    """Validate one job (layout, SLURM settings, resume) and render its script; writes nothing.
+def plan_job(cfg, taken: set, claim: bool = False) -> PlannedJob:
+    """Validate one job (layout, SLURM settings, resume) and render its script; writes nothing but, with `claim`,
+    the new (empty) directory of an unnamed run, made exclusively so that no other start gets the same name.
 
     The job dir is the run dir (<runs_dir>/<run_name>): the frozen config.yaml and deepspeed.json, the
     rendered job.sbatch, the slurm-<jobid>.out log, then the checkpoints and metrics of the run. The job
@@ -311,6 +349,10 @@ def plan_job(cfg, taken: set) -> PlannedJob:
         while run_dir in taken or run_dir.exists():
             n += 1
             run_dir = base.with_name(f"{base.name}-{n}")
+        if claim:
+            from launcher.runtime.runlock import claim_new_dir
+
+            run_dir = claim_new_dir(run_dir)
     if run_dir in taken:
         raise ConfigError("run_name", run_dir.name, "two jobs of this submission would share one run directory",
                           "leave run_name null in a sweep (each point gets its own directory), or sweep run_name too")
@@ -328,12 +370,24 @@ def submit_job(job: PlannedJob, con) -> str:
     from launcher.runtime.launch import freeze_config
     from launcher.slurm import sbatch
 
-    prepared = prepare_data(job.cfg, job.layout, progress=False, console=con)
-    freeze_config(job.cfg, job.paths.run_dir, build_deepspeed_config(job.cfg, job.layout))
-    (job.paths.run_dir / "data.json").write_text(json.dumps(prepared.as_dict(), indent=2))
-    job.paths.script.write_text(job.script)
-    job.paths.script.chmod(0o755)
-    job_id = sbatch(job.paths.script)
+    from launcher.runtime.durable import write_atomic
+    from launcher.runtime.runlock import acquire
+
+    # The run dir is the job's from here on: a second submit or `launcher train` into it is refused while the
+    # job is queued or runs; the job's rank 0 takes the lock over (same SLURM job id).
+    lock = acquire(job.paths.run_dir, "submit")
+    try:
+        prepared = prepare_data(job.cfg, job.layout, progress=False, console=con)
+        freeze_config(job.cfg, job.paths.run_dir, build_deepspeed_config(job.cfg, job.layout))
+        write_atomic(job.paths.run_dir / "data.json", json.dumps(prepared.as_dict(), indent=2))
+        write_atomic(job.paths.script, job.script)
+        job.paths.script.chmod(0o755)
+        job_id = sbatch(job.paths.script)
+    except BaseException:
+        lock.release()
+        raise
+    lock.update(job_id=str(job_id))
+    lock.keep()
     con.print(f"submitted job {job_id}: {job.layout.nodes} nodes x {job.layout.gpus_per_node} ranks, "
               f"run dir {job.paths.run_dir}, log {job.paths.log_for(job_id)}", markup=False)
     return job_id

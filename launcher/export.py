@@ -15,10 +15,15 @@ stages and TP shards (checked against the shapes of the model built here).
 
 from __future__ import annotations
 
+import os
+import re
+import shutil
 from pathlib import Path
 
 from launcher.config.errors import ConfigError
-from launcher.runtime.checkpoint import load_state, resolve_checkpoint, verify_checkpoint
+from launcher.runtime.checkpoint import LATEST, MANIFEST, STATE_FILE, load_state, resolve_checkpoint, verify_checkpoint
+from launcher.runtime.durable import fault_point, fsync_dir, fsync_file
+from launcher.runtime.runlock import LOCK_FILE, describe, owned_by_us, read_lock, stale_reason
 
 MODEL_STATES = "mp_rank_00_model_states.pt"
 
@@ -33,6 +38,33 @@ def consolidated_state_dict(tag_dir: Path, zero_stage: int, dtype: str) -> dict:
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
     return get_fp32_state_dict_from_zero_checkpoint(str(tag_dir.parent), tag=tag_dir.name)
+
+
+def check_export_target(out: Path, tag_dir: Path) -> None:
+    """Refuse an output directory that would write into a checkpoint or into a run dir another process owns.
+
+    Inside any checkpoint (a directory with launcher_state.json or manifest.json, a step_* or .tmp-step_* directory,
+    a checkpoints directory with `latest`; the one being read included) the export would change files the manifest
+    covers, so that checkpoint would fail verification; inside a run dir owned by a live run the export would race
+    its saves. A directory holding something else than an earlier export is not overwritten either.
+    """
+    out = out.resolve()
+    tag_dir = tag_dir.resolve()
+    for d in (out, *out.parents):
+        if (d / STATE_FILE).exists() or (d / MANIFEST).exists() or re.fullmatch(r"(\.tmp-)?step_\d+", d.name) \
+                or (d.name == "checkpoints" and (d / LATEST).exists()) or d == tag_dir:
+            raise ConfigError("out", str(out), f"is inside the checkpoint directory {d}; writing there would change "
+                              "files its manifest covers (and the checkpoint would fail verification)",
+                              "export to a directory outside every checkpoint, e.g. <run_dir>/hf or out/hf-model")
+        if (d / LOCK_FILE).exists() and not owned_by_us(d):
+            rec = read_lock(d)
+            if rec and "damaged" not in rec and stale_reason(rec, d / LOCK_FILE) is None:
+                raise ConfigError("out", str(out), f"is inside the run directory {d}, which {describe(rec)} owns and "
+                                  "writes to", "export outside it, or after that run has ended")
+    if out.is_dir() and any(out.iterdir()) and not (out / "config.json").is_file():
+        raise ConfigError("out", str(out), "is a non-empty directory that does not hold an earlier export "
+                          "(no config.json); an export replaces the whole directory",
+                          "give a new or empty directory, or an earlier export's directory")
 
 
 def export_checkpoint(ckpt, out) -> Path:
@@ -50,11 +82,18 @@ def export_checkpoint(ckpt, out) -> Path:
     if problems:
         raise ConfigError("checkpoint", str(ckpt), f"{tag_dir} is damaged: {'; '.join(problems)}",
                           "export an intact checkpoint (an older step_* of the run)")
+    out = Path(out).expanduser().absolute()
+    check_export_target(out, tag_dir)
     state = load_state(tag_dir)
     cfg = OmegaConf.create(state["config"])
     layout = state["layout"]
-    out = Path(out).expanduser()
-    out.mkdir(parents=True, exist_ok=True)
+    # Written into a sibling directory, then renamed into place: a killed export leaves `.OUT.partial-PID` and
+    # OUT as it was (absent, or the earlier export), never a config.json beside a torn model.safetensors.
+    final = out
+    out = final.parent / f".{final.name}.partial-{os.getpid()}"
+    final.parent.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir()
 
     config = hf_config(cfg.model, vocab_size=layout["padded_vocab_size"])
     # The model built on the meta device costs nothing and names exactly the tensors transformers expects.
@@ -79,6 +118,7 @@ def export_checkpoint(ckpt, out) -> Path:
         raise RuntimeError(f"checkpoint {tag_dir} does not match the model: missing {missing}, unexpected {unexpected}")
     save_file({k: v.detach().to(torch.float32).contiguous() for k, v in sd.items()}, str(out / "model.safetensors"),
               metadata={"format": "pt"})
+    fault_point("export.model-written")
     config.dtype = "float32"
     config.save_pretrained(out)
 
@@ -89,4 +129,21 @@ def export_checkpoint(ckpt, out) -> Path:
         if eos is not None:
             tok.eos_token = eos
         tok.save_pretrained(out)
-    return out
+    return _publish(out, final)
+
+
+def _publish(partial: Path, final: Path) -> Path:
+    """fsync every file of the finished export, then rename it to `final` (an earlier export there is replaced)."""
+    for f in partial.iterdir():
+        if f.is_file():
+            fsync_file(f)
+    fsync_dir(partial)
+    old = None
+    if final.exists():
+        old = final.parent / f".{final.name}.old-{os.getpid()}"
+        os.rename(final, old)
+    os.rename(partial, final)
+    fsync_dir(final.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    return final

@@ -15,14 +15,15 @@ TORCHRUN_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
 TORCHRUN_SHUTDOWN_TIMEOUT_S = 300
 
 # Signals that mean "checkpoint now and exit 0": SLURM sends SIGUSR1 before the time limit
-# (sbatch --signal) and SIGTERM on scancel / preemption; torchrun forwards them to its workers.
-PREEMPT_SIGNALS = ("SIGUSR1", "SIGTERM")
+# (sbatch --signal) and SIGTERM on scancel / preemption; SIGHUP comes when the terminal or SSH session of a
+# local run closes (its default action would kill the run with no final save). torchrun forwards them all.
+PREEMPT_SIGNALS = ("SIGUSR1", "SIGTERM", "SIGHUP")
 # Preemption signals that arrived before the loop installed its handler (see remember_early_preemption).
 EARLY_PREEMPTION: list = []
 
 
 def remember_early_preemption() -> None:
-    """In a rank, from the first line of `python -m launcher`: record SIGUSR1/SIGTERM instead of dying.
+    """In a rank, from the first line of `python -m launcher`: record SIGUSR1/SIGTERM/SIGHUP instead of dying.
 
     SLURM may send the --signal "up to 60 seconds earlier than specified" (sbatch(1), --signal), i.e. while a
     rank still imports torch and DeepSpeed (seconds); Python's default for SIGUSR1 is to exit, which loses the

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import time
 import warnings
 from pathlib import Path
@@ -24,6 +25,7 @@ from launcher.deepspeed_config import build_deepspeed_config
 from launcher.plan.rankmap import rank_coord
 from launcher.runtime import checkpoint as ckpt
 from launcher.runtime.data import TokenBatches, prepare_data
+from launcher.runtime.durable import write_atomic
 from launcher.runtime.launch import EXIT_NONFINITE, PREEMPTED_FILE, PreemptionFlag, init_distributed, run_dir_of
 from launcher.runtime.state_bytes import measure_model_state_bytes
 from launcher.runtime.metrics import (STATE_BYTES_FILE, MetricsSink, Throughput, current_rss_bytes,
@@ -232,24 +234,6 @@ class StepAgreement:
             return loss_sum / self.world, stops > 0
 
 
-def agree_on_checkpoint(cfg, run_dir: Path, rank: int):
-    """Rank 0 picks and verifies the checkpoint to resume from (runtime/checkpoint.py); every rank gets its choice or its error."""
-    import deepspeed.comm as dist
-
-    box = [None]
-    if rank == 0:
-        try:
-            found = ckpt.checkpoint_to_resume(cfg, run_dir, warn=lambda m: print(m, flush=True))
-            box[0] = ("ok", None if found is None else str(found))
-        except ConfigError as err:
-            box[0] = ("error", (err.key, err.value, err.rule, err.fix))
-    dist.broadcast_object_list(box, src=0)
-    kind, value = box[0]
-    if kind == "error":
-        raise ConfigError(*value)
-    return None if value is None else Path(value)
-
-
 def build_progress(enabled: bool, total: int, start: int):
     from rich.console import Console
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
@@ -300,26 +284,32 @@ def run(cfg) -> int:
     #    on the lock rather than inside a collective with a timeout.
     prepared = prepare_data(cfg, layout)
 
-    # 3. Process group (gloo / nccl); the run dir exists from here on
+    # 3. The checkpoint to resume from, also before the process group: rank 0 verifies it (minutes at 175B)
+    #    while the others wait on its answer with a bound of their own, not in a collective bounded by
+    #    train.dist_timeout_s (runtime/checkpoint.py agree_before_group).
+    resume_from = ckpt.agree_before_group(cfg, run_dir, int(os.environ["RANK"]), warn=lambda m: print(m, flush=True))
+
+    # 4. Process group (gloo / nccl); the run dir exists from here on
     #    (under SLURM no `launcher train` parent made it, so rank 0 freezes the config there itself).
     rank, world, _ = init_distributed(layout, cfg.train.dist_timeout_s)
     is_main = rank == 0
     if is_main:
         maybe_freeze_into_run_dir(cfg, run_dir, ds_config, prepared)
     torch.distributed.barrier()
+    if is_main:
+        ckpt.clear_resume_handoff(run_dir)  # every rank read it before joining the group
     # The ranks of one tensor-parallel group (and of one pipeline) read the same samples: index by DP rank.
     # Ulysses ranks of one replica also read the same samples, each keeping its S/sp tokens.
     coord = rank_coord(layout, rank)
     batches = TokenBatches(prepared, layout, seed=cfg.train.seed, dp_rank=coord.dp)
     sp_args = {"sp_rank": coord.sp, "sp": layout.sequence_degree}
 
-    # 4. Model + engine; a pipelined engine runs whole optimizer steps itself.
+    # 5. Model + engine; a pipelined engine runs whole optimizer steps itself.
     engine = build_engine(cfg, layout, ds_config)
     step_fn = train_step_pipeline if layout.pipeline_degree > 1 else functools.partial(train_step, **sp_args)
 
-    # 5. Resume: refuse a changed layout, then restore DeepSpeed's state; the step is our data position.
+    # 6. Resume: refuse a changed layout, then restore DeepSpeed's state; the step is our data position.
     start_step, tokens_seen = 0, 0
-    resume_from = agree_on_checkpoint(cfg, run_dir, rank)
     if resume_from is not None:
         saved = ckpt.load_state(resume_from)
         ckpt.check_resume_compatible(saved, cfg, layout, resume_from, prepared)
@@ -328,7 +318,7 @@ def run(cfg) -> int:
         if is_main:
             truncate_metrics(run_dir, start_step)
 
-    # 6. Recorders (rank 0 only writes).
+    # 7. Recorders (rank 0 only writes).
     sink = MetricsSink(cfg, run_dir, enabled=is_main, resumed=resume_from is not None)
     throughput = Throughput(cfg, layout)
     steps, accum = cfg.train.steps, layout.grad_accum_steps
@@ -353,7 +343,7 @@ def run(cfg) -> int:
         sink.log({"kind": "checkpoint", "step": step, "bytes": info["bytes"], "save_s": info["save_s"],
                   "hash_s": info["hash_s"], "rss_bytes_per_rank": rss})
 
-    # 7. The loop.
+    # 8. The loop.
     step = start_step
     stopped_by = None
     # Steps whose update was not applied (non-finite loss or gradients, fp16 overflow), across resumes.
@@ -415,12 +405,12 @@ def run(cfg) -> int:
         say(f"skipped updates: {len(skipped_steps)} non-finite step(s) in this run {skipped_steps[-10:]}, "
             f"{overflow_steps} fp16 overflow step(s) since this process started", markup=False)
 
-    # 8. Final checkpoint (also on preemption; not again when a resumed run had nothing left to do), then the artifacts.
+    # 9. Final checkpoint (also on preemption; not again when a resumed run had nothing left to do), then the artifacts.
     if step > start_step or resume_from is None:
         save(step)
     if stopped_by is not None:
         if is_main:
-            (run_dir / PREEMPTED_FILE).write_text(f'{{"step": {step}, "signal": "{stopped_by}"}}\n')
+            write_atomic(run_dir / PREEMPTED_FILE, f'{{"step": {step}, "signal": "{stopped_by}"}}\n')
         # No rank leaves before the marker exists: under `srun --kill-on-bad-exit` the first torchrun to exit
         # (non-zero after a forwarded signal) ends the step on every node, rank 0's included.
         torch.distributed.barrier()
@@ -486,7 +476,7 @@ def maybe_freeze_into_run_dir(cfg, run_dir: Path, ds_config: dict, prepared) -> 
     if not (run_dir / CONFIG_FILE).exists():
         freeze_config(cfg, run_dir, ds_config)
     if not (run_dir / "data.json").exists():
-        (run_dir / "data.json").write_text(json.dumps(prepared.as_dict(), indent=2))
+        write_atomic(run_dir / "data.json", json.dumps(prepared.as_dict(), indent=2))
 
 
 def _record_state_bytes(cfg, layout, run_dir: Path, rank: int, state_bytes: dict) -> None:
@@ -513,7 +503,7 @@ def _record_state_bytes(cfg, layout, run_dir: Path, rank: int, state_bytes: dict
     keys = ("params", "grads", "optimizer")
     matches = None if predicted is None else all(
         all(m[k] == p[k] for k in keys) for m, p in zip(gathered, predicted))
-    (run_dir / STATE_BYTES_FILE).write_text(json.dumps({
+    write_atomic(run_dir / STATE_BYTES_FILE, json.dumps({
         "per_rank": gathered,
         "predicted_per_rank": predicted,
         "prediction_matches": matches,

@@ -37,6 +37,7 @@ from typing import Callable, Optional
 from omegaconf import OmegaConf
 
 from launcher.config.errors import ConfigError
+from launcher.runtime.durable import fault_point, fsync_dir, write_atomic
 
 STATE_FILE = "launcher_state.json"
 MANIFEST = "manifest.json"
@@ -95,12 +96,6 @@ def build_state(cfg, layout, ds_config: dict, step: int, tokens_seen: int, prepa
     }
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def save_checkpoint(engine, ckpt_root: Path, step: int, state: dict, keep_last: int, rank: int,
                     tokenizer_path: Optional[str]) -> dict:
     """Save atomically with a manifest (see the module docstring); all ranks call it.
@@ -120,27 +115,33 @@ def save_checkpoint(engine, ckpt_root: Path, step: int, state: dict, keep_last: 
     dist.barrier()
     engine.save_checkpoint(str(ckpt_root), tag=tmp_tag, client_state={"launcher_step": step}, save_latest=False)
     if rank == 0:
-        _write_atomic(ckpt_root / tmp_tag / STATE_FILE, json.dumps(state, indent=2))
+        write_atomic(ckpt_root / tmp_tag / STATE_FILE, json.dumps(state, indent=2))
         if tokenizer_path:
             shutil.copyfile(tokenizer_path, ckpt_root / tmp_tag / "tokenizer.json")
     dist.barrier()
-    # Every file is on the shared filesystem now; each rank hashes its share, rank 0 writes the manifest.
+    # Every file is on the shared filesystem now; each rank hashes its share (and fsyncs it: torch.save does
+    # not, and a node crash after publishing must not leave a renamed directory of unwritten pages), rank 0
+    # writes the manifest.
     t_hash = time.perf_counter()
     files = _checkpoint_files(ckpt_root / tmp_tag)
     world = dist.get_world_size()
-    mine = {rel: _file_entry(ckpt_root / tmp_tag / rel) for rel in files[rank::world]}
+    mine = {rel: _file_entry(ckpt_root / tmp_tag / rel, sync=True) for rel in files[rank::world]}
     shares = [None] * world
     dist.all_gather_object(shares, mine)
     hash_s = time.perf_counter() - t_hash
     entries = {rel: e for share in shares for rel, e in share.items()}
     if rank == 0:
-        _write_atomic(ckpt_root / tmp_tag / MANIFEST, json.dumps(
+        write_atomic(ckpt_root / tmp_tag / MANIFEST, json.dumps(
             {"algorithm": HASH, "files": dict(sorted(entries.items()))}, indent=1))
+        for d in {(ckpt_root / tmp_tag / rel).parent for rel in files}:
+            fsync_dir(d)  # the files' directory entries, before the directory is published
         _maybe_crash_for_test(tag)
         if final.exists():  # the same step saved again after a resume: the new one replaces it
             shutil.rmtree(final)
         os.rename(ckpt_root / tmp_tag, final)
-        _write_atomic(ckpt_root / LATEST, tag)
+        fsync_dir(ckpt_root)
+        fault_point("checkpoint.renamed")  # published, `latest` not yet updated
+        write_atomic(ckpt_root / LATEST, tag)
         prune(ckpt_root, keep_last)
     dist.barrier()
     return {"path": str(final), "bytes": sum(e["bytes"] for e in entries.values()),
@@ -153,9 +154,11 @@ def _checkpoint_files(tag_dir: Path) -> list[str]:
                   if p.is_file() and p.name != MANIFEST and not p.name.startswith(f"{MANIFEST}.tmp"))
 
 
-def _file_entry(path: Path) -> dict:
+def _file_entry(path: Path, sync: bool = False) -> dict:
     with open(path, "rb") as f:
         digest = hashlib.file_digest(f, HASH).hexdigest()
+        if sync:
+            os.fsync(f.fileno())
     return {"bytes": path.stat().st_size, HASH: digest}
 
 
@@ -182,6 +185,7 @@ def verify_checkpoint(tag_dir: Path) -> list[str]:
         return [f"{MANIFEST}: missing (every checkpoint of this launcher version has one)"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         return [f"{MANIFEST}: unreadable ({type(exc).__name__})"]
+    _maybe_slow_for_test()
     problems, to_hash = [], []
     for rel, want in files.items():
         path = tag_dir / rel
@@ -214,6 +218,13 @@ def _maybe_crash_for_test(tag: str) -> None:
         os._exit(17)
 
 
+def _maybe_slow_for_test() -> None:
+    """Fault injection for the verification-vs-timeout test: a verification this many seconds slower."""
+    delay = os.environ.get("LAUNCHER_SLOW_VERIFY_S")
+    if delay:
+        time.sleep(float(delay))
+
+
 def prune(ckpt_root: Path, keep_last: int) -> None:
     """Delete all but the newest `keep_last` complete checkpoints (never the one `latest` names)."""
     if keep_last <= 0:
@@ -226,21 +237,43 @@ def prune(ckpt_root: Path, keep_last: int) -> None:
 
 
 def read_latest(ckpt_root: Path) -> Optional[str]:
-    path = ckpt_root / LATEST
-    return path.read_text().strip() if path.is_file() else None
+    """The tag `latest` names; None when it is missing or damaged (latest_problem says which)."""
+    return None if latest_problem(ckpt_root) else (ckpt_root / LATEST).read_text().strip()
+
+
+def latest_problem(ckpt_root: Path) -> Optional[str]:
+    """What is wrong with `<ckpt_root>/latest`: missing, unreadable, empty (a crash before the data reached the disk),
+    or not naming a step_* tag; None when it names one (whether that directory is intact is verify_checkpoint's part)."""
+    try:
+        text = (Path(ckpt_root) / LATEST).read_bytes()
+    except FileNotFoundError:
+        return "missing"
+    except OSError as exc:
+        return f"unreadable ({exc.strerror})"
+    if not text.strip(b"\0 \t\r\n"):
+        return "empty" + (f" ({len(text)} zero bytes)" if text else "")  # zero-filled: size persisted, data not
+    try:
+        tag = text.decode().strip()
+    except UnicodeDecodeError:
+        return "not a checkpoint tag (binary content)"
+    if not re.fullmatch(r"step_\d+", tag):
+        return f"{tag[:40]!r} is not a checkpoint tag (step_N)"
+    return None
 
 
 def resolve_checkpoint(path) -> Path:
     """A checkpoint tag directory from: the tag dir itself, a `latest` file, or a checkpoints dir holding `latest`."""
     p = Path(path).expanduser()
-    if p.is_file() and p.name == LATEST:
-        return p.parent / p.read_text().strip()
+    root = p.parent if p.is_file() and p.name == LATEST else p if (p / LATEST).is_file() else p / "checkpoints"
     if p.is_dir() and (p / STATE_FILE).is_file():
         return p
-    if p.is_dir() and (p / LATEST).is_file():
-        return p / read_latest(p)
-    if p.is_dir() and (p / "checkpoints" / LATEST).is_file():
-        return p / "checkpoints" / read_latest(p / "checkpoints")
+    if (root / LATEST).is_file():
+        problem = latest_problem(root)
+        if problem:
+            tags = [t.name for t in _older_tags(root, None)][:3]
+            raise ConfigError("checkpoint", str(p), f"{root / LATEST} is damaged ({problem}), so it names no checkpoint",
+                              "give a step_* directory" + (f" (here: {', '.join(tags)})" if tags else ""))
+        return root / read_latest(root)
     raise ConfigError("checkpoint", str(p), f"is not a launcher checkpoint (no {STATE_FILE}, no '{LATEST}' file)",
                       "give <run_dir>/checkpoints/latest, a checkpoints directory, or a step_* directory")
 
@@ -256,8 +289,10 @@ def checkpoint_to_resume(cfg, run_dir: Path, warn: Callable[[str], None] = print
     """
     ckpt_root = run_dir / "checkpoints"
     if cfg.resume == "never":
-        if read_latest(ckpt_root) is not None:
-            raise ConfigError("resume", "never", f"the run directory {run_dir} already holds checkpoints, and a fresh run would mix with them",
+        held = [p.name for p in _older_tags(ckpt_root, None)] + ([LATEST] if (ckpt_root / LATEST).exists() else [])
+        if held:
+            raise ConfigError("resume", "never", f"the run directory {run_dir} already holds checkpoints ({', '.join(held[:3])}), "
+                              "and a fresh run would overwrite them and truncate the run's metrics",
                               "continue it with resume=auto, or start another run with a different run_name")
         return None
     verified = os.environ.get(VERIFIED_ENV)
@@ -279,7 +314,10 @@ def checkpoint_to_resume(cfg, run_dir: Path, warn: Callable[[str], None] = print
     candidates = ([ckpt_root / latest] if latest else []) + _older_tags(ckpt_root, latest)
     if not candidates:
         return None
-    damaged = []
+    # A damaged `latest` (empty after a node crash) is one more damaged checkpoint: the newest intact step_* is taken.
+    # Missing with step_* present: a crash between publishing the first checkpoint and writing `latest`.
+    problem = latest_problem(ckpt_root)
+    damaged = [f"{LATEST}: {problem}"] if problem else []
     for tag_dir in candidates:
         problems = [] if verified == str(tag_dir) else verify_checkpoint(tag_dir)
         if not problems:
@@ -376,3 +414,69 @@ def load_checkpoint(engine, tag_dir: Path) -> None:
                                           load_lr_scheduler_states=True)
     if load_path is None:
         raise RuntimeError(f"DeepSpeed could not load the checkpoint {tag_dir}")
+
+
+# ----------------------------------------------------------------------------- choosing it before the process group
+
+
+def attempt_key() -> str:
+    """The same string in every rank of one launch and another in the next: torchrun's run id (a fresh uuid per
+    --standalone torchrun; the rendezvous id = SLURM job id under sbatch), SLURM's requeue count, torchrun's restarts."""
+    parts = [os.environ.get(k, "") for k in ("TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "SLURM_RESTART_COUNT",
+                                             "TORCHELASTIC_RESTART_COUNT", "MASTER_ADDR", "MASTER_PORT")]
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+
+
+# A waiting rank allows rank 0 this long plus VERIFY_MIN_BYTES_PER_S over the run's checkpoint bytes: 12x slower
+# than the 1.2 GB/s per core measured here, for a slow shared filesystem.
+VERIFY_WAIT_BASE_S = 600
+VERIFY_MIN_BYTES_PER_S = 100e6
+
+
+def agree_before_group(cfg, run_dir: Path, rank: int, warn: Callable[[str], None] = print) -> Optional[Path]:
+    """Every rank's checkpoint to resume from (or None), decided by rank 0 *before* the process group exists.
+
+    Rank 0 runs checkpoint_to_resume (which hashes every byte of the checkpoint unless `launcher train` already
+    did: minutes for a 175B optimizer state) and writes its choice or its error to `<run_dir>/.resume-<attempt>.json`;
+    the other ranks wait for that file with a bound of their own (VERIFY_WAIT_BASE_S + the run's checkpoint bytes
+    at VERIFY_MIN_BYTES_PER_S), not inside a collective bounded by train.dist_timeout_s, which a slow verification
+    would run past on every requeue (issue 12). A rank 0 that dies meanwhile ends the job through torchrun / srun.
+    """
+    handoff = run_dir / f".resume-{attempt_key()}.json"
+    if rank == 0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        for old in run_dir.glob(".resume-*.json"):
+            if old != handoff:
+                old.unlink(missing_ok=True)
+        try:
+            found = checkpoint_to_resume(cfg, run_dir, warn=warn)
+            rec = {"checkpoint": None if found is None else str(found)}
+        except ConfigError as err:
+            rec = {"error": [err.key, err.value, err.rule, err.fix]}
+        write_atomic(handoff, json.dumps(rec))
+    else:
+        limit = VERIFY_WAIT_BASE_S + _checkpoint_bytes(run_dir / "checkpoints") / VERIFY_MIN_BYTES_PER_S
+        deadline = time.monotonic() + limit
+        while not handoff.is_file():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"rank {rank}: rank 0 did not choose a checkpoint to resume from within {limit:.0f} s "
+                                   f"(no {handoff})")
+            time.sleep(0.2)
+        rec = json.loads(handoff.read_text())
+    if "error" in rec:
+        raise ConfigError(*rec["error"])
+    return None if rec["checkpoint"] is None else Path(rec["checkpoint"])
+
+
+def clear_resume_handoff(run_dir: Path) -> None:
+    (run_dir / f".resume-{attempt_key()}.json").unlink(missing_ok=True)
+
+
+def _checkpoint_bytes(ckpt_root: Path) -> int:
+    total = 0
+    for manifest in ckpt_root.glob(f"{TAG_PREFIX}*/{MANIFEST}"):
+        try:
+            total += sum(int(e["bytes"]) for e in json.loads(manifest.read_text())["files"].values())
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    return total

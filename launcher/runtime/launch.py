@@ -27,6 +27,8 @@ from omegaconf import OmegaConf
 
 from launcher.config.compose import selected_name
 from launcher.config.errors import ConfigError
+from launcher.runtime.durable import write_atomic
+from launcher.runtime.runlock import LOCK_TOKEN_ENV
 
 from launcher.protocol import (CONFIG_FILE, DEEPSPEED_FILE, EARLY_PREEMPTION,  # noqa: F401  (re-exported)
                                PREEMPT_SIGNALS, PREEMPTED_FILE, TORCHRUN_SHUTDOWN_TIMEOUT_S, TORCHRUN_SIGNALS)
@@ -39,6 +41,12 @@ RANKS_DIR = "ranks"
 # sends SIGTERM and waits 30 s (LocalElasticAgent._shutdown's default) -- and a stopped process never acts
 # on SIGTERM -- so without this the job could outlive a failure by 30 s or forever.
 FAILURE_GRACE_S = 10.0
+# torchrun exits within a second or two of its last worker (it reaps them, closes its rendezvous, exits); one still
+# there this long after every rank has exited is hung, and is killed (issue 12: `launcher train` waited forever).
+TORCHRUN_EXIT_GRACE_S = float(os.environ.get("LAUNCHER_TORCHRUN_EXIT_GRACE_S", 30))
+# Signals `launcher train` passes on to torchrun (which passes them to the ranks: TORCHRUN_SIGNALS). SIGHUP (the
+# terminal or SSH session closed) stops the run like SIGTERM: the ranks checkpoint and exit for a resume.
+FORWARDED_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGINT", "SIGHUP")
 # A rank's exit status after stopping on a non-finite loss (launcher/train.py EXIT_NONFINITE).
 EXIT_NONFINITE = 3
 
@@ -129,18 +137,23 @@ def refuse_secrets_in_config(cfg) -> None:
 def freeze_config(cfg, run_dir: Path, ds_config: dict) -> Path:
     """Write the composed config (with its run_name and runs_dir fixed) and the DeepSpeed JSON into the run dir.
 
-    Every rank reads this one file, and a requeued SLURM job finds the same run dir through it.
-    A resumed run (same run dir) keeps the previous file as config.prev.yaml.
+    Every rank reads this one file, and a requeued SLURM job finds the same run dir through it, so it is
+    never missing or torn: a resumed run with another config keeps the previous file as config.prev.yaml,
+    written (a copy) before the new config.yaml replaces the old one in one rename. A full disk fails one of
+    the writes and leaves config.yaml as it was; an unchanged config is not rewritten at all.
     """
     run_dir.mkdir(parents=True, exist_ok=True)
     data = OmegaConf.to_container(cfg, resolve=True)
     data["run_name"] = run_dir.name
     data["runs_dir"] = str(run_dir.parent)
     path = run_dir / CONFIG_FILE
-    if path.exists():
-        os.replace(path, run_dir / "config.prev.yaml")
-    _write_atomic(path, OmegaConf.to_yaml(OmegaConf.create(data)))
-    _write_atomic(run_dir / DEEPSPEED_FILE, json.dumps(ds_config, indent=2))
+    text = OmegaConf.to_yaml(OmegaConf.create(data))
+    old = path.read_text() if path.is_file() else None
+    if old != text:
+        if old is not None:
+            write_atomic(run_dir / "config.prev.yaml", old)
+        write_atomic(path, text, fault="config.tmp-written")
+    write_atomic(run_dir / DEEPSPEED_FILE, json.dumps(ds_config, indent=2))
     return path
 
 
@@ -149,12 +162,6 @@ def run_dir_of(cfg) -> Path:
     if not cfg.run_name:
         raise ConfigError("run_name", None, "a frozen config (--config) must name its run", "freeze it with `launcher train` or set run_name")
     return Path(cfg.runs_dir).expanduser() / cfg.run_name
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 # ----------------------------------------------------------------------------- local ranks
@@ -167,7 +174,8 @@ def torchrun_command(config_path: Path, nproc: int, overrides=()) -> list[str]:
             "-m", "launcher", "train", "--config", str(config_path), *overrides]
 
 
-def start_local_ranks(config_path: Path, nproc: int, run_dir: Path, overrides=(), extra_env: Optional[dict] = None) -> int:
+def start_local_ranks(config_path: Path, nproc: int, run_dir: Path, overrides=(), extra_env: Optional[dict] = None,
+                      lock_token: Optional[str] = None) -> int:
     """Run torchrun in the foreground, passing our own termination signals on; 0 also when preempted cleanly.
 
     While it runs, RankWatch follows every rank: a rank that dies (no exit record: a signal, the OOM killer)
@@ -185,7 +193,11 @@ def start_local_ranks(config_path: Path, nproc: int, run_dir: Path, overrides=()
             old.unlink()
     ranks_dir.mkdir(parents=True, exist_ok=True)
     env[RANKS_DIR_ENV] = str(ranks_dir)
+    if lock_token:
+        env[LOCK_TOKEN_ENV] = lock_token  # the ranks work under our run-dir lock
     env.update(extra_env or {})
+    # A marker left by an earlier, preempted attempt must not make this attempt's failure read as a clean stop.
+    (run_dir / PREEMPTED_FILE).unlink(missing_ok=True)
     proc = subprocess.Popen(torchrun_command(config_path, nproc, overrides), env=env, stderr=subprocess.PIPE,
                             start_new_session=True, preexec_fn=die_with_parent)
     watch = RankWatch(ranks_dir, nproc)
@@ -195,20 +207,30 @@ def start_local_ranks(config_path: Path, nproc: int, run_dir: Path, overrides=()
     def forward(signum, _frame):
         proc.send_signal(signum)
 
-    previous = {s: signal.signal(getattr(signal, s), forward) for s in ("SIGTERM", "SIGUSR1", "SIGINT")}
+    previous = {s: signal.signal(getattr(signal, s), forward) for s in FORWARDED_SIGNALS}
+    torchrun_hung = False
     try:
         while proc.poll() is None:
             time.sleep(0.2)
             watch.check()
             if watch.killed_all_at and time.monotonic() - watch.killed_all_at > 5:
                 os.killpg(proc.pid, signal.SIGKILL)  # torchrun itself did not exit after its ranks were gone
+            gone_for = watch.all_exited_for()
+            if gone_for is not None and gone_for > TORCHRUN_EXIT_GRACE_S and not torchrun_hung:
+                torchrun_hung = True
+                _say_stderr(f"launcher: torchrun (pid {proc.pid}) did not exit within {TORCHRUN_EXIT_GRACE_S:.0f} s of its "
+                            "last rank: killed with SIGKILL")
+                os.killpg(proc.pid, signal.SIGKILL)
         rc = proc.returncode
     finally:
         for s, handler in previous.items():
             signal.signal(getattr(signal, s), handler)
     relay.join(timeout=5)
     watch.check()
-    # torchrun reports a forwarded signal as a failure even when every worker saved and exited 0.
+    if torchrun_hung and watch.ranks and all(r.get("exit_code") == 0 for r in watch.ranks.values()):
+        rc = 0  # every rank finished and recorded status 0: the run's result, whatever torchrun was stuck on
+    # torchrun reports a forwarded signal as a failure even when every worker saved and exited 0 (the marker
+    # is this attempt's: the one an earlier attempt left was removed above).
     if rc != 0 and (run_dir / PREEMPTED_FILE).exists():
         return 0
     if rc != 0 and not watch.deaths and watch.ranks and all(
@@ -372,6 +394,15 @@ class RankWatch:
         if overdue and self.killed_all_at is None:
             self.killed_all_at = time.monotonic()
 
+    def all_exited_for(self) -> Optional[float]:
+        """Seconds since every rank (all nproc registered) had exited, or None while one runs (or none registered)."""
+        if len(self.ranks) < self.nproc or any(proc_state(r["pid"]) not in (None, "Z") for r in self.ranks.values()):
+            self._all_exited_at = None
+            return None
+        if getattr(self, "_all_exited_at", None) is None:
+            self._all_exited_at = time.monotonic()
+        return time.monotonic() - self._all_exited_at
+
     def _death(self, pid: int) -> str:
         code = self.exitcodes.get(pid)
         if code is not None and code < 0:
@@ -399,7 +430,7 @@ def register_rank() -> Optional[Path]:
     if not ranks_dir or "RANK" not in os.environ:
         return None
     path = Path(ranks_dir) / f"rank-{int(os.environ['RANK']):05d}.json"
-    _write_atomic(path, json.dumps({"rank": int(os.environ["RANK"]), "local_rank": int(os.environ.get("LOCAL_RANK", 0)),
+    write_atomic(path, json.dumps({"rank": int(os.environ["RANK"]), "local_rank": int(os.environ.get("LOCAL_RANK", 0)),
                                     "pid": os.getpid(), "host": socket.gethostname()}))
     return path
 
@@ -411,7 +442,7 @@ def record_rank_exit(path: Optional[Path], exit_code: int, error: Optional[str] 
     try:
         rec = json.loads(path.read_text())
         rec.update(exit_code=exit_code, error=error)
-        _write_atomic(path, json.dumps(rec))
+        write_atomic(path, json.dumps(rec))
     except OSError:
         pass
 
@@ -475,7 +506,7 @@ def apply_default_group_timeout(timeout_s: int) -> None:
 
 
 class PreemptionFlag:
-    """Set by SIGUSR1/SIGTERM in any rank; the loop's StepAgreement all-reduces it every step so all ranks stop together."""
+    """Set by SIGUSR1/SIGTERM/SIGHUP in any rank; the loop's StepAgreement all-reduces it every step so all ranks stop together."""
 
     def __init__(self):
         # A signal recorded while the rank was still importing (launcher/__main__.py) counts as raised.

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Optional
 
 from launcher.config import hardware
+from launcher.runtime.durable import FAULT_ENV, write_atomic
 from launcher.plan.flops import model_flops_per_token
 
 METRICS_FILE = "metrics.jsonl"
@@ -87,6 +88,7 @@ class MetricsSink:
         # A resumed run appends; records of steps past the resume point (from a crash after the last save)
         # are dropped so the file reads as one run.
         self.file = open(self.path, "a" if resumed else "w", buffering=1)
+        self.fault_half_line = os.environ.get(FAULT_ENV) == "metrics.half-line"  # test hook: die mid-append
         if cfg.logging.tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -104,7 +106,16 @@ class MetricsSink:
     def log(self, record: dict) -> None:
         if not self.enabled:
             return
-        self.file.write(json.dumps(record) + "\n")
+        line = json.dumps(record) + "\n"
+        if self.fault_half_line and record.get("step", 0) >= 3:
+            self.file.write(line[: len(line) // 2])
+            self.file.flush()
+            os.kill(os.getpid(), 9)
+        self.file.write(line)
+        if record.get("kind") == "checkpoint":
+            # The records up to a checkpoint reach the disk with it (a resume keeps exactly those); between
+            # checkpoints a crash may lose or tear the last lines, which read_metrics tolerates.
+            os.fsync(self.file.fileno())
         step = record.get("step", 0)
         scalars = {k: v for k, v in record.items() if isinstance(v, (int, float)) and k != "step" and v is not None}
         if self.tb is not None:
@@ -123,15 +134,34 @@ class MetricsSink:
             self.wandb_run.finish()
 
 
-def truncate_metrics(run_dir: Path, after_step: int) -> None:
-    """Drop records past `after_step` (written after the checkpoint a resume starts from)."""
+def read_metrics(path: Path, warn=None) -> list[dict]:
+    """The records of a metrics.jsonl; lines that are not a JSON object (a line torn by a crash or a full disk
+    while it was appended) are dropped, with one warning naming them."""
+    records, torn = [], []
+    for n, line in enumerate(Path(path).read_bytes().decode(errors="replace").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            rec = None
+        if isinstance(rec, dict):
+            records.append(rec)
+        else:
+            torn.append(n)
+    if torn and warn is not None:
+        warn(f"warning: {path}: dropped {len(torn)} damaged line(s) (torn by a crash or a full disk while being "
+             f"written): line {', '.join(map(str, torn[:5]))}")
+    return records
+
+
+def truncate_metrics(run_dir: Path, after_step: int, warn=print) -> None:
+    """Drop records past `after_step` (written after the checkpoint a resume starts from) and damaged lines."""
     path = run_dir / METRICS_FILE
     if not path.exists():
         return
-    keep = [line for line in path.read_text().splitlines() if line and json.loads(line).get("step", 0) <= after_step]
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(line + "\n" for line in keep))
-    os.replace(tmp, path)
+    keep = [rec for rec in read_metrics(path, warn) if rec.get("step", 0) <= after_step]
+    write_atomic(path, "".join(json.dumps(rec) + "\n" for rec in keep))
 
 
 def plot_loss(run_dir: Path) -> Optional[Path]:
@@ -141,7 +171,7 @@ def plot_loss(run_dir: Path) -> Optional[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    records = [json.loads(line) for line in (run_dir / METRICS_FILE).read_text().splitlines() if line]
+    records = read_metrics(run_dir / METRICS_FILE)
     train = [(r["step"], r["loss"]) for r in records if r.get("kind") == "train" and math.isfinite(r.get("loss", math.nan))]
     val = [(r["step"], r["val_loss"]) for r in records if r.get("kind") == "eval"]
     if not train:
@@ -157,6 +187,10 @@ def plot_loss(run_dir: Path) -> Optional[Path]:
     ax.legend()
     fig.tight_layout()
     out = run_dir / LOSS_PLOT_FILE
-    fig.savefig(out, dpi=100)
+    import io
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
     plt.close(fig)
+    write_atomic(out, buf.getvalue())
     return out
