@@ -131,3 +131,53 @@ def test_incompatible_resume_is_refused_with_a_diff(run, override, diff):
     assert res.returncode == 2, res.stdout[-2000:] + res.stderr[-2000:]
     assert "config error: resume=" in err and diff in err and " fix: " in err, err
     assert "Traceback" not in res.stderr and "starting 2 local ranks" not in res.stdout
+
+
+def test_empty_latest_and_torn_metrics_resume_from_the_newest_intact(run, tmp_path):
+    """What a node crash leaves (issue 12): an empty `latest` and a half-written last metrics line. resume=auto
+    takes step_6 (the newest intact) with the damaged-checkpoint warning, drops the torn line with a warning,
+    and never starts fresh; resume=never refuses the run dir even without `latest`."""
+    r = copy_run(run, tmp_path, "crashed")
+    (r / "checkpoints" / "latest").write_bytes(b"")
+    lines = (r / "metrics.jsonl").read_text().splitlines()
+    (r / "metrics.jsonl").write_text("\n".join(lines) + "\n" + lines[-1][: len(lines[-1]) // 2])
+    result = launcher(["train", "--config", str(r / "config.yaml"), "resume=auto", "train.steps=8", "logging.log_every=2"])
+    out = " ".join((result.stdout + result.stderr).split())
+    assert result.returncode == 0, out[-3000:]
+    assert "resume=auto skips damaged checkpoints (latest: empty) and resumes from step_00000006" in out, out[-3000:]
+    assert "resuming at step 6" in out and "fresh start" not in out and "Traceback" not in out
+    assert f"metrics.jsonl: dropped 1 damaged line(s)" in out and f"line {len(lines) + 1}" in out
+    recs = [json.loads(x) for x in (r / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in recs if x["kind"] == "train"] == [1, 2, 3, 4, 5, 6, 7, 8]
+    assert (r / "checkpoints" / "latest").read_text() == "step_00000008"
+
+    r2 = copy_run(run, tmp_path, "nolatest")
+    (r2 / "checkpoints" / "latest").unlink()
+    res = launcher(["train", "--config", str(r2 / "config.yaml"), "resume=never"], timeout=300)
+    err = " ".join(res.stderr.split())
+    assert res.returncode == 2 and "config error: resume='never'" in err and "already holds checkpoints (step_00000006" in err, err
+    assert "Traceback" not in res.stderr and "starting 2 local ranks" not in res.stdout
+
+
+def test_slow_verification_does_not_race_the_collective_timeout(run, tmp_path):
+    """Under srun + torchrun rank 0 verifies the checkpoint before the process group exists; the other rank waits
+    with its own bound. A verification 15 s slower than usual with train.dist_timeout_s=5 resumes fine."""
+    r = copy_run(run, tmp_path, "slowverify")
+    res = subprocess.run([PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "launcher", "train",
+                          "--config", str(r / "config.yaml"), "resume=auto", "train.steps=7", "train.dist_timeout_s=5"],
+                         cwd=REPO, env=child_env(LAUNCHER_SLOW_VERIFY_S=15), capture_output=True, text=True, timeout=600)
+    log = res.stdout + res.stderr
+    assert res.returncode == 0, log[-3000:]
+    assert "resuming at step 6" in log and (r / "checkpoints" / "latest").read_text() == "step_00000007"
+    assert not list(r.glob(".resume-*.json")) and not (r / "owner.lock").exists()
+
+
+def test_export_refuses_an_output_inside_a_checkpoint(run, tmp_path):
+    tag = run / "checkpoints" / "step_00000004"
+    before = sorted(p.name for p in tag.iterdir())
+    for out in (tag, tag / "hf", run / "checkpoints"):
+        res = launcher(["export", str(tag), str(out)], timeout=300)
+        err = " ".join(res.stderr.split())
+        assert res.returncode == 2 and "config error: out=" in err and "inside the checkpoint directory" in err, err
+        assert "Traceback" not in res.stderr
+    assert sorted(p.name for p in tag.iterdir()) == before
