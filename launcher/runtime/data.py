@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import io
 import json
 import os
 import sysconfig
@@ -165,9 +166,9 @@ def _locked(cache: Path, key: str):
 
 
 def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    from launcher.runtime.durable import write_atomic
+
+    write_atomic(path, data)  # fsync'd: a node crash leaves the old file or the new one, never an empty one
 
 
 def train_tokenizer(docs: list[tuple[str, str]], vocab_size: int):
@@ -254,9 +255,13 @@ def pretokenize(docs, tok, eos_id: int, bin_path: Path, dtype: str, progress: bo
                 n += len(ids)
                 doc_offsets.append(n)
             bar.advance(task, len(chunk))
+        out.flush()
+        os.fsync(out.fileno())  # the index (written last, atomically) must never name tokens that are not on disk
     os.replace(tmp, bin_path)
     index = dict(meta, format=FORMAT_VERSION, dtype=dtype, num_tokens=n, num_docs=len(docs), eos_id=eos_id)
-    np.save(bin_path.with_name(bin_path.name + ".docs.npy"), np.asarray(doc_offsets, dtype=np.int64))
+    buf = io.BytesIO()
+    np.save(buf, np.asarray(doc_offsets, dtype=np.int64))
+    _atomic_write_bytes(bin_path.with_name(bin_path.name + ".docs.npy"), buf.getvalue())
     _atomic_write_bytes(index_path(bin_path), json.dumps(index, indent=2).encode())
     return index
 

@@ -146,7 +146,7 @@ def test_empty_latest_and_torn_metrics_resume_from_the_newest_intact(run, tmp_pa
     assert result.returncode == 0, out[-3000:]
     assert "resume=auto skips damaged checkpoints (latest: empty) and resumes from step_00000006" in out, out[-3000:]
     assert "resuming at step 6" in out and "fresh start" not in out and "Traceback" not in out
-    assert f"metrics.jsonl: dropped 1 damaged line(s)" in out and f"line {len(lines) + 1}" in out
+    assert "metrics.jsonl: dropped 1 damaged line(s)" in out and f"line {len(lines) + 1}" in out
     recs = [json.loads(x) for x in (r / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in recs if x["kind"] == "train"] == [1, 2, 3, 4, 5, 6, 7, 8]
     assert (r / "checkpoints" / "latest").read_text() == "step_00000008"

@@ -135,7 +135,7 @@ def test_launcher_train_into_an_owned_run_dir_is_refused(tmp_path):
         proc.wait()
     err = " ".join(res.stderr.split())
     assert res.returncode == 2, res.stdout + res.stderr
-    assert f"config error: run_name='busy'" in err and f"pid {proc.pid} on host {socket.gethostname()}, SLURM job 4242" in err, err
+    assert "config error: run_name='busy'" in err and f"pid {proc.pid} on host {socket.gethostname()}, SLURM job 4242" in err, err
     assert "Traceback" not in res.stderr
     assert sorted(p.name for p in (runs / "busy").iterdir()) == ["owner.lock"]  # nothing written, not even the cache
 
