@@ -303,11 +303,17 @@ def cmd_submit(args) -> int:
 
         require_sbatch()  # before any data preparation or job dir
     # Compose and validate every point before submitting any: a sweep with one bad point submits nothing.
-    jobs, taken = [], set()
-    for i, point in enumerate(points):
-        if args.multirun:
-            con.print(f"sweep point {i + 1}/{len(points)}: {' '.join(point)}", markup=False)
-        jobs.append(plan_job(compose(point), taken, claim=not args.dry_run))
+    jobs, taken, claimed = [], set(), None if args.dry_run else set()
+    try:
+        for i, point in enumerate(points):
+            if args.multirun:
+                con.print(f"sweep point {i + 1}/{len(points)}: {' '.join(point)}", markup=False)
+            jobs.append(plan_job(compose(point), taken, claim=claimed))
+    except BaseException:
+        for d in claimed or ():  # the new, still empty directories of unnamed points planned before the bad one
+            if d.is_dir() and not any(d.iterdir()):
+                d.rmdir()
+        raise
     from rich.markup import escape
 
     for job in jobs:
@@ -328,9 +334,10 @@ class PlannedJob:
     script: str
 
 
-def plan_job(cfg, taken: set, claim: bool = False) -> PlannedJob:
-    """Validate one job (layout, SLURM settings, resume) and render its script; writes nothing but, with `claim`,
-    the new (empty) directory of an unnamed run, made exclusively so that no other start gets the same name.
+def plan_job(cfg, taken: set, claim: Optional[set] = None) -> PlannedJob:
+    """Validate one job (layout, SLURM settings, resume) and render its script; writes nothing but, with a `claim`
+    set, the new (empty) directory of an unnamed run, made exclusively so that no other start gets the same name
+    (and added to the set).
 
     The job dir is the run dir (<runs_dir>/<run_name>): the frozen config.yaml and deepspeed.json, the
     rendered job.sbatch, the slurm-<jobid>.out log, then the checkpoints and metrics of the run. The job
@@ -349,14 +356,18 @@ def plan_job(cfg, taken: set, claim: bool = False) -> PlannedJob:
         while run_dir in taken or run_dir.exists():
             n += 1
             run_dir = base.with_name(f"{base.name}-{n}")
-        if claim:
+        if claim is not None:
             from launcher.runtime.runlock import claim_new_dir
 
             run_dir = claim_new_dir(run_dir)
+            claim.add(run_dir)
     if run_dir in taken:
         raise ConfigError("run_name", run_dir.name, "two jobs of this submission would share one run directory",
                           "leave run_name null in a sweep (each point gets its own directory), or sweep run_name too")
     taken.add(run_dir)
+    from launcher.runtime.runlock import refuse_if_owned
+
+    refuse_if_owned(run_dir)  # a queued or running job (or `launcher train`) owns it: refused before any job is queued
     # The job's rank 0 verifies again when it starts (the files may change while the job queues).
     verified_resume(cfg, run_dir, layout, warn=lambda m: _console(stderr=True).print(m, markup=False))
     paths = JobPaths(run_dir=run_dir, workdir=Path.cwd().resolve(), python=sys.executable)

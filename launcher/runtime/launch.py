@@ -323,6 +323,7 @@ class RankWatch:
         self.failures: list[str] = []
         self.first_failure_at: Optional[float] = None
         self.killed_all_at: Optional[float] = None
+        self._all_exited_at: Optional[float] = None
 
     def relay_stderr(self, stream) -> None:
         for raw in iter(stream.readline, b""):
@@ -399,7 +400,7 @@ class RankWatch:
         if len(self.ranks) < self.nproc or any(proc_state(r["pid"]) not in (None, "Z") for r in self.ranks.values()):
             self._all_exited_at = None
             return None
-        if getattr(self, "_all_exited_at", None) is None:
+        if self._all_exited_at is None:
             self._all_exited_at = time.monotonic()
         return time.monotonic() - self._all_exited_at
 

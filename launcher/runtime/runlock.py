@@ -193,6 +193,22 @@ def owned_by_us(run_dir: Path) -> bool:
                           or (rec.get("pid") == os.getpid() and rec.get("host") == socket.gethostname()))
 
 
+def _refusal(run_dir: Path, old: dict, key: str) -> ConfigError:
+    lock_path = run_dir / LOCK_FILE
+    return ConfigError(key, run_dir.name, f"the run directory {run_dir} is in use by {describe(old)} "
+                       f"(lock {lock_path}); two runs in one directory would delete each other's "
+                       "checkpoints and interleave their metrics",
+                       "wait for it to finish, stop it, or choose another run_name; if that owner is "
+                       f"really gone (a crashed node), delete {lock_path}")
+
+
+def refuse_if_owned(run_dir: Path, key: str = "run_name") -> None:
+    """Read-only: refuse now (before queueing anything) when a live owner holds `run_dir`; acquire() decides for real."""
+    old = read_lock(run_dir)
+    if old and "damaged" not in old and stale_reason(old, Path(run_dir) / LOCK_FILE) is None:
+        raise _refusal(Path(run_dir), old, key)
+
+
 def acquire(run_dir: Path, kind: str, key: str = "run_name") -> RunLock:
     """Own `run_dir` (created when missing) or refuse with exit 2 naming the live owner."""
     run_dir = Path(run_dir)
@@ -216,11 +232,7 @@ def acquire(run_dir: Path, kind: str, key: str = "run_name") -> RunLock:
                 raise RuntimeError("a rank of `launcher train` tried to take its parent's run lock")  # a bug, not bad input
             why = "the lock is damaged (" + old["damaged"] + ")" if "damaged" in old else stale_reason(old, lock_path)
             if why is None:
-                raise ConfigError(key, run_dir.name, f"the run directory {run_dir} is in use by {describe(old)} "
-                                  f"(lock {lock_path}); two runs in one directory would delete each other's "
-                                  "checkpoints and interleave their metrics",
-                                  "wait for it to finish, stop it, or choose another run_name; if that owner is "
-                                  f"really gone (a crashed node), delete {lock_path}")
+                raise _refusal(run_dir, old, key)
             if _take_over(run_dir, old, tmp, why):
                 return RunLock(run_dir, rec)
         raise ConfigError(key, run_dir.name, f"another process is starting in {run_dir} at the same moment ({describe(read_lock(run_dir))})",

@@ -2,7 +2,7 @@
 
   - the run lock: a live owner (another process) is refused with its pid, host and job id; a killed owner, an
     old heartbeat from another host and an earlier attempt of the same SLURM job are taken over; release only
-    deletes our own lock; `launcher train` into an owned run dir exits 2 before writing anything;
+    deletes our own lock; `launcher train` and `launcher submit` into an owned run dir exit 2 before writing anything;
   - unnamed runs never share a directory (exclusive mkdir with -2, -3, ... suffixes, 8 threads at once);
   - config freeze: a full disk (RLIMIT_FSIZE makes the write fail with EFBIG, as ENOSPC would) and a SIGKILL after
     the new file is written both leave the old config.yaml in place;
@@ -127,16 +127,18 @@ def test_launcher_train_into_an_owned_run_dir_is_refused(tmp_path):
     runs = tmp_path / "runs"
     proc = holder(runs / "busy")
     try:
-        res = subprocess.run([sys.executable, "-m", "launcher", "train", "recipe=tiny", f"runs_dir={runs}", "run_name=busy",
-                              f"data.cache_dir={tmp_path / 'cache'}"], cwd=REPO, env=env(), capture_output=True, text=True,
-                             timeout=120)
+        results = [subprocess.run([sys.executable, "-m", "launcher", command, "recipe=tiny", f"runs_dir={runs}", "run_name=busy",
+                                   f"data.cache_dir={tmp_path / 'cache'}", *flags], cwd=REPO, env=env(), capture_output=True,
+                                  text=True, timeout=120)
+                   for command, flags in (("train", []), ("submit", ["--dry-run"]))]
     finally:
         proc.kill()
         proc.wait()
-    err = " ".join(res.stderr.split())
-    assert res.returncode == 2, res.stdout + res.stderr
-    assert "config error: run_name='busy'" in err and f"pid {proc.pid} on host {socket.gethostname()}, SLURM job 4242" in err, err
-    assert "Traceback" not in res.stderr
+    for res in results:
+        err = " ".join(res.stderr.split())
+        assert res.returncode == 2, res.stdout + res.stderr
+        assert "config error: run_name='busy'" in err and f"pid {proc.pid} on host {socket.gethostname()}, SLURM job 4242" in err, err
+        assert "Traceback" not in res.stderr
     assert sorted(p.name for p in (runs / "busy").iterdir()) == ["owner.lock"]  # nothing written, not even the cache
 
 
