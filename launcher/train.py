@@ -284,12 +284,12 @@ def run(cfg) -> int:
     #    on the lock rather than inside a collective with a timeout.
     prepared = prepare_data(cfg, layout)
 
-    # 3. The checkpoint to resume from, also before the process group: rank 0 verifies it (minutes at 175B)
-    #    while the others wait on its answer with a bound of their own, not in a collective bounded by
+    #    The checkpoint to resume from is chosen before the process group too: rank 0 verifies it (minutes at
+    #    175B) while the others wait on its answer with a bound of their own, not in a collective bounded by
     #    train.dist_timeout_s (runtime/checkpoint.py agree_before_group).
     resume_from = ckpt.agree_before_group(cfg, run_dir, int(os.environ["RANK"]), warn=lambda m: print(m, flush=True))
 
-    # 4. Process group (gloo / nccl); the run dir exists from here on
+    # 3. Process group (gloo / nccl); the run dir exists from here on
     #    (under SLURM no `launcher train` parent made it, so rank 0 freezes the config there itself).
     rank, world, _ = init_distributed(layout, cfg.train.dist_timeout_s)
     is_main = rank == 0
@@ -304,11 +304,11 @@ def run(cfg) -> int:
     batches = TokenBatches(prepared, layout, seed=cfg.train.seed, dp_rank=coord.dp)
     sp_args = {"sp_rank": coord.sp, "sp": layout.sequence_degree}
 
-    # 5. Model + engine; a pipelined engine runs whole optimizer steps itself.
+    # 4. Model + engine; a pipelined engine runs whole optimizer steps itself.
     engine = build_engine(cfg, layout, ds_config)
     step_fn = train_step_pipeline if layout.pipeline_degree > 1 else functools.partial(train_step, **sp_args)
 
-    # 6. Resume: refuse a changed layout, then restore DeepSpeed's state; the step is our data position.
+    # 5. Resume: refuse a changed layout, then restore DeepSpeed's state; the step is our data position.
     start_step, tokens_seen = 0, 0
     if resume_from is not None:
         saved = ckpt.load_state(resume_from)
@@ -318,7 +318,7 @@ def run(cfg) -> int:
         if is_main:
             truncate_metrics(run_dir, start_step)
 
-    # 7. Recorders (rank 0 only writes).
+    # 6. Recorders (rank 0 only writes).
     sink = MetricsSink(cfg, run_dir, enabled=is_main, resumed=resume_from is not None)
     throughput = Throughput(cfg, layout)
     steps, accum = cfg.train.steps, layout.grad_accum_steps
@@ -343,7 +343,7 @@ def run(cfg) -> int:
         sink.log({"kind": "checkpoint", "step": step, "bytes": info["bytes"], "save_s": info["save_s"],
                   "hash_s": info["hash_s"], "rss_bytes_per_rank": rss})
 
-    # 8. The loop.
+    # 7. The loop.
     step = start_step
     stopped_by = None
     # Steps whose update was not applied (non-finite loss or gradients, fp16 overflow), across resumes.
@@ -405,7 +405,7 @@ def run(cfg) -> int:
         say(f"skipped updates: {len(skipped_steps)} non-finite step(s) in this run {skipped_steps[-10:]}, "
             f"{overflow_steps} fp16 overflow step(s) since this process started", markup=False)
 
-    # 9. Final checkpoint (also on preemption; not again when a resumed run had nothing left to do), then the artifacts.
+    # 8. Final checkpoint (also on preemption; not again when a resumed run had nothing left to do), then the artifacts.
     if step > start_step or resume_from is None:
         save(step)
     if stopped_by is not None:
