@@ -103,22 +103,9 @@ def _rank_map(layout, args) -> int:
 
 def _frozen_with_overrides(path: str, overrides: Sequence[str]):
     """A frozen config file plus key=value overrides (e.g. resume=auto), typed against the schema."""
-    from omegaconf import OmegaConf
-
     from launcher.config.compose import load_frozen
 
-    cfg = load_frozen(path)
-    if overrides:
-        bad = [o for o in overrides if "=" not in o or o.startswith(("+", "~")) or "/" in o.split("=", 1)[0]]
-        if bad:
-            raise ConfigError("(command line)", bad[0], "with --config only key=value overrides apply (no groups, no recipes)",
-                              "e.g. launcher train --config run/config.yaml resume=auto")
-        try:
-            cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
-        except Exception as exc:  # OmegaConf names the key in its message
-            raise ConfigError("(command line)", " ".join(overrides), str(exc).splitlines()[0], "override keys of the schema only") from exc
-        OmegaConf.set_readonly(cfg, True)
-    return cfg
+    return load_frozen(path, overrides)
 
 
 def cmd_train(args) -> int:
