@@ -172,6 +172,9 @@ def validate_before_start(cfg):
     layout = resolve_layout(cfg)
     check_supported(cfg, layout)
     refuse_secrets_in_config(cfg)  # config.yaml, checkpoints, job scripts and logs all carry config values
+    from launcher.runtime.inputs import check_writable_dir
+
+    check_writable_dir("runs_dir", cfg.runs_dir)  # the cache dir is checked by prepare_data, which uses it
     memory_warning = check_memory(cfg, layout)  # refuses model states that cannot fit; warns on activations
     return replace(layout, warnings=(*layout.warnings, memory_warning)) if memory_warning else layout
 
