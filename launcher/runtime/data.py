@@ -129,13 +129,20 @@ def _hf_documents(cfg) -> tuple[list[tuple[str, str]], str]:
                           f"set data.text_field to one of {', '.join(ds.column_names)}")
     docs = []
     total = 0
-    for i, text in enumerate(ds[d.text_field]):
-        if not isinstance(text, str) or not text.strip():
-            continue
-        docs.append((str(i), text))
-        total += len(text.encode("utf-8"))
-        if d.max_bytes is not None and total >= d.max_bytes:
-            break
+    try:
+        # Arrow decodes the strings row by row as they are read, not at load time: a non-UTF-8 byte inside a JSON
+        # string surfaces here.
+        for i, text in enumerate(ds[d.text_field]):
+            if not isinstance(text, str) or not text.strip():
+                continue
+            docs.append((str(i), text))
+            total += len(text.encode("utf-8"))
+            if d.max_bytes is not None and total >= d.max_bytes:
+                break
+    except Exception as exc:  # noqa: BLE001
+        if not d.paths:
+            raise inputs.hub_load_error(d.hf_name, exc) from None
+        raise inputs.explain_hf_read_error(list(d.paths), builder, exc) from None
     return docs, "data.paths" if d.paths else "data.hf_name"
 
 
