@@ -112,13 +112,15 @@ def _hf_documents(cfg) -> tuple[list[tuple[str, str]], str]:
         inputs.check_hf_files(list(d.paths))
         builder = builders.pop()
         try:
-            ds = datasets.load_dataset(builder, data_files=[str(Path(p).expanduser()) for p in d.paths], split="train")
+            with inputs.quiet_datasets():
+                ds = datasets.load_dataset(builder, data_files=[str(Path(p).expanduser()) for p in d.paths], split="train")
         except Exception as exc:  # datasets' errors name neither file nor line: find them
             raise inputs.explain_hf_read_error(list(d.paths), builder, exc) from None
     elif d.hf_name:
         inputs.check_hub_reachable(d.hf_name)
         try:
-            ds = datasets.load_dataset(d.hf_name, split="train")
+            with inputs.quiet_datasets():
+                ds = datasets.load_dataset(d.hf_name, split="train")
         except Exception as exc:  # not found, gated, offline cache miss, bad config name
             raise inputs.hub_load_error(d.hf_name, exc) from None
     else:

@@ -8,6 +8,7 @@ No torch here.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -154,6 +155,20 @@ def check_hf_files(paths: list[str]) -> None:
                               "list the files themselves, e.g. data.paths='[/data/a.jsonl,/data/b.jsonl]'")
         if path.stat().st_size == 0:
             raise ConfigError("data.paths", p, "is empty (0 bytes)", "remove it from data.paths, or write the corpus into it")
+
+
+@contextlib.contextmanager
+def quiet_datasets():
+    """datasets logs its own read errors, with a traceback when logging is configured, before raising; we say it
+    once, as a ConfigError. Its progress bar stays (feedback on a large corpus); its logger is restored afterwards."""
+    from datasets.utils import logging as ds_logging
+
+    level = ds_logging.get_verbosity()
+    ds_logging.set_verbosity(ds_logging.CRITICAL + 10)
+    try:
+        yield
+    finally:
+        ds_logging.set_verbosity(level)
 
 
 def explain_hf_read_error(paths: list[str], builder: str, exc: BaseException) -> ConfigError:
