@@ -37,7 +37,7 @@ class Range:
     high_open: bool = False
     nullable: bool = False
     why: str = ""
-    example: str = ""
+    example: str = ""  # the fix: a valid value, in a sentence
     off: Optional[str] = None  # what the value 0 means, when 0 is allowed and special
 
     def describe(self) -> str:
@@ -87,7 +87,8 @@ def _num(x) -> str:
 
 
 def _phrase(r: Range) -> str:
-    """'>= 1', 'in 0..3', 'in [0, 1)', '> 0, finite', with ', or null' where null is allowed (no '0 =' note)."""
+    """'>= 1', 'in 0..3', 'in [0, 1)', '> 0', with ', or null' where null is allowed (finiteness and the '0 =' note
+    are said by the rule's noun and the docstring)."""
     text = r.describe()
     text = text.replace(", finite", "")
     if r.off:
@@ -184,8 +185,7 @@ def check_ranges(cfg) -> None:
     for key, rng in RANGES.items():
         value = _get(cfg, key)
         if not rng.allows(value):
-            fix = rng.example if rng.example.startswith(("e.g.", "use", "set", "log", "train", "evaluate")) else f"e.g. {rng.example}"
-            raise ConfigError(key, value, rng.rule(), fix)
+            raise ConfigError(key, value, rng.rule(), rng.example)
     _check_schedule(cfg)
     _check_optimizer(cfg)
     _check_eval_split(cfg)
