@@ -49,7 +49,7 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 # MASTER_PORT = cluster.master_port + 2 x (job id mod PORT_SLOTS): concurrent jobs on one first node get their own
 # rendezvous port (a shared one joins the other job's c10d store and dies with it; seen in tests/slurm's sweep).
 # Both bound settings, so they live with the ranges.
-from launcher.config.ranges import MAX_SIGNAL_TIME_S, PORT_SLOTS  # noqa: E402,F401
+from launcher.config.ranges import PORT_SLOTS  # noqa: E402
 MAX_JOB_NAME = 1024  # a sanity bound; squeue shows the first 8 characters by default
 
 
