@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from launcher.config.errors import ConfigError, join_or
 from launcher.config.schema import Config, register_configs
+from launcher.config.secrets import redact
 
 # conf/ and recipes/ live beside the package in the checkout (editable install).
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -165,7 +166,9 @@ def compose(overrides: Sequence[str] = (), config_name: str = "config") -> DictC
     except ConfigError:
         raise
     except Exception as exc:  # Hydra wraps everything in its own exception types
-        raise _translate(exc) from exc
+        err = _translate(exc)
+        # --debug shows the chained exception: not when its message holds a credential-shaped value.
+        raise err from (exc if redact(str(exc)) == str(exc) else None)
     resolve_interpolations(cfg)
     _check_required(cfg)
     OmegaConf.set_readonly(cfg, True)

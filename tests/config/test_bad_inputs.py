@@ -287,6 +287,21 @@ def test_secret_never_reaches_job_script(capsys, tmp_path):
             "cluster.setup", "looks like a Hugging Face token", secret=HF)
 
 
+@pytest.mark.parametrize("override", ["train.seed=${oc.env:WANDB_API_KEY}", f"train.seed={HF}"])
+def test_debug_traceback_never_shows_the_credential(override, monkeypatch):
+    """--debug re-raises with the traceback; neither the message nor the chained exceptions hold the value."""
+    import traceback
+
+    from launcher.config.errors import ConfigError
+
+    key = "0123456789abcdef0123456789abcdef01234567"
+    monkeypatch.setenv("WANDB_API_KEY", key)
+    with pytest.raises(ConfigError) as err:
+        main(["--debug", "plan", "recipe=tiny", override])
+    text = "".join(traceback.format_exception(err.value))
+    assert "train.seed" in text and key not in text and HF not in text
+
+
 # ----------------------------------------------------------------------------- the LR schedule on resume
 
 
