@@ -103,22 +103,9 @@ def _rank_map(layout, args) -> int:
 
 def _frozen_with_overrides(path: str, overrides: Sequence[str]):
     """A frozen config file plus key=value overrides (e.g. resume=auto), typed against the schema."""
-    from omegaconf import OmegaConf
-
     from launcher.config.compose import load_frozen
 
-    cfg = load_frozen(path)
-    if overrides:
-        bad = [o for o in overrides if "=" not in o or o.startswith(("+", "~")) or "/" in o.split("=", 1)[0]]
-        if bad:
-            raise ConfigError("(command line)", bad[0], "with --config only key=value overrides apply (no groups, no recipes)",
-                              "e.g. launcher train --config run/config.yaml resume=auto")
-        try:
-            cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
-        except Exception as exc:  # OmegaConf names the key in its message
-            raise ConfigError("(command line)", " ".join(overrides), str(exc).splitlines()[0], "override keys of the schema only") from exc
-        OmegaConf.set_readonly(cfg, True)
-    return cfg
+    return load_frozen(path, overrides)
 
 
 def cmd_train(args) -> int:
@@ -203,6 +190,9 @@ def validate_before_start(cfg):
     layout = resolve_layout(cfg)
     check_supported(cfg, layout)
     refuse_secrets_in_config(cfg)  # config.yaml, checkpoints, job scripts and logs all carry config values
+    from launcher.runtime.inputs import check_writable_dir
+
+    check_writable_dir("runs_dir", cfg.runs_dir)  # the cache dir is checked by prepare_data, which uses it
     memory_warning = check_memory(cfg, layout)  # refuses model states that cannot fit; warns on activations
     return replace(layout, warnings=(*layout.warnings, memory_warning)) if memory_warning else layout
 

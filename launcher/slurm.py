@@ -46,10 +46,10 @@ _TIME_FORMS = (
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 # --signal=<sig>@<sig_time>: "sig_time must be an integer value between 0 and 65535" (sbatch(1)).
-MAX_SIGNAL_TIME_S = 65535
 # MASTER_PORT = cluster.master_port + 2 x (job id mod PORT_SLOTS): concurrent jobs on one first node get their own
 # rendezvous port (a shared one joins the other job's c10d store and dies with it; seen in tests/slurm's sweep).
-PORT_SLOTS = 500
+# Both bound settings, so they live with the ranges.
+from launcher.config.ranges import PORT_SLOTS  # noqa: E402
 MAX_JOB_NAME = 1024  # a sanity bound; squeue shows the first 8 characters by default
 
 
@@ -86,19 +86,12 @@ def check_cluster(cfg, layout) -> None:
     _check_numbers_and_options(c)
 
 
-def _whole(value, low: int, high: Optional[int] = None) -> bool:
-    return not isinstance(value, bool) and isinstance(value, int) and value >= low and (high is None or value <= high)
-
-
 def _check_time_limit(c) -> None:
     limit = time_limit_seconds(c.time)
     if limit < 60:
         raise ConfigError("cluster.time", c.time, "a time limit under one minute: SLURM counts limits in whole minutes",
                           "give at least cluster.time=1 (one minute)")
-    grace = c.signal_grace_s
-    if not _whole(grace, 1, MAX_SIGNAL_TIME_S):
-        raise ConfigError("cluster.signal_grace_s", grace, f"must be a whole number of seconds in 1..{MAX_SIGNAL_TIME_S} (sbatch --signal)",
-                          "e.g. cluster.signal_grace_s=300: enough to save a checkpoint")
+    grace = c.signal_grace_s  # in 1..MAX_SIGNAL_TIME_S (launcher/config/ranges.py, checked by resolve_layout)
     if grace >= limit:
         raise ConfigError("cluster.signal_grace_s", grace,
                           f"the checkpoint signal would come at or before the start: grace {grace} s >= time limit "
@@ -127,13 +120,7 @@ def _check_names(c) -> None:
 
 
 def _check_numbers_and_options(c) -> None:
-    top = 65535 - 2 * PORT_SLOTS
-    if not _whole(c.master_port, 1024, top):
-        raise ConfigError("cluster.master_port", c.master_port,
-                          f"must be a TCP port in 1024..{top}: jobs use master_port + 2 x (job id mod {PORT_SLOTS}) and the next port",
-                          "e.g. cluster.master_port=29500")
-    if c.cpus_per_task is not None and not _whole(c.cpus_per_task, 1):
-        raise ConfigError("cluster.cpus_per_task", c.cpus_per_task, "must be a whole number >= 1, or null", "e.g. cluster.cpus_per_task=64")
+    # master_port and cpus_per_task ranges: launcher/config/ranges.py (checked by resolve_layout, before this).
     for i, option in enumerate(c.extra_sbatch):
         if not str(option).startswith("--") or _CONTROL.search(str(option)):
             raise ConfigError(f"cluster.extra_sbatch[{i}]", option,

@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from launcher.config.errors import ConfigError, join_or
 from launcher.config.schema import Config, register_configs
+from launcher.config.secrets import redact
 
 # conf/ and recipes/ live beside the package in the checkout (editable install).
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -96,6 +97,61 @@ def _check_required(cfg: DictConfig) -> None:
                           "select a model/recipe that sets it (e.g. model=llama-7b or recipe=tiny) or pass it on the command line")
 
 
+def _interpolation_error(key: str, raw, exc: BaseException) -> ConfigError:
+    """One paragraph for an interpolation that cannot be resolved. The value shown is the interpolation as written
+    (`${oc.env:NAME}`), never what it resolved to: that may be a credential read from the environment."""
+    from omegaconf.errors import GrammarParseError, InterpolationKeyError, UnsupportedInterpolationType, ValidationError
+
+    text = (str(exc).splitlines() or [""])[0]
+    shown = raw if isinstance(raw, str) else "(interpolation)"
+    if isinstance(exc, GrammarParseError):
+        return ConfigError(key, shown, "is not a valid interpolation (OmegaConf could not parse it)",
+                           "write ${other.key} or ${oc.env:NAME}, or quote the value if it is meant literally")
+    if isinstance(exc, InterpolationKeyError):
+        return ConfigError(key, shown, f"interpolates a key that does not exist ({text})",
+                           "point it at an existing key (full dotted path, e.g. ${model.hidden_size}), or give a plain value")
+    if isinstance(exc, UnsupportedInterpolationType):
+        return ConfigError(key, shown, f"uses a resolver that does not exist ({text})",
+                           "use one of OmegaConf's resolvers (oc.env, oc.select, oc.decode, ...) or a plain value")
+    if "Recursive interpolation" in text or isinstance(exc, RecursionError):
+        return ConfigError(key, shown, "its interpolation refers back to itself (a loop of ${...} references)",
+                           "break the loop: give one of the keys in it a plain value")
+    m = re.search(r"Environment variable '([^']+)' not found", str(exc))
+    if m:
+        return ConfigError(key, shown, f"reads the environment variable {m.group(1)}, which is not set",
+                           f"export {m.group(1)} before running, or give a default: ${{oc.env:{m.group(1)},<default>}}")
+    if isinstance(exc, ValidationError):
+        # OmegaConf's own message holds the resolved value: not repeated here.
+        return ConfigError(key, shown, "resolves to a value of the wrong type for this key",
+                           f"make {shown} resolve to a value of the type launcher/config/schema.py declares for {key}")
+    return ConfigError(key, shown, f"cannot be resolved ({type(exc).__name__})", "give a plain value or a valid ${...} interpolation")
+
+
+def resolve_interpolations(cfg) -> None:
+    """Resolve every ${...} now, in place, so a bad one is refused naming its key before anything starts
+    (OmegaConf resolves lazily: otherwise the first access deep inside a rank raises a traceback)."""
+    from omegaconf import ListConfig
+
+    def visit(node, prefix: str) -> None:
+        keys = range(len(node)) if isinstance(node, ListConfig) else list(node.keys())
+        for k in keys:
+            key = f"{prefix}[{k}]" if isinstance(node, ListConfig) else f"{prefix}{'.' if prefix else ''}{k}"
+            child = node._get_node(k)
+            if OmegaConf.is_missing(node, k) and not OmegaConf.is_interpolation(node, k):
+                continue  # `???`: _check_required names it
+            if OmegaConf.is_interpolation(node, k) or not isinstance(child, (DictConfig, ListConfig)):
+                try:
+                    node[k]
+                except Exception as exc:  # noqa: BLE001 -- every OmegaConf resolution error becomes one paragraph
+                    raw = child._value() if child is not None else None
+                    raise _interpolation_error(key, raw, exc) from None  # no chained message: it may hold a secret
+            else:
+                visit(child, key)
+
+    visit(cfg, "")
+    OmegaConf.resolve(cfg)
+
+
 def compose(overrides: Sequence[str] = (), config_name: str = "config") -> DictConfig:
     """Compose the config for `overrides` (Hydra syntax). Raises ConfigError on any bad input."""
     from hydra import compose as hydra_compose
@@ -110,16 +166,71 @@ def compose(overrides: Sequence[str] = (), config_name: str = "config") -> DictC
     except ConfigError:
         raise
     except Exception as exc:  # Hydra wraps everything in its own exception types
-        raise _translate(exc) from exc
+        err = _translate(exc)
+        # --debug shows the chained exception: not when its message holds a credential-shaped value.
+        raise err from (exc if redact(str(exc)) == str(exc) else None)
+    resolve_interpolations(cfg)
     _check_required(cfg)
     OmegaConf.set_readonly(cfg, True)
     return cfg
 
 
-def load_frozen(path: str | Path) -> DictConfig:
-    """Read a config frozen into a run or job directory, typed against the schema again."""
+FROZEN_FIX = ("give the config.yaml that `launcher train` or `launcher submit` wrote into the run directory "
+              "(a checkpoint's launcher_state.json holds a copy under \"config\")")
+
+
+def _read_frozen(path: str | Path):
+    """The YAML mapping of a frozen config file, or a ConfigError saying what is wrong with the file."""
+    import yaml
+
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise ConfigError("--config", str(path), "does not exist", FROZEN_FIX)
+    if p.is_dir():
+        hint = f"; it holds {p / 'config.yaml'}" if (p / "config.yaml").is_file() else ""
+        raise ConfigError("--config", str(path), f"is a directory, not a config file{hint}", f"pass --config {p / 'config.yaml'}")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError("--config", str(path), f"is not UTF-8 text (byte {exc.start})", FROZEN_FIX) from None
+    except OSError as exc:
+        raise ConfigError("--config", str(path), f"cannot be read ({exc.strerror})", "check the file's permissions") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or type(exc).__name__
+        raise ConfigError("--config", str(path), f"is not valid YAML: {problem}{where}", FROZEN_FIX) from None
+    if data is None:
+        raise ConfigError("--config", str(path), "is empty (a frozen config holds the whole composed config)", FROZEN_FIX)
+    if not isinstance(data, dict):
+        raise ConfigError("--config", str(path), f"holds a {type(data).__name__} at the top level, not a mapping of config keys",
+                          FROZEN_FIX)
+    return data
+
+
+def load_frozen(path: str | Path, overrides: Sequence[str] = ()) -> DictConfig:
+    """Read a config frozen into a run or job directory, typed against the schema again, plus key=value
+    overrides (e.g. resume=auto). Every problem with the file or an override is a ConfigError."""
     register_configs()
-    merged = OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.load(path))
+    data = _read_frozen(path)
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.create(data))
+    except Exception as exc:  # unknown keys and wrong types name their key
+        err = _translate(exc)
+        raise ConfigError(err.key, err.value, f"{err.rule} (in --config {path})", err.fix) from None
+    if overrides:
+        bad = [o for o in overrides if "=" not in o or o.startswith(("+", "~")) or "/" in o.split("=", 1)[0]]
+        if bad:
+            raise ConfigError("(command line)", bad[0], "with --config only key=value overrides apply (no groups, no recipes)",
+                              "e.g. launcher train --config run/config.yaml resume=auto")
+        try:
+            merged = OmegaConf.merge(merged, OmegaConf.from_dotlist(list(overrides)))
+        except Exception as exc:  # noqa: BLE001 -- unknown keys and wrong types name their key
+            raise _translate(exc) from None
+    resolve_interpolations(merged)
+    _check_required(merged)
     OmegaConf.set_readonly(merged, True)
     return merged  # type: ignore[return-value]
 

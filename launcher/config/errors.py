@@ -11,11 +11,14 @@ class ConfigError(ValueError):
     """A configuration that cannot run, caught before any process starts."""
 
     def __init__(self, key: str, value: object, rule: str, fix: str):
+        # A message is printed and logged: credential-shaped text and secret environment values never appear in it.
+        from launcher.config.secrets import redact
+
         self.key = key
-        self.value = value
+        self.value = redact(value) if isinstance(value, str) else value
         self.rule = rule
         self.fix = fix
-        super().__init__(f"{key}={value!r}: {rule}\n  fix: {fix}")
+        super().__init__(redact(f"{key}={self.value!r}: {rule}\n  fix: {fix}"))
 
 
 def nearest_multiples(value: int, step: int) -> tuple[int, ...]:

@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass
 
 from launcher.config import hardware
 from launcher.config.errors import ConfigError, join_or, nearest_divisors, nearest_multiples
+from launcher.config.ranges import check_ranges
 
 ARCHS = ("llama", "bloom", "gpt")
 DTYPES = ("fp32", "bf16", "fp16")
@@ -97,26 +98,11 @@ NAN_POLICIES = ("stop", "skip")
 
 
 def _check_run_settings(cfg) -> None:
-    """Steps, intervals, timeouts, optimizer numbers: sizes that must be positive (or >= 0 where 0 means off)."""
+    """Policies and the resume value (the numeric ranges are checked by ranges.check_ranges)."""
     t = cfg.train
-    _positive("train.steps", t.steps, "train for at least one step, e.g. train.steps=1000")
-    _positive("train.dist_timeout_s", t.dist_timeout_s,
-              "use seconds >= 1 (60 on CPU ranks; a few minutes on large GPU jobs, where a slow step must not trip it)")
-    _positive("logging.log_every", cfg.logging.log_every, "log every N >= 1 steps")
-    for key, value in (("train.eval_every", t.eval_every), ("checkpoint.save_every", cfg.checkpoint.save_every),
-                       ("checkpoint.keep_last", cfg.checkpoint.keep_last), ("scheduler.warmup_steps", cfg.scheduler.warmup_steps)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ConfigError(key, value, "must be a whole number >= 0 (0 turns it off)", f"set {key}=0 or a positive number")
-    if t.eval_every:
-        _positive("train.eval_batches", t.eval_batches, "evaluate on at least one batch, or set train.eval_every=0")
     if t.nan_policy not in NAN_POLICIES:
         raise ConfigError("train.nan_policy", t.nan_policy, f"must be one of {', '.join(NAN_POLICIES)}",
                           "train.nan_policy=stop (save the last good weights and exit 3) or skip (drop the step's update)")
-    o = cfg.optimizer
-    if not o.lr > 0 or not math.isfinite(o.lr):
-        raise ConfigError("optimizer.lr", o.lr, "the peak learning rate must be a finite number > 0", "e.g. optimizer.lr=3e-4")
-    if o.grad_clip < 0:
-        raise ConfigError("optimizer.grad_clip", o.grad_clip, "the gradient-norm clip must be >= 0 (0 turns it off)", "e.g. optimizer.grad_clip=1.0")
     if cfg.resume in ("", None):
         raise ConfigError("resume", cfg.resume, "must be never, auto or a checkpoint path", "resume=never (fresh) or resume=auto")
 
@@ -135,9 +121,6 @@ def _check_data(cfg) -> None:
     if d.source == "hf" and not d.paths and not d.hf_name:
         raise ConfigError("data.paths", list(d.paths), "data=hf needs local files (data.paths) or a hub dataset name (data.hf_name)",
                           "pass data.paths='[/data/train.jsonl]' or data.hf_name=NAME")
-    if not 0.0 <= d.val_fraction < 0.5:
-        raise ConfigError("data.val_fraction", d.val_fraction, "the held-out fraction must be in [0, 0.5)",
-                          "use e.g. data.val_fraction=0.01")
 
 
 def _check_model_shape(cfg) -> None:
@@ -342,6 +325,7 @@ def _check_offload(cfg, zero: int) -> None:
 
 def resolve_layout(cfg) -> Layout:
     """Check every layout rule and derive the numbers above. `cfg` is the composed config."""
+    check_ranges(cfg)  # every numeric setting in its documented range first (launcher/config/ranges.py)
     _check_names(cfg)
     _check_run_settings(cfg)
     _check_data(cfg)

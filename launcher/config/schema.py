@@ -6,7 +6,8 @@ turned into a read-only config and a frozen `Layout` (see layout.py), and
 derived numbers are never written back here.
 
 Field names that map 1:1 to transformers or DeepSpeed keep that library's name.
-This module imports neither torch nor deepspeed.
+Every int/float field's docstring ends with its range (`Range: ...`), which launcher/config/ranges.py checks
+before anything starts. This module imports neither torch nor deepspeed.
 """
 
 from __future__ import annotations
@@ -23,25 +24,25 @@ class ModelConfig:
     arch: str = "llama"
     """Architecture family: `llama` (LlamaForCausalLM), `bloom` (BloomForCausalLM) or `gpt` (GPT2LMHeadModel)."""
     hidden_size: int = MISSING
-    """Width of the residual stream (transformers: hidden_size; GPT-2 calls it n_embd)."""
+    """Width of the residual stream (transformers: hidden_size; GPT-2 calls it n_embd). Range: >= 1."""
     num_hidden_layers: int = MISSING
-    """Number of transformer blocks."""
+    """Number of transformer blocks. Range: >= 1."""
     num_attention_heads: int = MISSING
-    """Query heads per block."""
+    """Query heads per block. Range: >= 1."""
     num_key_value_heads: Optional[int] = None
-    """Key/value heads (grouped-query attention); null means equal to num_attention_heads."""
+    """Key/value heads (grouped-query attention); null means equal to num_attention_heads. Range: >= 1, or null."""
     intermediate_size: Optional[int] = None
-    """MLP inner width; null means 4 x hidden_size (bloom and gpt always use 4 x hidden_size)."""
+    """MLP inner width; null means 4 x hidden_size (bloom and gpt always use 4 x hidden_size). Range: >= 1, or null."""
     vocab_size: int = MISSING
-    """Embedding rows. For data=stdlib it is also the size of the BPE tokenizer trained on the corpus."""
+    """Embedding rows. For data=stdlib it is also the size of the BPE tokenizer trained on the corpus. Range: >= 1."""
     max_position_embeddings: int = 2048
-    """Longest sequence the positional scheme supports; must be >= data.seq_length."""
+    """Longest sequence the positional scheme supports; must be >= data.seq_length. Range: >= 1."""
     tie_word_embeddings: bool = False
     """Share the input embedding with the output head (bloom and gpt always tie)."""
     rms_norm_eps: float = 1e-6
-    """Epsilon of the RMSNorm (llama) or LayerNorm (bloom, gpt)."""
+    """Epsilon of the RMSNorm (llama) or LayerNorm (bloom, gpt). Range: > 0, finite."""
     rope_theta: float = 10000.0
-    """Base of the rotary embedding (llama only)."""
+    """Base of the rotary embedding (llama only). Range: > 0, finite."""
     activation_checkpointing: bool = False
     """Recompute each block's activations in the backward pass (saves memory, costs ~33% more compute)."""
     init_from: Optional[str] = None
@@ -55,7 +56,7 @@ class DataConfig:
     source: str = "stdlib"
     """Where text comes from: `stdlib` (this interpreter's standard library sources), `hf` (datasets.load_dataset) or `tokens` (a pretokenized file)."""
     seq_length: int = 256
-    """Tokens per training sample."""
+    """Tokens per training sample. Range: >= 1."""
     paths: list[str] = field(default_factory=list)
     """data=hf: local json/jsonl/parquet/txt files; data=stdlib: extra directories to read (empty = the stdlib)."""
     hf_name: Optional[str] = None
@@ -67,25 +68,25 @@ class DataConfig:
     tokenizer_path: Optional[str] = None
     """A trained tokenizer.json to use instead of training a byte-level BPE on the corpus."""
     val_fraction: float = 0.01
-    """Fraction of the packed tokens held out for evaluation (taken from the end)."""
+    """Fraction of the packed tokens held out for evaluation (taken from the end). Range: [0, 0.5); > 0 when train.eval_every > 0."""
     cache_dir: str = "~/.cache/launcher"
     """Where tokenizers and packed token files are cached, keyed by a content hash."""
     max_bytes: Optional[int] = None
-    """data=stdlib/hf: stop reading documents once this many bytes are read (a deterministic prefix); null = all."""
+    """data=stdlib/hf: stop reading documents once this many bytes are read (a deterministic prefix); null = all. Range: >= 1, or null."""
 
 
 @dataclass
 class ParallelConfig:
     tensor_degree: int = 1
-    """Tensor-parallel ranks per model replica (TP); keep it within one node."""
+    """Tensor-parallel ranks per model replica (TP); keep it within one node. Range: >= 1."""
     pipeline_degree: int = 1
-    """Pipeline stages per model replica (PP)."""
+    """Pipeline stages per model replica (PP). Range: >= 1."""
     sequence_degree: int = 1
-    """Ulysses sequence-parallel ranks (SP); they take ranks like TP does."""
+    """Ulysses sequence-parallel ranks (SP); they take ranks like TP does. Range: >= 1."""
     data_degree: Optional[int] = None
-    """Data-parallel replicas (DP). null: derived as world / (TP x PP x SP); an explicit value is checked against that."""
+    """Data-parallel replicas (DP). null: derived as world / (TP x PP x SP); an explicit value is checked against that. Range: >= 1, or null."""
     zero_stage: int = 1
-    """DeepSpeed ZeRO stage 0-3 (only 0 and 1 compose with pipeline_degree > 1)."""
+    """DeepSpeed ZeRO stage 0-3 (only 0 and 1 compose with pipeline_degree > 1). Range: 0..3."""
     offload_optimizer: bool = False
     """ZeRO-Offload: keep optimizer states (and the step) on the CPU; needs zero_stage >= 1."""
     offload_param: bool = False
@@ -97,9 +98,9 @@ class ParallelConfig:
 @dataclass
 class BatchConfig:
     micro_batch_size: int = 4
-    """Sequences per rank per forward pass (DeepSpeed: train_micro_batch_size_per_gpu)."""
+    """Sequences per rank per forward pass (DeepSpeed: train_micro_batch_size_per_gpu). Range: >= 1."""
     global_batch_size: int = 8
-    """Sequences per optimizer step over all data-parallel replicas; accumulation steps are derived."""
+    """Sequences per optimizer step over all data-parallel replicas; accumulation steps are derived. Range: >= 1."""
 
 
 @dataclass
@@ -107,13 +108,13 @@ class PrecisionConfig:
     dtype: str = "bf16"
     """Training dtype: `fp32`, `bf16` or `fp16` (fp16 needs GPUs and uses dynamic loss scaling)."""
     initial_scale_power: int = 16
-    """fp16: the dynamic loss scale starts at 2**initial_scale_power."""
+    """fp16: the dynamic loss scale starts at 2**initial_scale_power. Range: 0..127."""
     loss_scale_window: int = 1000
-    """fp16: overflow-free steps before the loss scale is raised."""
+    """fp16: overflow-free steps before the loss scale is raised. Range: >= 1."""
     hysteresis: int = 2
-    """fp16: overflows tolerated before the loss scale is lowered."""
+    """fp16: overflows tolerated before the loss scale is lowered. Range: >= 1."""
     min_loss_scale: float = 1.0
-    """fp16: the loss scale never drops below this."""
+    """fp16: the loss scale never drops below this. Range: > 0, finite; <= 2**initial_scale_power."""
     grad_accum_dtype: Optional[str] = None
     """Dtype of gradient accumulation buffers (DeepSpeed data_types.grad_accum_dtype); null = DeepSpeed's default."""
 
@@ -123,17 +124,17 @@ class OptimizerConfig:
     name: str = "adamw"
     """Only `adamw` for now (decoupled weight decay, Loshchilov & Hutter 2019)."""
     lr: float = 3e-4
-    """Peak learning rate, reached after the warmup."""
+    """Peak learning rate, reached after the warmup. Range: > 0, finite."""
     weight_decay: float = 0.1
-    """Decoupled weight decay."""
+    """Decoupled weight decay. Range: >= 0, finite; optimizer.lr x weight_decay < 1."""
     beta1: float = 0.9
-    """Adam beta1."""
+    """Adam beta1. Range: [0, 1)."""
     beta2: float = 0.95
-    """Adam beta2 (0.95 as in LLaMA and GPT-3)."""
+    """Adam beta2 (0.95 as in LLaMA and GPT-3). Range: [0, 1)."""
     eps: float = 1e-8
-    """Adam epsilon."""
+    """Adam epsilon. Range: > 0, finite."""
     grad_clip: float = 1.0
-    """Clip the global gradient norm to this (0 disables); always emitted because DeepSpeed defaults it to 1.0."""
+    """Clip the global gradient norm to this; always emitted because DeepSpeed defaults it to 1.0. Range: >= 0, finite (0 = no clipping)."""
     torch_adam: bool = True
     """Use torch's AdamW instead of DeepSpeed's fused/CPU Adam, which JIT-compile C++ ops (1-2 min each) on first use."""
 
@@ -144,11 +145,11 @@ class SchedulerConfig:
     """`cosine` (linear warmup, cosine decay to min_lr) or `constant` (warmup then flat)."""
     warmup_steps: int = 100
     """Optimizer steps of linear warmup from 0 to optimizer.lr: step k (1-based) uses optimizer.lr * (k-1)/warmup_steps
-    (DeepSpeed's WarmupCosineLR/WarmupLR at iteration k-1; DeepSpeed raises values below 2 to 2)."""
+    (DeepSpeed's WarmupCosineLR/WarmupLR at iteration k-1; DeepSpeed raises values below 2 to 2). Range: >= 0 (0 = no warmup); below the decay horizon (cosine) or <= train.steps (constant)."""
     min_lr: float = 3e-5
-    """The floor the cosine decays to."""
+    """The floor the cosine decays to. Range: >= 0, finite; <= optimizer.lr."""
     decay_steps: Optional[int] = None
-    """Steps over which to decay; null = train.steps."""
+    """Steps over which to decay; null = train.steps. Range: >= 1, or null."""
 
 
 @dataclass
@@ -158,19 +159,19 @@ class ClusterConfig:
     gpu: str = "a100-80gb"
     """Accelerator type, a key of the catalog in launcher/config/hardware.py, or `cpu` for CPU ranks."""
     nodes: int = 1
-    """Nodes in the job."""
+    """Nodes in the job. Range: >= 1."""
     gpus_per_node: int = 8
-    """GPUs per node (for gpu=cpu: CPU ranks per node)."""
+    """GPUs per node (for gpu=cpu: CPU ranks per node). Range: >= 1."""
     cpus_per_task: Optional[int] = None
-    """CPU cores per SLURM task (one task per node); null = leave it to the site."""
+    """CPU cores per SLURM task (one task per node); null = leave it to the site. Range: >= 1, or null."""
     peak_tflops: Optional[float] = None
-    """Dense peak TFLOP/s per GPU in the training dtype; null = from the catalog (required for an unknown gpu)."""
+    """Dense peak TFLOP/s per GPU in the training dtype; null = from the catalog (required for an unknown gpu). Range: > 0, finite, or null."""
     memory_gb: Optional[float] = None
-    """GPU memory in GB; null = from the catalog."""
+    """GPU memory in GB; null = from the catalog. Range: > 0, finite, or null."""
     intra_node_gbps: Optional[float] = None
-    """Per-GPU intra-node bandwidth in GB/s (NVLink); null = from the catalog."""
+    """Per-GPU intra-node bandwidth in GB/s (NVLink); null = from the catalog. Range: > 0, finite, or null."""
     inter_node_gbps: Optional[float] = None
-    """Per-GPU inter-node bandwidth in GB/s (InfiniBand/RoCE); null = from the catalog."""
+    """Per-GPU inter-node bandwidth in GB/s (InfiniBand/RoCE); null = from the catalog. Range: > 0, finite, or null."""
     partition: Optional[str] = None
     """SLURM partition (sbatch --partition)."""
     account: Optional[str] = None
@@ -178,11 +179,11 @@ class ClusterConfig:
     time: str = "24:00:00"
     """SLURM time limit (sbatch --time)."""
     signal_grace_s: int = 300
-    """Seconds before the time limit that SLURM sends SIGUSR1 so the run can checkpoint and requeue."""
+    """Seconds before the time limit that SLURM sends SIGUSR1 so the run can checkpoint and requeue. Range: 1..65535."""
     setup: Optional[str] = None
     """Site hook: shell lines run in the job before training (module loads, exports)."""
     master_port: int = 29500
-    """Base rendezvous port on the first node: a SLURM job uses master_port + 2 x (job id mod 500), the preflight the next one."""
+    """Base rendezvous port on the first node: a SLURM job uses master_port + 2 x (job id mod 500), the preflight the next one. Range: 1024..64535."""
     preflight: Optional[bool] = None
     """Run a per-node check (torch import, GPU count, all-reduce) before training; null = on for GPU clusters."""
     extra_sbatch: list[str] = field(default_factory=list)
@@ -206,7 +207,7 @@ class WandbConfig:
 @dataclass
 class LoggingConfig:
     log_every: int = 1
-    """Print and record metrics every N optimizer steps."""
+    """Print and record metrics every N optimizer steps. Range: >= 1."""
     progress_bar: bool = True
     """Rank 0 shows a rich progress bar with ETA."""
     tensorboard: bool = False
@@ -218,9 +219,9 @@ class LoggingConfig:
 @dataclass
 class CheckpointConfig:
     save_every: int = 100
-    """Save a checkpoint every N optimizer steps (and always at the end); 0 = only at the end."""
+    """Save a checkpoint every N optimizer steps (and always at the end). Range: >= 0 (0 = only at the end)."""
     keep_last: int = 3
-    """Keep the newest K checkpoints, delete older ones."""
+    """Keep the newest K checkpoints, delete older ones. Range: >= 0 (0 = keep every checkpoint)."""
     export_hf: bool = False
     """At the end of training also export a transformers directory to <run_dir>/hf."""
 
@@ -228,19 +229,19 @@ class CheckpointConfig:
 @dataclass
 class TrainConfig:
     steps: int = 200
-    """Optimizer steps to run."""
+    """Optimizer steps to run. Range: >= 1."""
     tokens: Optional[int] = None
-    """Total training tokens for planning (`launcher plan` reports days); null = steps x tokens per step."""
+    """Total training tokens for planning (`launcher plan` reports days); null = steps x tokens per step. Range: >= 1, or null."""
     seed: int = 1234
-    """Seed for weights, data order and dropout."""
+    """Seed for weights, data order and dropout. Range: 0..2**63-1."""
     eval_every: int = 50
-    """Evaluate on the held-out split every N steps (0 = never)."""
+    """Evaluate on the held-out split every N steps. Range: >= 0 (0 = never); when > 0, data.val_fraction must be > 0."""
     eval_batches: int = 4
-    """Micro-batches per rank per evaluation."""
+    """Micro-batches per rank per evaluation. Range: >= 1."""
     nan_policy: str = "stop"
     """On a non-finite loss or grad norm: `stop` (checkpoint and exit non-zero) or `skip` (drop the step)."""
     dist_timeout_s: int = 60
-    """Collective timeout: a dead or hung rank fails the job after this many seconds."""
+    """Collective timeout: a dead or hung rank fails the job after this many seconds. Range: >= 1."""
 
 
 @dataclass

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import platform
 import re
@@ -350,6 +351,8 @@ RESUME_MAY_CHANGE = (
     "train.steps", "train.tokens", "train.eval_every", "train.eval_batches", "train.nan_policy", "train.dist_timeout_s",
     "logging.", "checkpoint.", "resume", "run_name", "runs_dir", "recipe_name", "extras.", "model.init_from",
     "data.cache_dir",
+    # Only with the decay horizon it yields unchanged (check_schedule_kept): decay_steps pins the saved schedule.
+    "scheduler.decay_steps",
     # Where the job runs and how it is planned and scheduled (not what it computes).
     "cluster.name", "cluster.gpu", "cluster.peak_tflops", "cluster.memory_gb", "cluster.intra_node_gbps",
     "cluster.inter_node_gbps", "cluster.partition", "cluster.account", "cluster.time", "cluster.signal_grace_s",
@@ -394,15 +397,54 @@ def resume_changes(saved: dict, cfg, layout, tag_dir: Path, prepared=None) -> li
     return changes
 
 
+def _cosine_lr(step: int, lr: float, warmup: int, horizon: int, min_lr: float) -> float:
+    """The lr of optimizer step `step` (1-based) under DeepSpeed 0.19.8's WarmupCosineLR as deepspeed_config.py
+    configures it: iteration step-1, warmup raised to 2, cosine progress clamped to 1 (lr_schedules.py get_lr_ratio)."""
+    it, warmup = step - 1, max(2, warmup)
+    if it < warmup:
+        return lr * it / warmup
+    progress = min(1.0, (it - warmup + 1) / max(1, horizon - warmup))
+    ratio = min_lr / lr
+    return lr * max(0.0, ratio + (1 - ratio) * (1 + math.cos(math.pi * progress)) / 2)
+
+
+def check_schedule_kept(saved: dict, cfg, tag_dir: Path) -> None:
+    """A resume must keep the cosine decay horizon it was saved with: DeepSpeed restores only the scheduler's
+    iteration, and rebuilds the curve from this config, so a changed train.steps (with scheduler.decay_steps
+    null) would re-stretch the rest of the schedule without a word. Megatron-LM refuses the same change
+    unless told which to use (OptimizerParamScheduler._check_and_set, --use-checkpoint-opt_param-scheduler)."""
+    then = saved.get("config", {})
+    old_s, s = then.get("scheduler", {}), cfg.scheduler
+    if s.name != "cosine" or old_s.get("name") != "cosine":
+        return  # a changed scheduler name is refused with the other changes; `constant` has no horizon
+    old_h = old_s.get("decay_steps") or then.get("train", {}).get("steps")
+    new_h = s.decay_steps if s.decay_steps is not None else cfg.train.steps
+    if old_h is None or old_h == new_h:
+        return
+    step = saved.get("step", 0) + 1
+    lr, warmup, min_lr = cfg.optimizer.lr, s.warmup_steps, s.min_lr
+    key, value = ("scheduler.decay_steps", s.decay_steps) if s.decay_steps is not None else ("train.steps", cfg.train.steps)
+    raise ConfigError(key, value,
+                      f"resuming {tag_dir.name} would re-stretch the cosine learning-rate schedule: its decay horizon was "
+                      f"{old_h} steps and would become {new_h} ({key}), so the lr of step {step} would change from "
+                      f"{_cosine_lr(step, lr, warmup, old_h, min_lr):.4g} to {_cosine_lr(step, lr, warmup, new_h, min_lr):.4g} "
+                      f"and every later step would follow the new curve",
+                      f"keep the saved schedule with scheduler.decay_steps={old_h} (after step {old_h} the lr stays at "
+                      f"scheduler.min_lr={min_lr:g}), or train under a new schedule as a new run from the exported weights "
+                      f"(resume=never, model.init_from=<launcher export of this checkpoint>)")
+
+
 def check_resume_compatible(saved: dict, cfg, layout, tag_dir: Path, prepared=None) -> None:
-    """Refuse a resume that changes more than RESUME_MAY_CHANGE, with a diff of what changed (key: saved -> now)."""
+    """Refuse a resume that changes more than RESUME_MAY_CHANGE, with a diff of what changed (key: saved -> now),
+    or that would change the learning-rate schedule (check_schedule_kept)."""
+    check_schedule_kept(saved, cfg, tag_dir)
     changes = resume_changes(saved, cfg, layout, tag_dir, prepared)
     if changes:
         raise ConfigError("resume", str(tag_dir),
                           f"the checkpoint was saved with another model, data or layout ({'; '.join(changes)}); ZeRO optimizer "
                           "state is partitioned per data-parallel rank, the data order follows the batch layout and the "
                           "weights fit one model shape and tokenizer, so it cannot be continued as is. A resume may change "
-                          "only: train.steps, evaluation, logging, checkpointing, train.nan_policy, train.dist_timeout_s "
+                          "only: train.steps (with the LR schedule's decay horizon kept), evaluation, logging, checkpointing, train.nan_policy, train.dist_timeout_s "
                           "and where/how the job is scheduled (cluster.partition, time, ...)",
                           "resume with the checkpoint's settings (see its launcher_state.json), or start a new run "
                           "(resume=never, model.init_from=<an exported HF directory>)")

@@ -40,6 +40,7 @@ from typing import Iterator, Optional
 import numpy as np
 
 from launcher.config.errors import ConfigError
+from launcher.runtime import inputs
 
 EOS_TOKEN = "<|endoftext|>"
 # Other names a user-supplied tokenizer may give its end-of-document token.
@@ -109,12 +110,20 @@ def _hf_documents(cfg) -> tuple[list[tuple[str, str]], str]:
         if None in builders or len(builders) != 1:
             raise ConfigError("data.paths", list(d.paths), f"needs files of one kind among {', '.join(sorted(HF_BUILDERS))} (got {', '.join(sorted(exts))})",
                               "convert the files to one format, e.g. jsonl with a text field")
-        missing = [p for p in d.paths if not Path(p).expanduser().exists()]
-        if missing:
-            raise ConfigError("data.paths", missing[0], "does not exist", "give existing local files")
-        ds = datasets.load_dataset(builders.pop(), data_files=[str(Path(p).expanduser()) for p in d.paths], split="train")
+        inputs.check_hf_files(list(d.paths))
+        builder = builders.pop()
+        try:
+            with inputs.quiet_datasets():
+                ds = datasets.load_dataset(builder, data_files=[str(Path(p).expanduser()) for p in d.paths], split="train")
+        except Exception as exc:  # datasets' errors name neither file nor line: find them
+            raise inputs.explain_hf_read_error(list(d.paths), builder, exc) from None
     elif d.hf_name:
-        ds = datasets.load_dataset(d.hf_name, split="train")
+        inputs.check_hub_reachable(d.hf_name)
+        try:
+            with inputs.quiet_datasets():
+                ds = datasets.load_dataset(d.hf_name, split="train")
+        except Exception as exc:  # not found, gated, offline cache miss, bad config name
+            raise inputs.hub_load_error(d.hf_name, exc) from None
     else:
         raise ConfigError("data.paths", [], "data=hf needs local files in data.paths or a hub name in data.hf_name",
                           "set data.paths=[/path/a.jsonl] or data.hf_name=NAME")
@@ -123,13 +132,20 @@ def _hf_documents(cfg) -> tuple[list[tuple[str, str]], str]:
                           f"set data.text_field to one of {', '.join(ds.column_names)}")
     docs = []
     total = 0
-    for i, text in enumerate(ds[d.text_field]):
-        if not isinstance(text, str) or not text.strip():
-            continue
-        docs.append((str(i), text))
-        total += len(text.encode("utf-8"))
-        if d.max_bytes is not None and total >= d.max_bytes:
-            break
+    try:
+        # Arrow decodes the strings row by row as they are read, not at load time: a non-UTF-8 byte inside a JSON
+        # string surfaces here.
+        for i, text in enumerate(ds[d.text_field]):
+            if not isinstance(text, str) or not text.strip():
+                continue
+            docs.append((str(i), text))
+            total += len(text.encode("utf-8"))
+            if d.max_bytes is not None and total >= d.max_bytes:
+                break
+    except Exception as exc:  # noqa: BLE001
+        if not d.paths:
+            raise inputs.hub_load_error(d.hf_name, exc) from None
+        raise inputs.explain_hf_read_error(list(d.paths), builder, exc) from None
     return docs, "data.paths" if d.paths else "data.hf_name"
 
 
@@ -201,9 +217,7 @@ def build_tokenizer(cfg, docs, chash: str, cache: Path, console=None) -> tuple[P
     vocab = cfg.model.vocab_size
     if cfg.data.tokenizer_path:
         path = Path(cfg.data.tokenizer_path).expanduser()
-        if not path.is_file():
-            raise ConfigError("data.tokenizer_path", str(path), "does not exist", "give a tokenizer.json written by HF tokenizers")
-        tok = Tokenizer.from_file(str(path))
+        tok = inputs.load_tokenizer_file(path)
         if tok.get_vocab_size() != vocab:
             raise ConfigError("data.tokenizer_path", str(path),
                               f"the tokenizer has {tok.get_vocab_size()} tokens but model.vocab_size = {vocab}",
@@ -243,6 +257,7 @@ def pretokenize(docs, tok, eos_id: int, bin_path: Path, dtype: str, progress: bo
     np_dtype = np.dtype(dtype)
     doc_offsets = [0]
     n = 0
+    max_id = eos_id  # recorded in the index: data=tokens checks ids < vocab_size without reading the file again
     encode = getattr(tok, "encode_batch_fast", tok.encode_batch)  # no offsets needed: faster where available
     columns = (TextColumn("pretokenizing"), BarColumn(), MofNCompleteColumn(), TextColumn("docs"), TimeRemainingColumn())
     with open(tmp, "wb") as out, Progress(*columns, disable=not progress, transient=True) as bar:
@@ -251,6 +266,7 @@ def pretokenize(docs, tok, eos_id: int, bin_path: Path, dtype: str, progress: bo
             chunk = docs[start:start + ENCODE_CHUNK_DOCS]
             for enc in encode([text for _, text in chunk]):
                 ids = np.asarray(enc.ids + [eos_id], dtype=np_dtype)
+                max_id = max(max_id, int(ids.max()))
                 out.write(ids.tobytes())
                 n += len(ids)
                 doc_offsets.append(n)
@@ -258,7 +274,7 @@ def pretokenize(docs, tok, eos_id: int, bin_path: Path, dtype: str, progress: bo
         out.flush()
         os.fsync(out.fileno())  # the index (written last, atomically) must never name tokens that are not on disk
     os.replace(tmp, bin_path)
-    index = dict(meta, format=FORMAT_VERSION, dtype=dtype, num_tokens=n, num_docs=len(docs), eos_id=eos_id)
+    index = dict(meta, format=FORMAT_VERSION, dtype=dtype, num_tokens=n, num_docs=len(docs), eos_id=eos_id, max_id=max_id)
     buf = io.BytesIO()
     np.save(buf, np.asarray(doc_offsets, dtype=np.int64))
     _atomic_write_bytes(bin_path.with_name(bin_path.name + ".docs.npy"), buf.getvalue())
@@ -295,11 +311,12 @@ def _tokens_source(cfg, layout) -> PreparedData:
     if not bin_path.is_file() or not idx.is_file():
         raise ConfigError("data.tokens_path", str(bin_path), f"needs both the token file and its index {idx.name}",
                           "point it at a *.bin written by a previous run's pretokenization (see the run's data.json)")
-    index = json.loads(idx.read_text())
+    index = inputs.read_token_index(bin_path, idx)
     if index.get("vocab_size") != cfg.model.vocab_size:
         raise ConfigError("data.tokens_path", str(bin_path),
                           f"the tokens were made with a tokenizer of {index.get('vocab_size')} tokens but model.vocab_size = {cfg.model.vocab_size}",
                           f"set model.vocab_size={index.get('vocab_size')}")
+    inputs.check_token_file(bin_path, index, cfg.model.vocab_size, Path(d.cache_dir))
     train, val = _split(cfg, layout, index["num_tokens"], "data.tokens_path", str(bin_path))
     tok = index.get("tokenizer_path")
     return PreparedData(str(bin_path), tok if tok and Path(tok).exists() else None, index["dtype"], index["num_tokens"],
@@ -313,6 +330,7 @@ def prepare_data(cfg, layout, progress: bool = False, console=None) -> PreparedD
     if cfg.data.source not in ("stdlib", "hf"):
         raise ConfigError("data.source", cfg.data.source, "must be stdlib, hf or tokens", "select data=stdlib, data=hf or data=tokens")
     cache = Path(cfg.data.cache_dir).expanduser()
+    inputs.check_writable_dir("data.cache_dir", cfg.data.cache_dir)
     docs = read_documents(cfg)
     chash = corpus_hash(docs)
     tok_path, tok = build_tokenizer(cfg, docs, chash, cache, console)

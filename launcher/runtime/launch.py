@@ -96,42 +96,8 @@ def check_runs_dir(runs_dir: str) -> None:
                           "point runs_dir at a directory (it is created when missing)")
 
 
-# Environment variables that hold credentials: their values must never reach config.yaml, checkpoints or logs.
-SECRET_ENV = re.compile(r"(^|_)(API_KEY|ACCESS_KEY|SECRET_KEY|PRIVATE_KEY|TOKEN|SECRET|PASSWORD|PASSWD)$")
-# Names of free-form keys (extras.*) that would hold a credential; schema keys are known not to.
-SECRET_KEY = re.compile(r"(^|[_.-])(api_?key|token|secret|password|passwd|credentials?)($|[_.-])", re.IGNORECASE)
-
-
-def refuse_secrets_in_config(cfg) -> None:
-    """A config value equal to (or holding) a credential from the environment, or an extras key named like one, is refused.
-
-    config.yaml is written into the run dir and into every checkpoint's launcher_state.json, and `launcher show`
-    prints it; W&B reads WANDB_API_KEY from the environment itself. The value is never echoed.
-    """
-    # A path (HF_TOKEN_PATH-like variables hold one) is no credential and could be a prefix of a config path.
-    secrets = {name: value for name, value in os.environ.items()
-               if SECRET_ENV.search(name) and len(value) >= 8 and not value.startswith(("/", "~", "."))}
-
-    def walk(node, prefix):
-        if isinstance(node, dict):
-            for k, v in node.items():
-                key = f"{prefix}{k}"
-                if key.startswith("extras.") and SECRET_KEY.search(str(k)) and v not in (None, "", {}, []):
-                    raise ConfigError(key, "<redacted>", "looks like a credential, and config values are written to "
-                                      "config.yaml, checkpoints and logs", "pass credentials as environment variables "
-                                      "(WANDB_API_KEY for W&B, HF_TOKEN for the hub), never as config values")
-                walk(v, key + ".")
-        elif isinstance(node, (list, tuple)):
-            for i, v in enumerate(node):
-                walk(v, f"{prefix[:-1]}[{i}].")
-        elif isinstance(node, str):
-            for name, value in secrets.items():
-                if value in node:
-                    raise ConfigError(prefix[:-1], "<redacted>", f"holds the value of the environment variable {name}, "
-                                      "and config values are written to config.yaml, checkpoints and logs",
-                                      f"remove it from the config; the launcher and W&B read {name} from the environment")
-
-    walk(OmegaConf.to_container(cfg, resolve=True), "")
+# Credentials in config values (by environment value, by shape, by extras key name): launcher/config/secrets.py.
+from launcher.config.secrets import refuse_secrets_in_config  # noqa: E402,F401  (re-exported: cli.py imports it from here)
 
 
 def freeze_config(cfg, run_dir: Path, ds_config: dict) -> Path:

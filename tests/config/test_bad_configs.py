@@ -70,10 +70,10 @@ def test_rejected_with_key_rule_and_fix(entry, capsys, tmp_path, monkeypatch, fa
 
 
 def test_catalogue_size_and_spread():
-    assert len(CATALOGUE) >= 40
+    assert len(CATALOGUE) >= 140
     keys = {e["key"].split(".")[0] for e in CATALOGUE}
     # every config group that has rules appears in the catalogue
     assert {"model", "data", "parallel", "batch", "precision", "cluster", "recipe", "run_name", "optimizer", "train",
-            "checkpoint", "logging", "resume", "runs_dir", "extras"} <= keys
+            "checkpoint", "logging", "resume", "runs_dir", "extras", "scheduler"} <= keys
     groups = {e["group"] for e in CATALOGUE}
-    assert {"layout", "compose", "names", "train", "memory", "data", "resume", "secrets"} <= groups
+    assert {"layout", "compose", "names", "train", "memory", "data", "resume", "secrets", "ranges", "interpolation"} <= groups

@@ -37,6 +37,7 @@ LLAMA = ["recipe=tiny", "model.hidden_size=32", "model.num_hidden_layers=2", "mo
 BLOOM = ["recipe=bloom-176b", "cluster=cpu", "cluster.nodes=1", "cluster.gpus_per_node=8", "parallel.tensor_degree=2",
          "parallel.pipeline_degree=2", "model.hidden_size=64", "model.num_hidden_layers=4", "model.num_attention_heads=4",
          "model.vocab_size=320", "model.max_position_embeddings=64", "batch.micro_batch_size=1", "train.steps=3",
+         "scheduler.warmup_steps=1",  # the recipe warms up over 89 steps: longer than this run (refused)
          "train.eval_every=3"]
 
 

@@ -62,7 +62,8 @@ def test_truncated_latest_falls_back_to_the_newest_intact(run, tmp_path):
     size = victim.stat().st_size
     with open(victim, "r+b") as f:
         f.truncate(size // 2)
-    result = launcher(["train", "--config", str(r / "config.yaml"), "resume=auto", "train.steps=8", "logging.log_every=2"])
+    result = launcher(["train", "--config", str(r / "config.yaml"), "resume=auto", "train.steps=8", "scheduler.decay_steps=6",
+                       "logging.log_every=2"])  # decay_steps: the saved schedule (a new horizon is refused)
     assert result.returncode == 0, result.stderr[-3000:]
     out = " ".join((result.stdout + result.stderr).split())
     assert (f"resume=auto skips damaged checkpoints (step_00000006: {STATES}: {size // 2:,} bytes, the manifest says "
