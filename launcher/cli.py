@@ -261,16 +261,18 @@ def cmd_submit(args) -> int:
 
     points = sweep_points(args.overrides) if args.multirun else [list(args.overrides)]
     con = _console(stderr=args.dry_run)  # --dry-run: only the script on stdout
-    if not args.dry_run:
-        from launcher.slurm import require_sbatch
-
-        require_sbatch()  # before any data preparation or job dir
     # Compose and validate every point before submitting any: a sweep with one bad point submits nothing.
     jobs, taken = [], set()
     for i, point in enumerate(points):
         if args.multirun:
             con.print(f"sweep point {i + 1}/{len(points)}: {' '.join(point)}", markup=False)
         jobs.append(plan_job(compose(point), taken))
+    if not args.dry_run:
+        from launcher.slurm import require_sbatch
+
+        # The user's own mistakes (layout, config) first, the machine's after; still before any data
+        # preparation or job dir is written.
+        require_sbatch()
     from rich.markup import escape
 
     for job in jobs:
