@@ -11,7 +11,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
-from dataclasses import fields, is_dataclass
+from dataclasses import MISSING, fields, is_dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -44,6 +44,54 @@ def schema_keys(path: str) -> list[str]:
     return [f.name for f in fields(node)]
 
 
+def schema_paths(node=Config, prefix: str = "") -> list[str]:
+    """Every dotted key of the schema ('train.steps', 'cluster.gpu', ...), nested sections included."""
+    out = []
+    for f in fields(node):
+        path = f"{prefix}{f.name}"
+        out.append(path)
+        default = f.default_factory() if f.default_factory is not MISSING else None  # type: ignore[misc]
+        if is_dataclass(default):
+            out.extend(schema_paths(type(default), f"{path}."))
+    return out
+
+
+# The free-form section: the one place `+key=value` adds a key (Hydra's syntax for a new dict entry).
+OPEN_SECTION = "extras"
+
+
+def check_override_syntax(overrides: Sequence[str]) -> None:
+    """Refuse the Hydra override forms that mean nothing on the launcher's closed schema, before composing.
+
+    Hydra accepts `+key=value` on a structured config by opening it, so a typo'd `+train.stepz=5` would be
+    composed, frozen into the run and never read; `~key` (delete) and `hydra.*` / `hydra/...` (Hydra's own
+    app settings; this is not a Hydra app) end in internal errors or are silently ignored.
+    """
+    for override in overrides:
+        key, _, value = override.partition("=")
+        bare = key.lstrip("+~")
+        if bare == "hydra" or bare.startswith(("hydra.", "hydra/")):
+            raise ConfigError(bare, value, "Hydra's own settings (hydra.run.dir, hydra/launcher, hydra.verbose, ...) do not apply: "
+                              "`launcher` composes its configs with Hydra but is not a Hydra app",
+                              "drop it; the run directory is runs_dir/run_name (e.g. runs_dir=/scratch/runs run_name=exp1), "
+                              "sweeps are `launcher plan -m` / `launcher submit -m`, tracebacks come with --debug")
+        if key.startswith("~"):
+            raise ConfigError(bare, override, "`~key` deletes a key, and every key of the typed schema must exist "
+                              "(launcher/config/schema.py)", f"set a value instead ({bare}=null where the field is optional), "
+                              "or leave the key out to keep its default")
+        if key.startswith("+") and not bare.startswith(f"{OPEN_SECTION}."):
+            known = schema_paths()
+            groups = [p.name for p in conf_dir().iterdir() if p.is_dir()]
+            if bare in known or bare in groups:
+                fix = f"drop the '+': {bare}={value} (`+` adds a new key; this one exists)"
+            else:
+                close = difflib.get_close_matches(bare, known + groups, n=2, cutoff=0.6)
+                fix = (f"did you mean {join_or(f'{c}={value}' for c in close)}?" if close else
+                       "use a key of launcher/config/schema.py") + f" (free-form notes go under +{OPEN_SECTION}.<name>=...)"
+            raise ConfigError(bare, value, f"`{key[:len(key) - len(bare)]}key=value` adds a key, and the schema is closed: "
+                              "a key no code reads would be frozen into the run and ignored", fix)
+
+
 def group_options(group: str) -> list[str]:
     folder = conf_dir() / group
     return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
@@ -72,6 +120,8 @@ def _translate(exc: BaseException) -> ConfigError:
         parent, _, leaf = full_key.rpartition(".")
         keys = schema_keys(parent)
         where = f"'{parent}'" if parent else "the top level"
+        if parent == OPEN_SECTION:  # a new entry of the free-form dict needs Hydra's '+'
+            return ConfigError(full_key, leaf, f"is not a key of '{OPEN_SECTION}' yet", f"add it with +{full_key}=<value>")
         return ConfigError(full_key, leaf, f"is not a config key of {where}", _suggest(leaf, keys) if keys else "remove it")
     if isinstance(cause, ValidationError):
         full_key = getattr(cause, "full_key", None) or "?"
@@ -102,6 +152,7 @@ def compose(overrides: Sequence[str] = (), config_name: str = "config") -> DictC
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
+    check_override_syntax(overrides)
     register_configs()
     GlobalHydra.instance().clear()
     try:
