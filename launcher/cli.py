@@ -254,10 +254,13 @@ def launch_training(cfg) -> int:
     from launcher.runtime.data import prepare_data
     from launcher.runtime.launch import choose_run_dir, freeze_config, start_local_ranks
 
+    from launcher.runtime.preflight import refuse_missing_local_gpus
+
     layout = validate_before_start(cfg)
     if cfg.cluster.nodes > 1:
         raise ConfigError("cluster.nodes", cfg.cluster.nodes, "`launcher train` starts ranks on this machine only",
                           "submit multi-node runs with `launcher submit` (SLURM), or set cluster.nodes=1")
+    refuse_missing_local_gpus(cfg, layout)
     con = _console()
     from rich.markup import escape
 

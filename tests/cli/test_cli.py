@@ -120,3 +120,20 @@ def test_plus_adds_keys_only_to_extras():
     out = run("show", "recipe=tiny", "+extras.tag=ablation-3")
     assert out.returncode == 0, out.stderr
     assert "tag: ablation-3" in out.stdout
+
+
+def test_gpu_cluster_without_gpus_is_refused_before_any_rank_starts(tmp_path):
+    """Bare `launcher train` (cluster=a100-80gb) where torch sees no GPU: exit 2 naming cluster.gpu and cluster=cpu,
+    nothing written. CUDA_VISIBLE_DEVICES='' hides any GPU, so this holds on a GPU machine too."""
+    import os
+    import time
+
+    t0 = time.time()
+    out = subprocess.run([venv_bin("launcher"), "train", f"runs_dir={tmp_path / 'runs'}"], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=120, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    message = " ".join(out.stderr.split())
+    assert out.returncode == 2, out.stderr
+    assert "config error: cluster.gpu='a100-80gb': cluster=a100-80gb starts cluster.gpus_per_node=8 GPU ranks" in message
+    assert "torch sees 0 GPUs here" in message and "fix: train on CPU ranks here with cluster=cpu" in message
+    assert "Traceback" not in out.stderr and list(tmp_path.iterdir()) == []
+    assert time.time() - t0 < 60  # the ranks used to die ~95 s in
