@@ -1,4 +1,4 @@
-"""Compose conf/ + recipes/ + command-line overrides into one read-only config.
+"""Compose launcher/conf (+ $LAUNCHER_CONF_PATH) + command-line overrides into one read-only config.
 
 Hydra does the composition (config groups, `recipe=NAME`, `key=value`
 overrides); this module turns Hydra's and OmegaConf's exceptions into a
@@ -20,14 +20,42 @@ from omegaconf import DictConfig, OmegaConf
 from launcher.config.errors import ConfigError, join_or
 from launcher.config.schema import Config, register_configs
 
-# conf/ and recipes/ live beside the package in the checkout (editable install).
-REPO_ROOT = Path(__file__).resolve().parents[2]
+# The built-in configs ship inside the package (package data), so a wheel install finds them; conf/ and
+# recipes/ at the top of the checkout are links to launcher/conf and launcher/conf/recipe.
+BUILTIN_CONF = Path(__file__).resolve().parents[1] / "conf"
+# Teams add their own options (model/, cluster/, recipe/, ... laid out like launcher/conf) from their own
+# directories: os.pathsep-separated, searched after the built-in ones (Hydra's hydra.searchpath).
+CONF_PATH_ENV = "LAUNCHER_CONF_PATH"
 HYDRA_VERSION_BASE = "1.3"
 
 
 def conf_dir() -> Path:
-    """The Hydra config directory; LAUNCHER_CONF_DIR points elsewhere (e.g. a site copy)."""
-    return Path(os.environ.get("LAUNCHER_CONF_DIR", REPO_ROOT / "conf")).resolve()
+    """The built-in Hydra config directory (the primary config.yaml and the shipped options)."""
+    return BUILTIN_CONF
+
+
+def user_conf_dirs() -> list[Path]:
+    """The directories of $LAUNCHER_CONF_PATH, each checked: it exists, and names no built-in option."""
+    dirs = [Path(d).expanduser().resolve() for d in os.environ.get(CONF_PATH_ENV, "").split(os.pathsep) if d]
+    for d in dirs:
+        if not d.is_dir():
+            raise ConfigError(CONF_PATH_ENV, str(d), "is not a directory",
+                              f"point {CONF_PATH_ENV} at directories laid out like launcher/conf (model/, cluster/, recipe/, ...)")
+        for path in sorted(d.glob("*/*.yaml")):
+            builtin = BUILTIN_CONF / path.parent.name / path.name
+            if builtin.exists():
+                # Hydra's search path takes the first match, the built-in one: the user's file would be ignored.
+                raise ConfigError(CONF_PATH_ENV, str(path), f"has the name of the built-in option "
+                                  f"{path.parent.name}={path.stem}: the built-in one would be chosen and this file ignored",
+                                  f"give it a name of its own (e.g. {path.stem}-site.yaml, selected with "
+                                  f"{path.parent.name}={path.stem}-site); to change a few keys of the built-in one, "
+                                  f"start the file with `defaults: [{path.stem}, _self_]`")
+    return dirs
+
+
+def conf_dirs() -> list[Path]:
+    """Where options are found, in Hydra's order: the built-in directory, then $LAUNCHER_CONF_PATH."""
+    return [BUILTIN_CONF, *user_conf_dirs()]
 
 
 def schema_keys(path: str) -> list[str]:
@@ -81,7 +109,7 @@ def check_override_syntax(overrides: Sequence[str]) -> None:
                               "or leave the key out to keep its default")
         if key.startswith("+") and not bare.startswith(f"{OPEN_SECTION}."):
             known = schema_paths()
-            groups = [p.name for p in conf_dir().iterdir() if p.is_dir()]
+            groups = sorted({p.name for d in conf_dirs() for p in d.iterdir() if p.is_dir()})
             if bare in known or bare in groups:
                 fix = f"drop the '+': {bare}={value} (`+` adds a new key; this one exists)"
             else:
@@ -93,8 +121,7 @@ def check_override_syntax(overrides: Sequence[str]) -> None:
 
 
 def group_options(group: str) -> list[str]:
-    folder = conf_dir() / group
-    return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
+    return sorted({p.stem for d in conf_dirs() for p in (d / group).glob("*.yaml")})
 
 
 def _suggest(word: str, choices: Sequence[str]) -> str:
@@ -133,7 +160,8 @@ def _translate(exc: BaseException) -> ConfigError:
         group, _, name = (getattr(exc, "missing_cfg_file", None) or "?/?").rpartition("/")
         options = list(getattr(exc, "options", None) or group_options(group))
         where = "recipes/" if group == "recipe" else f"conf/{group}/"
-        return ConfigError(group, name, f"there is no {where}{name}.yaml", _suggest(name, options) if options else "check the name")
+        also = f" (nor {group}/{name}.yaml in ${CONF_PATH_ENV})" if os.environ.get(CONF_PATH_ENV) else ""
+        return ConfigError(group, name, f"there is no {where}{name}.yaml{also}", _suggest(name, options) if options else "check the name")
     if isinstance(exc, OverrideParseException):
         return ConfigError("(command line)", text.splitlines()[0], "is not a valid override", "write overrides as key=value, e.g. batch.micro_batch_size=2")
     return ConfigError("(config)", type(exc).__name__, text.splitlines()[0] if text else "composition failed", "check the overrides and the YAML files named above")
@@ -153,11 +181,15 @@ def compose(overrides: Sequence[str] = (), config_name: str = "config") -> DictC
     from hydra.core.global_hydra import GlobalHydra
 
     check_override_syntax(overrides)
+    user_dirs = user_conf_dirs()
+    # hydra.searchpath is refused from the command line (check_override_syntax); $LAUNCHER_CONF_PATH sets it.
+    entries = ",".join(f"'file://{d}'" for d in user_dirs)  # quoted: a path may hold spaces or commas
+    search = [f"hydra.searchpath=[{entries}]"] if user_dirs else []
     register_configs()
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(conf_dir()), version_base=HYDRA_VERSION_BASE):
-            cfg = hydra_compose(config_name=config_name, overrides=list(overrides))
+            cfg = hydra_compose(config_name=config_name, overrides=[*search, *overrides])
     except ConfigError:
         raise
     except Exception as exc:  # Hydra wraps everything in its own exception types
