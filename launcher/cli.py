@@ -4,6 +4,7 @@
     launcher plan  [overrides] [--json]   the layout table (or one JSON object)
     launcher plan  [overrides] --search   the best layouts for the model and cluster, ranked
     launcher plan  [overrides] --rank-map [--rank-map-png PATH]   node/GPU -> rank -> (tp, pp, dp)
+    launcher plan -m [sweep overrides]          one plan per point of a Hydra sweep (compare layouts)
     launcher train [overrides]            train: freeze the config into a run dir, start the local ranks
     launcher train --config PATH [overrides]   run a frozen config (inside srun + torchrun: the loop itself)
     launcher submit [overrides] [--dry-run]     validate, write the job dir, sbatch (or print the script)
@@ -63,11 +64,53 @@ def cmd_show(args) -> int:
 
 
 def cmd_plan(args) -> int:
+    if args.multirun:
+        return _plan_sweep(args)
+    return _plan_one(args)
+
+
+def _plan_sweep(args) -> int:
+    """`plan -m a=1,2 b=x,y`: one plan per point of the Hydra sweep, in Hydra's order, to compare layouts.
+
+    A point that is not a valid layout prints its config error and the sweep goes on (exit 2 at the end):
+    which points are invalid, and why, is part of the comparison. --json prints one list.
+    """
+    from launcher.plan.report import plan_summary
+
+    if args.json and (args.search or args.rank_map or args.rank_map_png):
+        raise ConfigError("(command line)", "-m --json", "a JSON sweep prints the plan of each point only",
+                          "drop --search/--rank-map, or drop --json to see them point by point")
+    points = sweep_points(args.overrides)
+    failed, results = 0, []
+    for i, point in enumerate(points):
+        if not args.json:
+            _console().rule(f"sweep point {i + 1}/{len(points)}: {' '.join(point)}", characters="=")
+        try:
+            if args.json:
+                cfg, layout = _resolve(point)
+                results.append({"overrides": point, "plan": plan_summary(cfg, layout)})
+            else:
+                _plan_one(argparse.Namespace(**{**vars(args), "overrides": point}))
+        except ConfigError as err:
+            failed += 1
+            _print_config_error(err)
+            if args.json:
+                results.append({"overrides": point, "error": str(err)})
+    if args.json:
+        print(json.dumps(results, indent=2))
+    return EXIT_CONFIG_ERROR if failed else 0
+
+
+def _plan_one(args) -> int:
     from launcher.plan.report import plan_summary, render_plan
 
-    cfg, layout = _resolve(args.overrides)
     if args.search:
-        return _plan_search(cfg, args)
+        from launcher.config.compose import compose
+
+        # The search replaces the configured TP/PP/ZeRO/micro-batch with every valid choice, keeping the global
+        # batch (and so the tokens per step): the starting layout need not be valid itself.
+        return _plan_search(compose(args.overrides), args)
+    cfg, layout = _resolve(args.overrides)
     if args.rank_map or args.rank_map_png:
         return _rank_map(layout, args)
     summary = plan_summary(cfg, layout)
@@ -84,10 +127,12 @@ def _plan_search(cfg, args) -> int:
 
     ranked, counts = search_layouts(cfg)
     rows = search_rows(ranked, args.top)
+    gbs, seq = cfg.batch.global_batch_size, cfg.data.seq_length
+    held = {"global_batch_size": gbs, "seq_length": seq, "tokens_per_step": gbs * seq}
     if args.json:
-        print(json.dumps({"counts": counts, "layouts": rows}, indent=2))
+        print(json.dumps({"counts": counts, "held": held, "layouts": rows}, indent=2))
     else:
-        render_search(rows, counts, _console())
+        render_search(rows, counts, _console(), held)
     return 0
 
 
@@ -213,12 +258,14 @@ def verified_resume(cfg, run_dir, layout, warn):
 def launch_training(cfg) -> int:
     """Validate everything, own the run dir, prepare the data, freeze the config into the run dir, start the local ranks."""
     from launcher.runtime.launch import choose_run_dir
+    from launcher.runtime.preflight import refuse_missing_local_gpus
     from launcher.runtime.runlock import acquire, claim_new_dir
 
     layout = validate_before_start(cfg)
     if cfg.cluster.nodes > 1:
         raise ConfigError("cluster.nodes", cfg.cluster.nodes, "`launcher train` starts ranks on this machine only",
                           "submit multi-node runs with `launcher submit` (SLURM), or set cluster.nodes=1")
+    refuse_missing_local_gpus(cfg, layout)
     con = _console()
     from rich.markup import escape
 
@@ -288,10 +335,6 @@ def cmd_submit(args) -> int:
 
     points = sweep_points(args.overrides) if args.multirun else [list(args.overrides)]
     con = _console(stderr=args.dry_run)  # --dry-run: only the script on stdout
-    if not args.dry_run:
-        from launcher.slurm import require_sbatch
-
-        require_sbatch()  # before any data preparation or job dir
     # Compose and validate every point before submitting any: a sweep with one bad point submits nothing.
     jobs, taken, claimed = [], set(), None if args.dry_run else set()
     try:
@@ -299,8 +342,14 @@ def cmd_submit(args) -> int:
             if args.multirun:
                 con.print(f"sweep point {i + 1}/{len(points)}: {' '.join(point)}", markup=False)
             jobs.append(plan_job(compose(point), taken, claim=claimed))
+        if not args.dry_run:
+            from launcher.slurm import require_sbatch
+
+            # The user's own mistakes (layout, config) first, the machine's after; still before any data
+            # preparation or job is written.
+            require_sbatch()
     except BaseException:
-        for d in claimed or ():  # the new, still empty directories of unnamed points planned before the bad one
+        for d in claimed or ():  # the new, still empty directories of unnamed points planned before the failure
             if d.is_dir() and not any(d.iterdir()):
                 d.rmdir()
         raise
@@ -422,6 +471,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--top", type=int, default=10, help="--search: how many layouts to print (default 10)")
     plan.add_argument("--rank-map", action="store_true", help="print node/GPU -> global rank -> (tp, pp, dp), one line per rank")
     plan.add_argument("--rank-map-png", metavar="PATH", help="draw the rank map as an image (PNG)")
+    plan.add_argument("-m", "--multirun", action="store_true", help="Hydra sweep: one plan per point (a=1,2 b=x,y -> 4 plans)")
     train = add("train", cmd_train, "train: validate, freeze the config into the run dir, start the local ranks (or, under torchrun, run the loop)")
     train.add_argument("--config", default=None, help="a frozen config.yaml (run or job dir) instead of composing conf/")
     submit = add("submit", cmd_submit, "validate, write the job dir (frozen config, DeepSpeed JSON, sbatch script) and sbatch it")
@@ -456,11 +506,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except ConfigError as err:
         if debug:
             raise
-        from rich.markup import escape
-
-        # The message holds user values (e.g. '[a, b]'): escape them so rich does not read them as markup.
-        _console(stderr=True).print(f"[bold red]config error:[/bold red] {escape(str(err))}", highlight=False)
+        _print_config_error(err)
         return EXIT_CONFIG_ERROR
+
+
+def _print_config_error(err: ConfigError) -> None:
+    from rich.markup import escape
+
+    # The message holds user values (e.g. '[a, b]'): escape them so rich does not read them as markup.
+    _console(stderr=True).print(f"[bold red]config error:[/bold red] {escape(str(err))}", highlight=False)
 
 
 if __name__ == "__main__":

@@ -26,8 +26,8 @@ from typing import Optional
 from launcher.config.errors import ConfigError
 from launcher.protocol import CONFIG_FILE, PREEMPTED_FILE, TORCHRUN_SHUTDOWN_TIMEOUT_S, TORCHRUN_SIGNALS
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-TEMPLATE = REPO_ROOT / "slurm" / "train.sbatch.tmpl"
+# Package data (a wheel carries it); slurm/train.sbatch.tmpl in the checkout links here.
+TEMPLATE = Path(__file__).resolve().parent / "templates" / "train.sbatch.tmpl"
 SCRIPT_FILE = "job.sbatch"
 LOG_PATTERN = "slurm-%j.out"  # %j: SLURM puts the job id in (sbatch(1), "filename pattern")
 

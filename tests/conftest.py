@@ -38,5 +38,5 @@ def resolve():
 
 @pytest.fixture(autouse=True)
 def _no_user_conf_dir(monkeypatch):
-    monkeypatch.delenv("LAUNCHER_CONF_DIR", raising=False)
+    monkeypatch.delenv("LAUNCHER_CONF_PATH", raising=False)
     yield

@@ -1,4 +1,4 @@
-"""Compose conf/ + recipes/ + command-line overrides into one read-only config.
+"""Compose launcher/conf (+ $LAUNCHER_CONF_PATH) + command-line overrides into one read-only config.
 
 Hydra does the composition (config groups, `recipe=NAME`, `key=value`
 overrides); this module turns Hydra's and OmegaConf's exceptions into a
@@ -11,7 +11,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
-from dataclasses import fields, is_dataclass
+from dataclasses import MISSING, fields, is_dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -21,14 +21,42 @@ from launcher.config.errors import ConfigError, join_or
 from launcher.config.schema import Config, register_configs
 from launcher.config.secrets import redact
 
-# conf/ and recipes/ live beside the package in the checkout (editable install).
-REPO_ROOT = Path(__file__).resolve().parents[2]
+# The built-in configs ship inside the package (package data), so a wheel install finds them; conf/ and
+# recipes/ at the top of the checkout are links to launcher/conf and launcher/conf/recipe.
+BUILTIN_CONF = Path(__file__).resolve().parents[1] / "conf"
+# Teams add their own options (model/, cluster/, recipe/, ... laid out like launcher/conf) from their own
+# directories: os.pathsep-separated, searched after the built-in ones (Hydra's hydra.searchpath).
+CONF_PATH_ENV = "LAUNCHER_CONF_PATH"
 HYDRA_VERSION_BASE = "1.3"
 
 
 def conf_dir() -> Path:
-    """The Hydra config directory; LAUNCHER_CONF_DIR points elsewhere (e.g. a site copy)."""
-    return Path(os.environ.get("LAUNCHER_CONF_DIR", REPO_ROOT / "conf")).resolve()
+    """The built-in Hydra config directory (the primary config.yaml and the shipped options)."""
+    return BUILTIN_CONF
+
+
+def user_conf_dirs() -> list[Path]:
+    """The directories of $LAUNCHER_CONF_PATH, each checked: it exists, and names no built-in option."""
+    dirs = [Path(d).expanduser().resolve() for d in os.environ.get(CONF_PATH_ENV, "").split(os.pathsep) if d]
+    for d in dirs:
+        if not d.is_dir():
+            raise ConfigError(CONF_PATH_ENV, str(d), "is not a directory",
+                              f"point {CONF_PATH_ENV} at directories laid out like launcher/conf (model/, cluster/, recipe/, ...)")
+        for path in sorted(d.glob("*/*.yaml")):
+            builtin = BUILTIN_CONF / path.parent.name / path.name
+            if builtin.exists():
+                # Hydra's search path takes the first match, the built-in one: the user's file would be ignored.
+                raise ConfigError(CONF_PATH_ENV, str(path), f"has the name of the built-in option "
+                                  f"{path.parent.name}={path.stem}: the built-in one would be chosen and this file ignored",
+                                  f"give it a name of its own (e.g. {path.stem}-site.yaml, selected with "
+                                  f"{path.parent.name}={path.stem}-site); to change a few keys of the built-in one, "
+                                  f"start the file with `defaults: [{path.stem}, _self_]`")
+    return dirs
+
+
+def conf_dirs() -> list[Path]:
+    """Where options are found, in Hydra's order: the built-in directory, then $LAUNCHER_CONF_PATH."""
+    return [BUILTIN_CONF, *user_conf_dirs()]
 
 
 def schema_keys(path: str) -> list[str]:
@@ -45,9 +73,56 @@ def schema_keys(path: str) -> list[str]:
     return [f.name for f in fields(node)]
 
 
+def schema_paths(node=Config, prefix: str = "") -> list[str]:
+    """Every dotted key of the schema ('train.steps', 'cluster.gpu', ...), nested sections included."""
+    out = []
+    for f in fields(node):
+        path = f"{prefix}{f.name}"
+        out.append(path)
+        default = f.default_factory() if f.default_factory is not MISSING else None  # type: ignore[misc]
+        if is_dataclass(default):
+            out.extend(schema_paths(type(default), f"{path}."))
+    return out
+
+
+# The free-form section: the one place `+key=value` adds a key (Hydra's syntax for a new dict entry).
+OPEN_SECTION = "extras"
+
+
+def check_override_syntax(overrides: Sequence[str]) -> None:
+    """Refuse the Hydra override forms that mean nothing on the launcher's closed schema, before composing.
+
+    Hydra accepts `+key=value` on a structured config by opening it, so a typo'd `+train.stepz=5` would be
+    composed, frozen into the run and never read; `~key` (delete) and `hydra.*` / `hydra/...` (Hydra's own
+    app settings; this is not a Hydra app) end in internal errors or are silently ignored.
+    """
+    for override in overrides:
+        key, _, value = override.partition("=")
+        bare = key.lstrip("+~")
+        if bare == "hydra" or bare.startswith(("hydra.", "hydra/")):
+            raise ConfigError(bare, value, "Hydra's own settings (hydra.run.dir, hydra/launcher, hydra.verbose, ...) do not apply: "
+                              "`launcher` composes its configs with Hydra but is not a Hydra app",
+                              "drop it; the run directory is runs_dir/run_name (e.g. runs_dir=/scratch/runs run_name=exp1), "
+                              "sweeps are `launcher plan -m` / `launcher submit -m`, tracebacks come with --debug")
+        if key.startswith("~"):
+            raise ConfigError(bare, override, "`~key` deletes a key, and every key of the typed schema must exist "
+                              "(launcher/config/schema.py)", f"set a value instead ({bare}=null where the field is optional), "
+                              "or leave the key out to keep its default")
+        if key.startswith("+") and not bare.startswith(f"{OPEN_SECTION}."):
+            known = schema_paths()
+            groups = sorted({p.name for d in conf_dirs() for p in d.iterdir() if p.is_dir()})
+            if bare in known or bare in groups:
+                fix = f"drop the '+': {bare}={value} (`+` adds a new key; this one exists)"
+            else:
+                close = difflib.get_close_matches(bare, known + groups, n=2, cutoff=0.6)
+                fix = (f"did you mean {join_or(f'{c}={value}' for c in close)}?" if close else
+                       "use a key of launcher/config/schema.py") + f" (free-form notes go under +{OPEN_SECTION}.<name>=...)"
+            raise ConfigError(bare, value, f"`{key[:len(key) - len(bare)]}key=value` adds a key, and the schema is closed: "
+                              "a key no code reads would be frozen into the run and ignored", fix)
+
+
 def group_options(group: str) -> list[str]:
-    folder = conf_dir() / group
-    return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
+    return sorted({p.stem for d in conf_dirs() for p in (d / group).glob("*.yaml")})
 
 
 def _suggest(word: str, choices: Sequence[str]) -> str:
@@ -73,6 +148,8 @@ def _translate(exc: BaseException) -> ConfigError:
         parent, _, leaf = full_key.rpartition(".")
         keys = schema_keys(parent)
         where = f"'{parent}'" if parent else "the top level"
+        if parent == OPEN_SECTION:  # a new entry of the free-form dict needs Hydra's '+'
+            return ConfigError(full_key, leaf, f"is not a key of '{OPEN_SECTION}' yet", f"add it with +{full_key}=<value>")
         return ConfigError(full_key, leaf, f"is not a config key of {where}", _suggest(leaf, keys) if keys else "remove it")
     if isinstance(cause, ValidationError):
         full_key = getattr(cause, "full_key", None) or "?"
@@ -84,7 +161,8 @@ def _translate(exc: BaseException) -> ConfigError:
         group, _, name = (getattr(exc, "missing_cfg_file", None) or "?/?").rpartition("/")
         options = list(getattr(exc, "options", None) or group_options(group))
         where = "recipes/" if group == "recipe" else f"conf/{group}/"
-        return ConfigError(group, name, f"there is no {where}{name}.yaml", _suggest(name, options) if options else "check the name")
+        also = f" (nor {group}/{name}.yaml in ${CONF_PATH_ENV})" if os.environ.get(CONF_PATH_ENV) else ""
+        return ConfigError(group, name, f"there is no {where}{name}.yaml{also}", _suggest(name, options) if options else "check the name")
     if isinstance(exc, OverrideParseException):
         return ConfigError("(command line)", text.splitlines()[0], "is not a valid override", "write overrides as key=value, e.g. batch.micro_batch_size=2")
     return ConfigError("(config)", type(exc).__name__, text.splitlines()[0] if text else "composition failed", "check the overrides and the YAML files named above")
@@ -158,11 +236,16 @@ def compose(overrides: Sequence[str] = (), config_name: str = "config") -> DictC
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
+    check_override_syntax(overrides)
+    user_dirs = user_conf_dirs()
+    # hydra.searchpath is refused from the command line (check_override_syntax); $LAUNCHER_CONF_PATH sets it.
+    entries = ",".join(f"'file://{d}'" for d in user_dirs)  # quoted: a path may hold spaces or commas
+    search = [f"hydra.searchpath=[{entries}]"] if user_dirs else []
     register_configs()
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(conf_dir()), version_base=HYDRA_VERSION_BASE):
-            cfg = hydra_compose(config_name=config_name, overrides=list(overrides))
+            cfg = hydra_compose(config_name=config_name, overrides=[*search, *overrides])
     except ConfigError:
         raise
     except Exception as exc:  # Hydra wraps everything in its own exception types

@@ -197,12 +197,18 @@ def render_plan(s: dict, console) -> None:
         console.print(f"[yellow]warning:[/yellow] {escape(w)}")
 
 
-def render_search(rows: list[dict], counts: dict, console) -> None:
-    """Print the ranked layouts of `launcher plan --search`."""
+def render_search(rows: list[dict], counts: dict, console, held: dict | None = None) -> None:
+    """Print the ranked layouts of `launcher plan --search`; `held`: the batch the search kept fixed."""
     from rich.table import Table
 
+    caption = None
+    if held:
+        caption = (f"held as configured: global batch {held['global_batch_size']:,} sequences x seq_length "
+                   f"{held['seq_length']:,} = {held['tokens_per_step']:,} tokens per step "
+                   "(batch.global_batch_size, data.seq_length)")
     table = Table(title=f"best layouts ({counts['fit']:,} fit of {counts['enumerated']:,} enumerated: "
-                        f"{counts['invalid']:,} invalid, {counts['does_not_fit']:,} out of memory)", title_justify="left")
+                        f"{counts['invalid']:,} invalid, {counts['does_not_fit']:,} out of memory)", title_justify="left",
+                  caption=caption, caption_justify="left")
     for col, just in (("#", "right"), ("layout", "left"), ("tokens/s", "right"), ("step", "right"), ("MFU", "right"),
                       ("memory", "right"), ("why", "left")):
         table.add_column(col, justify=just, style="dim" if col == "why" else None)

@@ -16,6 +16,34 @@ import time
 from datetime import timedelta
 
 
+def refuse_missing_local_gpus(cfg, layout) -> None:
+    """`launcher train` on this machine: the GPUs the layout starts ranks on must be here, before any rank starts.
+
+    Without this, a GPU cluster config (the default is cluster=a100-80gb) on a machine without those GPUs
+    started every rank, and each died in torch.cuda.set_device (`_cuda_setDevice`) after its imports, about
+    95 s later. torch is imported only for GPU layouts (`launcher train` imports it later anyway); CPU layouts
+    and `launcher plan` / `show` do not pay for it.
+    """
+    from launcher.config.errors import ConfigError
+
+    if layout.device != "cuda":
+        return
+    import torch
+
+    found = torch.cuda.device_count()
+    if found >= layout.gpus_per_node:
+        return
+    raise ConfigError(
+        "cluster.gpu", cfg.cluster.gpu,
+        f"cluster={cfg.cluster.name} starts cluster.gpus_per_node={layout.gpus_per_node} GPU ranks on this machine, "
+        f"and torch sees {found} GPUs here (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}, "
+        f"torch {torch.__version__}{', a CPU-only build' if torch.version.cuda is None else ''})",
+        "train on CPU ranks here with cluster=cpu (e.g. `launcher train recipe=tiny`, or add cluster=cpu), "
+        f"set cluster.gpus_per_node={found} if that many GPUs are enough" if found else
+        "train on CPU ranks here with cluster=cpu (e.g. `launcher train recipe=tiny`, or add cluster=cpu), "
+        "or submit the job to the GPU cluster with `launcher submit`")
+
+
 def node_name() -> str:
     return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
 

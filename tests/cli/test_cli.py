@@ -81,3 +81,59 @@ def test_show_prints_config_layout_and_deepspeed_json():
     ds = json.loads(out.stdout[out.stdout.index("{", out.stdout.index("DeepSpeed config")):])
     assert ds["train_micro_batch_size_per_gpu"] == 2 and ds["gradient_accumulation_steps"] == 128
     assert ds["pipeline"]["stages"] == 12
+
+
+def test_bare_plan_and_show_use_a_valid_default_layout():
+    """conf/config.yaml alone (tiny on one a100-80gb node) is a layout: 4 x 8 ranks x 1 step = 32."""
+    out = run("plan", "--json")
+    assert out.returncode == 0, out.stderr
+    plan = json.loads(out.stdout)
+    assert (plan["world_size"], plan["micro_batch_size"], plan["grad_accum_steps"], plan["global_batch_size"]) == (8, 4, 1, 32)
+    assert run("show").returncode == 0
+
+
+def test_search_starts_from_an_invalid_layout_and_keeps_the_global_batch():
+    # 32 sequences on 512 GPUs: not a layout as configured (DP 512); the search finds those with DP | 32.
+    out = run("plan", "model=llama-65b", "cluster.gpu=h100-80gb", "cluster.nodes=64", "--search", "--json")
+    assert out.returncode == 0, out.stderr
+    found = json.loads(out.stdout)
+    assert found["held"] == {"global_batch_size": 32, "seq_length": 256, "tokens_per_step": 8192}
+    assert found["layouts"] and found["counts"]["fit"] > 0
+    for row in found["layouts"]:
+        assert row["tensor_degree"] * row["pipeline_degree"] * row["data_degree"] == 512
+        assert 32 % (row["micro_batch_size"] * row["data_degree"]) == 0
+
+
+def test_plan_sweep_prints_one_plan_per_point_and_names_the_invalid_ones():
+    out = run("plan", "-m", "recipe=llama-7b", "parallel.tensor_degree=1,2,3", "--json")
+    assert out.returncode == 2  # point 3 is not a layout; the other two are still planned
+    points = json.loads(out.stdout)
+    assert [p["overrides"][1] for p in points] == [f"parallel.tensor_degree={k}" for k in (1, 2, 3)]
+    assert [p["plan"]["data_degree"] for p in points[:2]] == [64, 32]
+    assert "32 % 3 = 2" in points[2]["error"] and "config error: parallel.tensor_degree=3" in out.stderr
+    table = run("plan", "-m", "recipe=llama-7b", "parallel.tensor_degree=1,2")
+    assert table.returncode == 0 and "sweep point 2/2: recipe=llama-7b parallel.tensor_degree=2" in table.stdout
+
+
+def test_plus_adds_keys_only_to_extras():
+    """Hydra's `+key=value` is how a free-form dict gets a new entry; elsewhere it is refused (tests/config/bad_configs.yaml)."""
+    out = run("show", "recipe=tiny", "+extras.tag=ablation-3")
+    assert out.returncode == 0, out.stderr
+    assert "tag: ablation-3" in out.stdout
+
+
+def test_gpu_cluster_without_gpus_is_refused_before_any_rank_starts(tmp_path):
+    """Bare `launcher train` (cluster=a100-80gb) where torch sees no GPU: exit 2 naming cluster.gpu and cluster=cpu,
+    nothing written. CUDA_VISIBLE_DEVICES='' hides any GPU, so this holds on a GPU machine too."""
+    import os
+    import time
+
+    t0 = time.time()
+    out = subprocess.run([venv_bin("launcher"), "train", f"runs_dir={tmp_path / 'runs'}"], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=120, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    message = " ".join(out.stderr.split())
+    assert out.returncode == 2, out.stderr
+    assert "config error: cluster.gpu='a100-80gb': cluster=a100-80gb starts cluster.gpus_per_node=8 GPU ranks" in message
+    assert "torch sees 0 GPUs here" in message and "fix: train on CPU ranks here with cluster=cpu" in message
+    assert "Traceback" not in out.stderr and list(tmp_path.iterdir()) == []
+    assert time.time() - t0 < 60  # the ranks used to die ~95 s in

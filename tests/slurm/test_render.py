@@ -20,6 +20,9 @@ REPO = Path(__file__).resolve().parents[2]
 GOLDEN = REPO / "tests" / "golden" / "slurm"
 LAUNCHER = str(Path(sys.executable).parent / "launcher")
 PATHS = JobPaths(run_dir=Path("/scratch/runs/demo"), workdir=Path("/scratch/launcher"), python="/scratch/venv/bin/python")
+# A PATH without sbatch, so a test of what comes before the queue means the same with or without SLURM
+# installed on this machine (tests/slurm's fixture installs it mid-session).
+NO_SBATCH = str(Path(sys.executable).parent)
 
 
 def render(resolve, overrides, paths=PATHS) -> str:
@@ -205,8 +208,8 @@ def test_dry_run_prints_the_script_and_writes_nothing(tmp_path):
 
 
 def test_bad_layout_never_reaches_the_queue(tmp_path):
-    """No --dry-run: the layout error comes first (exit 2, key/rule/fix); no job dir, no sbatch call needed."""
-    out = launcher("submit", "recipe=llama-7b", "batch.global_batch_size=1000", f"runs_dir={tmp_path}")
+    """No --dry-run: the layout error comes first (exit 2, key/rule/fix), before "sbatch is not on PATH"."""
+    out = launcher("submit", "recipe=llama-7b", "batch.global_batch_size=1000", f"runs_dir={tmp_path}", PATH=NO_SBATCH)
     assert out.returncode == 2
     assert "batch.global_batch_size=1000" in out.stderr and "fix: nearest valid global_batch_size: 768 or 1024" in out.stderr
     assert list(tmp_path.iterdir()) == []
@@ -227,8 +230,8 @@ def test_sweep_dry_run_prints_one_script_per_point(tmp_path):
 
 
 def test_sweep_with_one_bad_point_submits_nothing(tmp_path):
-    out = launcher("submit", "-m", "recipe=tiny", "batch.global_batch_size=16,1000", f"runs_dir={tmp_path}")
-    assert out.returncode == 2 and "batch.global_batch_size=1000" in out.stderr
+    out = launcher("submit", "-m", "recipe=tiny", "batch.global_batch_size=16,1000", f"runs_dir={tmp_path}", PATH=NO_SBATCH)
+    assert out.returncode == 2 and "batch.global_batch_size=1000" in out.stderr and "sbatch" not in out.stderr
     assert list(tmp_path.iterdir()) == []
 
 
@@ -238,7 +241,7 @@ def test_hostile_run_name_is_refused(tmp_path):
 
 
 def test_submit_without_sbatch_says_so_and_writes_nothing(tmp_path):
-    out = launcher("submit", "recipe=tiny", f"runs_dir={tmp_path}", PATH=str(Path(sys.executable).parent))
+    out = launcher("submit", "recipe=tiny", f"runs_dir={tmp_path}", PATH=NO_SBATCH)
     assert out.returncode == 2 and "sbatch is not on PATH" in out.stderr and "--dry-run" in out.stderr
     assert list(tmp_path.iterdir()) == []
 
