@@ -336,23 +336,17 @@ def cmd_submit(args) -> int:
     points = sweep_points(args.overrides) if args.multirun else [list(args.overrides)]
     con = _console(stderr=args.dry_run)  # --dry-run: only the script on stdout
     # Compose and validate every point before submitting any: a sweep with one bad point submits nothing.
-    jobs, taken, claimed = [], set(), None if args.dry_run else set()
-    try:
-        for i, point in enumerate(points):
-            if args.multirun:
-                con.print(f"sweep point {i + 1}/{len(points)}: {' '.join(point)}", markup=False)
-            jobs.append(plan_job(compose(point), taken, claim=claimed))
-        if not args.dry_run:
-            from launcher.slurm import require_sbatch
+    jobs, taken = [], set()
+    for i, point in enumerate(points):
+        if args.multirun:
+            con.print(f"sweep point {i + 1}/{len(points)}: {' '.join(point)}", markup=False)
+        jobs.append(plan_job(compose(point), taken))  # writes nothing
+    if not args.dry_run:
+        from launcher.slurm import require_sbatch
 
-            # The user's own mistakes (layout, config) first, the machine's after; still before any data
-            # preparation or job is written.
-            require_sbatch()
-    except BaseException:
-        for d in claimed or ():  # the new, still empty directories of unnamed points planned before the failure
-            if d.is_dir() and not any(d.iterdir()):
-                d.rmdir()
-        raise
+        # The user's own mistakes (layout, config) first, the machine's after; still before anything is written.
+        require_sbatch()
+        jobs = claim_unnamed_run_dirs(jobs)
     from rich.markup import escape
 
     for job in jobs:
@@ -411,6 +405,20 @@ def plan_job(cfg, taken: set, claim: Optional[set] = None) -> PlannedJob:
     verified_resume(cfg, run_dir, layout, warn=lambda m: _console(stderr=True).print(m, markup=False))
     paths = JobPaths(run_dir=run_dir, workdir=Path.cwd().resolve(), python=sys.executable)
     return PlannedJob(cfg, layout, paths, render_script(job_values(cfg, layout, paths)))
+
+
+def claim_unnamed_run_dirs(jobs: list) -> list:
+    """Plan the unnamed points again, this time making each one's new directory exclusively (no other start can
+    get the same timestamped name); named runs keep their plan. On any failure the directories made here go."""
+    taken = {job.paths.run_dir for job in jobs if job.cfg.run_name is not None}
+    claimed: set = set()
+    try:
+        return [plan_job(job.cfg, taken, claim=claimed) if job.cfg.run_name is None else job for job in jobs]
+    except BaseException:
+        for d in claimed:
+            if d.is_dir() and not any(d.iterdir()):
+                d.rmdir()
+        raise
 
 
 def submit_job(job: PlannedJob, con) -> str:
