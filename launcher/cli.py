@@ -257,9 +257,10 @@ def verified_resume(cfg, run_dir, layout, warn):
 
 def launch_training(cfg) -> int:
     """Validate everything, own the run dir, prepare the data, freeze the config into the run dir, start the local ranks."""
+    from launcher.runtime.data import prepare_data
     from launcher.runtime.launch import choose_run_dir
     from launcher.runtime.preflight import refuse_missing_local_gpus
-    from launcher.runtime.runlock import acquire, claim_new_dir
+    from launcher.runtime.runlock import acquire, claim_new_dir, refuse_if_owned
 
     layout = validate_before_start(cfg)
     if cfg.cluster.nodes > 1:
@@ -272,30 +273,31 @@ def launch_training(cfg) -> int:
     for warning in layout.warnings:
         con.print(f"[yellow]warning:[/yellow] {escape(warning)}")
     run_dir = choose_run_dir(cfg)
+    refuse_if_owned(run_dir)  # cheap and read-only: an owned run dir is refused before the data is prepared
+    # The data first: bad data (or a cache it cannot write) is refused before any run directory is made.
+    prepared = prepare_data(cfg, layout, progress=True, console=con)
     claimed = cfg.run_name is None and not run_dir.exists()
     if claimed:  # a new timestamped name: another start in the same second gets -2, -3, ...
         run_dir = claim_new_dir(run_dir)
     lock = acquire(run_dir, "train").start_heartbeat()  # refused (exit 2) while another run owns the directory
     try:
-        return _train_in_run_dir(cfg, layout, run_dir, lock, con)
+        return _train_in_run_dir(cfg, layout, run_dir, lock, con, prepared)
     finally:
         lock.release()
         if claimed and not any(run_dir.iterdir()):
             run_dir.rmdir()  # refused before anything was written: leave no empty run directory behind
 
 
-def _train_in_run_dir(cfg, layout, run_dir, lock, con) -> int:
+def _train_in_run_dir(cfg, layout, run_dir, lock, con, prepared) -> int:
     from rich.markup import escape
 
     from launcher.deepspeed_config import build_deepspeed_config
     from launcher.runtime import checkpoint as ckpt
-    from launcher.runtime.data import prepare_data
     from launcher.runtime.durable import write_atomic
     from launcher.runtime.launch import freeze_config, start_local_ranks
 
     # The ranks are told which checkpoint was verified, so they neither choose again nor hash it again.
     resume_from, saved = verified_resume(cfg, run_dir, layout, warn=lambda m: con.print(f"[yellow]{escape(m)}[/yellow]"))
-    prepared = prepare_data(cfg, layout, progress=True, console=con)
     if saved is not None:
         ckpt.check_resume_compatible(saved, cfg, layout, resume_from, prepared)  # the tokens and the tokenizer too
     con.print(f"data: {prepared.num_tokens:,} tokens ({prepared.source}), {prepared.train_samples:,} train / "

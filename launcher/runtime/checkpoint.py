@@ -419,9 +419,9 @@ def check_schedule_kept(saved: dict, cfg, tag_dir: Path) -> None:
         return  # a changed scheduler name is refused with the other changes; `constant` has no horizon
     old_h = old_s.get("decay_steps") or then.get("train", {}).get("steps")
     new_h = s.decay_steps if s.decay_steps is not None else cfg.train.steps
-    if old_h is None or old_h == new_h:
-        return
     step = saved.get("step", 0) + 1
+    if old_h is None or old_h == new_h or step >= max(old_h, new_h):
+        return  # the same curve, or both already at min_lr from the next step on (the lr of step >= horizon is min_lr)
     lr, warmup, min_lr = cfg.optimizer.lr, s.warmup_steps, s.min_lr
     key, value = ("scheduler.decay_steps", s.decay_steps) if s.decay_steps is not None else ("train.steps", cfg.train.steps)
     raise ConfigError(key, value,

@@ -142,7 +142,8 @@ def test_empty_latest_and_torn_metrics_resume_from_the_newest_intact(run, tmp_pa
     (r / "checkpoints" / "latest").write_bytes(b"")
     lines = (r / "metrics.jsonl").read_text().splitlines()
     (r / "metrics.jsonl").write_text("\n".join(lines) + "\n" + lines[-1][: len(lines[-1]) // 2])
-    result = launcher(["train", "--config", str(r / "config.yaml"), "resume=auto", "train.steps=8", "logging.log_every=2"])
+    result = launcher(["train", "--config", str(r / "config.yaml"), "resume=auto", "train.steps=8", "scheduler.decay_steps=6",
+                       "logging.log_every=2"])
     out = " ".join((result.stdout + result.stderr).split())
     assert result.returncode == 0, out[-3000:]
     assert "resume=auto skips damaged checkpoints (latest: empty) and resumes from step_00000006" in out, out[-3000:]

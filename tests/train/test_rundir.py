@@ -72,7 +72,8 @@ def test_owner_sighup_stale_marker_and_hung_torchrun(cache_dir, tmp_path):
     stopped = marker["step"]
 
     # The next attempt crashes in its final save: the marker of the SIGHUP stop must not make that exit 0.
-    resume = ["train", "--config", str(run_dir / "config.yaml"), "resume=auto", f"train.steps={stopped + 2}"]
+    resume = ["train", "--config", str(run_dir / "config.yaml"), "resume=auto", f"train.steps={stopped + 2}",
+              "scheduler.decay_steps=100000"]  # the saved cosine horizon (a resume may not re-stretch it)
     crashed = launcher(resume, timeout=300, LAUNCHER_CRASH_IN_SAVE=f"step_{stopped + 2:08d}")
     assert crashed.returncode != 0 and "launcher: training failed" in crashed.stderr, crashed.stderr[-3000:]
     assert (run_dir / "checkpoints" / "latest").read_text() == f"step_{stopped:08d}"
