@@ -28,8 +28,8 @@ BLOCK = BLOCK_LINEAR + 2 * H                  # + two RMSNorm weights
 FULL = 2 * V * H + L * BLOCK + H              # embedding + head + blocks + final norm = 197,184
 TOL = 1e-4                                    # relative, per step (issue 4)
 # Gradient norms: the first step (identical weights) differs only by reduction order. Later AdamW steps
-# amplify rounding in near-zero gradient elements (the update is ~lr x sign(g) there): sp2-z3 measured
-# 3.8e-4 at step 5. A scale error is far outside either: 1 - 1/sp = 0.5 at sp = 2.
+# amplify rounding in near-zero gradient elements (the update is ~lr x sign(g) there): up to 4.1e-4 at step 5
+# (sp2-dp2-z3). A scale error is far outside either: 1 - 1/sp = 0.5 at sp = 2.
 FIRST_NORM_TOL, NORM_TOL = 1e-5, 2e-3
 # The same width as BLOOM (model.arch=bloom): fused qkv (3h x h) + dense (h x h) + 4h MLP, every linear with a
 # bias, two LayerNorms (weight + bias) per block, the word-embedding LayerNorm and ln_f (BigScience 2022, Table 3;
