@@ -53,7 +53,7 @@ from launcher.plan.inputs import Hardware, ModelShape, Strategy
 from launcher.plan.params import param_numels
 
 FRAMEWORK_OVERHEAD_BYTES = 2e9
-REDUCE_BUCKET_ELEMENTS = 500_000_000   # launcher/deepspeed_config.py, zero_optimization.reduce_bucket_size
+REDUCE_BUCKET_ELEMENTS = 500_000_000   # launcher/deepspeed_config.py REDUCE_BUCKET_SIZE (raised for SP x ZeRO-3 there)
 LOGITS_BYTES_PER_ELEMENT = 2 + 4 + 4   # 16-bit logits + fp32 copy for the loss + its gradient
 
 

@@ -107,6 +107,7 @@ LAYOUT_VARIANTS = [
     ["recipe=llama-7b", "parallel.zero_stage=3", "parallel.offload_param=true", "parallel.offload_optimizer=true"],
     ["recipe=llama-7b", "scheduler=constant"],
     ["recipe=llama-13b", "parallel.sequence_degree=2", "data.seq_length=2048"],
+    ["recipe=llama-13b", "parallel.sequence_degree=2", "data.seq_length=2048", "parallel.zero_stage=3"],
 ]
 
 
@@ -128,6 +129,27 @@ def test_autotp_batch_counts_whole_world(resolve):
     assert layout.data_degree == 1 and layout.global_batch_size == 16
     assert ds["train_batch_size"] == 32  # micro 8 x accum 2 x world 2, although one replica sees 16 sequences
     assert ds["tensor_parallel"] == {"autotp_size": 2}
+
+
+@pytest.mark.parametrize("overrides,reduce_scatter,bucket", [
+    # Ulysses x ZeRO-3: DeepSpeed's reduce-scatter path divides by dp x sp (launcher/deepspeed_config.py,
+    # zero3_sequence_parallel_reduction); LLaMA-7B's largest tensor (32,000 x 4,096) fits the default bucket.
+    (["parallel.sequence_degree=2", "parallel.zero_stage=3"], False, 500_000_000),
+    # A Llama 3 vocabulary: the 128,256 x 4,096 = 525,336,576-element embedding would not fit the default
+    # bucket and would be reduced on the reduce-scatter path alone.
+    (["parallel.sequence_degree=2", "parallel.zero_stage=3", "model.vocab_size=128256"], False, 525_336_576),
+    # ZeRO-1/2 scale by sequence_parallel_size on every path; ZeRO-3 without SP has nothing to correct.
+    (["parallel.sequence_degree=2", "parallel.zero_stage=1"], True, 500_000_000),
+    (["parallel.sequence_degree=2", "parallel.zero_stage=2"], True, 500_000_000),
+    (["parallel.zero_stage=3", "model.vocab_size=128256"], True, 500_000_000),
+])
+def test_ulysses_zero3_reduces_without_reduce_scatter(resolve, overrides, reduce_scatter, bucket):
+    from launcher.deepspeed_config import build_deepspeed_config
+
+    cfg, layout = resolve(["recipe=llama-7b", *overrides])
+    zero = build_deepspeed_config(cfg, layout)["zero_optimization"]
+    assert (zero["reduce_scatter"], zero["reduce_bucket_size"]) == (reduce_scatter, bucket)
+    assert zero["contiguous_gradients"]  # the all-reduce path is the contiguous-buffer one
 
 
 def test_fp16_config_uses_dynamic_loss_scaling(resolve):

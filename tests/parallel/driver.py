@@ -3,11 +3,23 @@
 Each CASE is `name:mode:key=value,key=value` where mode is
     pipe    launcher.parallel.pipeline.build_pipeline_module + engine.train_batch (PP, PP x DP, TP x PP [x DP])
     autotp  the plain transformers model with DeepSpeed AutoTP (tensor_parallel.autotp_size from the generated config)
-    ulysses Ulysses sequence parallelism (launcher/parallel/sequence.py); at most one per launch (its groups are global)
-and the key=value pairs are Hydra overrides on top of BASE. Several cases run in one launch to pay the
-start-up once. For every case every rank also trains the unpipelined, unsharded model in plain torch
+    ulysses Ulysses sequence parallelism (launcher/parallel/sequence.py); after every other case of a launch, all
+            with one sequence_degree (its groups are global: DeepSpeed keeps the `mpu` of the first one)
+and the key=value pairs are Hydra overrides on top of BASE, except `opt=sgd` (below) and `bucket=N` (the
+generated config's default reduce_bucket_size, launcher.deepspeed_config.REDUCE_BUCKET_SIZE, for this
+case: small enough that a parameter exceeds it on this tiny model). Several cases run in one launch
+to pay the start-up once. For every case every rank also trains the unpipelined, unsharded model in plain torch
 (the reference: one process, the whole global batch per step, torch AdamW, torch clip_grad_norm_) and
-rank 0 writes both loss trajectories, the per-rank parameter counts and the sharding facts to OUT.json.
+rank 0 writes both loss and gradient-norm trajectories, the per-rank parameter counts and the sharding facts
+to OUT.json.
+
+Seeing a gradient-scale error. AdamW is nearly blind to a constant factor on every gradient (its update
+m / sqrt(v) cancels it, up to eps), and clipping hides it whenever both norms exceed the clip. So each case
+is held to the 1-rank run by one of:
+- the global gradient norm DeepSpeed reports (engine.get_global_grad_norm(): ZeRO >= 1 and bf16) against the
+  reference's norm before clipping, step by step;
+- `opt=sgd`: torch SGD as DeepSpeed's client optimizer and no clipping, so the update is lr x gradient and a
+  factor on the gradient moves the loss trajectory (ZeRO-0 fp32, where DeepSpeed computes no norm to report).
 """
 
 from __future__ import annotations
@@ -21,6 +33,8 @@ import time
 import torch
 import torch.distributed as dist
 
+import launcher.deepspeed_config as dsc
+
 # The tiny shape of the brief: hidden 64, 4 heads, 4 layers, vocab 256, seq 32; lr high enough that
 # the loss moves and gradient clipping at 1.0 is active in the first steps.
 BASE = [
@@ -31,6 +45,10 @@ BASE = [
 ]
 STEPS = 6
 SEED = 1234
+# Plain SGD needs a far larger step than AdamW to move this model: at 0.5 the 1-rank loss falls from 5.587 to
+# 5.459 in 6 steps, and halving every gradient moves step 2's loss by 2.1e-3 relative (21x the tests' 1e-4).
+SGD_LR = 0.5
+DEFAULT_REDUCE_BUCKET_SIZE = dsc.REDUCE_BUCKET_SIZE
 
 
 def global_batch(step: int, rows: int, seq: int, vocab: int) -> torch.Tensor:
@@ -41,24 +59,33 @@ def global_batch(step: int, rows: int, seq: int, vocab: int) -> torch.Tensor:
     return (a + b * torch.arange(seq)[None, :]) % vocab
 
 
-def reference_run(cfg, layout):
-    """The 1-rank fp32 run: whole global batch per step, same optimizer and clipping as the DeepSpeed config."""
+def make_optimizer(params, cfg, sgd: bool):
+    o = cfg.optimizer
+    if sgd:
+        return torch.optim.SGD(params, lr=SGD_LR)
+    return torch.optim.AdamW(params, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay)
+
+
+def reference_run(cfg, layout, sgd: bool):
+    """The 1-rank fp32 run: whole global batch per step, same optimizer and clipping as the DeepSpeed config.
+
+    Returns the losses, the global gradient norms before clipping, and the trained model."""
     from launcher.runtime.model import build_model
 
     model = build_model(cfg.model, SEED, vocab_size=layout.padded_vocab_size)
-    o = cfg.optimizer
-    opt = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay)
-    out = []
+    opt = make_optimizer(model.parameters(), cfg, sgd)
+    out, norms = [], []
     for step in range(STEPS):
         ids = global_batch(step, layout.global_batch_size, layout.seq_length, layout.vocab_size)
         loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
-        if o.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), o.grad_clip)
+        norms.append(torch.nn.utils.get_total_norm([p.grad for p in model.parameters()]).item())
+        if cfg.optimizer.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optimizer.grad_clip)
         opt.step()
         opt.zero_grad()
         out.append(loss.item())
-    return out, model
+    return out, norms, model
 
 
 def my_micro_batches(step, layout, dp_rank):
@@ -69,30 +96,45 @@ def my_micro_batches(step, layout, dp_rank):
     return [mine[j * m:(j + 1) * m] for j in range(k)]
 
 
-def ds_config(cfg, layout) -> dict:
-    from launcher.deepspeed_config import build_deepspeed_config
-
-    ds = build_deepspeed_config(cfg, layout)
-    # These tests compare parallel layouts, not schedules: a constant lr keeps the reference a plain torch AdamW.
-    del ds["scheduler"]
-    return ds
-
-
-def run_pipe(cfg, layout):
+def initialize(model, cfg, layout, sgd: bool, mpu=None):
+    """deepspeed.initialize with the generated config; with `sgd`, torch SGD as the client optimizer instead of
+    the config's AdamW (the config's gradient_clipping is 0 then: run_case sets optimizer.grad_clip=0)."""
     import deepspeed
 
+    ds = dsc.build_deepspeed_config(cfg, layout)
+    # These tests compare parallel layouts, not schedules: a constant lr keeps the reference a plain torch optimizer.
+    del ds["scheduler"]
+    optimizer = None
+    if sgd:
+        del ds["optimizer"]
+        optimizer = make_optimizer([p for p in model.parameters()], cfg, sgd)
+        # ZeRO refuses client optimizers other than Adam/AdamW/Adagrad without this (SGD is element-wise,
+        # so stepping flat partitions is the same update).
+        ds["zero_allow_untested_optimizer"] = True
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=[p for p in model.parameters()],
+                                           optimizer=optimizer, config=ds, mpu=mpu)
+    return engine
+
+
+def grad_norm(engine):
+    """DeepSpeed's global gradient norm of the last step (None where it computes none: ZeRO-0 fp32)."""
+    norm = engine.get_global_grad_norm()
+    return None if norm is None else float(norm)
+
+
+def run_pipe(cfg, layout, sgd):
     from launcher.parallel.pipeline import BloomDecoderBlockPipe, DecoderBlockPipe, build_pipeline_module
     from launcher.parallel.tensor import ColumnParallelLinear, RowParallelLinear
 
     module = build_pipeline_module(cfg, layout, SEED)
-    engine, _, _, _ = deepspeed.initialize(model=module, model_parameters=[p for p in module.parameters()],
-                                           config=ds_config(cfg, layout))
+    engine = initialize(module, cfg, layout, sgd)
     grid = engine.grid
     dp_rank = grid.get_data_parallel_rank()
-    losses = []
+    losses, norms = [], []
     for step in range(STEPS):
         batches = [(mb, mb) for mb in my_micro_batches(step, layout, dp_rank)]
         losses.append(engine.train_batch(data_iter=iter(batches)).item())
+        norms.append(grad_norm(engine))
     from launcher.parallel.export import gather_hf_state_dict
 
     # The pipeline's own loss on one fixed batch after training: the export must reproduce it.
@@ -114,21 +156,20 @@ def run_pipe(cfg, layout):
         "param_dtype": str(next(module.parameters()).dtype),
         "pipeline_eval_loss": info_eval,
     }
-    return engine, losses, info, exported
+    return engine, losses, norms, info, exported
 
 
-def run_autotp(cfg, layout):
-    import deepspeed
+def run_autotp(cfg, layout, sgd):
     from deepspeed.module_inject.layers import LinearAllreduce, LinearLayer
 
     from launcher.runtime.model import build_model
 
     model = build_model(cfg.model, SEED, vocab_size=layout.padded_vocab_size)
-    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config(cfg, layout))
+    engine = initialize(model, cfg, layout, sgd)
     tp = layout.tensor_degree
     # TP ranks are consecutive (launcher/plan/rankmap.py), so this rank's replica is rank // tp.
     dp_rank = dist.get_rank() // tp
-    losses = []
+    losses, norms = [], []
     for step in range(STEPS):
         micro = []
         for mb in my_micro_batches(step, layout, dp_rank):
@@ -141,6 +182,7 @@ def run_autotp(cfg, layout):
         avg = torch.stack(micro).mean()
         dist.all_reduce(avg)
         losses.append(avg.item() / dist.get_world_size())
+        norms.append(grad_norm(engine))
     layers = engine.module.model.layers
     info = {
         "params": sum(p.numel() for p in engine.module.parameters()),
@@ -150,26 +192,29 @@ def run_autotp(cfg, layout):
         "block_linear_params": sum(p.numel() for n, p in layers.named_parameters() if "norm" not in n),
         "optimizer": type(engine.optimizer).__name__,
     }
-    return engine, losses, info, None
+    return engine, losses, norms, info, None
 
 
-def run_ulysses(cfg, layout):
+_SP_GROUPS: dict = {}  # sequence_degree -> mpu: DeepSpeed's SP groups can be created once per process
+
+
+def run_ulysses(cfg, layout, sgd):
     """Ulysses SP (launcher/parallel/sequence.py): each rank holds seq/sp tokens of its replica's samples."""
-    import deepspeed
-
     from launcher.parallel.sequence import build_sequence_parallel_model, sequence_parallel_loss, setup_sequence_parallel
     from launcher.plan.rankmap import rank_coord
 
     sp = layout.sequence_degree
-    mpu = setup_sequence_parallel(sp)
+    if sp not in _SP_GROUPS:
+        assert not _SP_GROUPS, "one sequence_degree per launch"
+        _SP_GROUPS[sp] = setup_sequence_parallel(sp)
+    mpu = _SP_GROUPS[sp]
     model = build_sequence_parallel_model(cfg.model, SEED, layout.padded_vocab_size)
-    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config(cfg, layout),
-                                           mpu=mpu)
+    engine = initialize(model, cfg, layout, sgd, mpu=mpu)
     coord = rank_coord(layout, dist.get_rank())
     assert coord.sp == mpu.get_sequence_parallel_rank()
     seen = []  # the token counts this rank really embeds (and so runs every per-token layer on)
     model.model.embed_tokens.register_forward_hook(lambda _m, args, _out: seen.append(args[0].shape[1]))
-    losses = []
+    losses, norms = [], []
     for step in range(STEPS):
         micro = []
         for mb in my_micro_batches(step, layout, coord.dp):
@@ -182,9 +227,10 @@ def run_ulysses(cfg, layout):
         avg = torch.stack(micro).mean()
         dist.all_reduce(avg)
         losses.append(avg.item() / dist.get_world_size())
+        norms.append(grad_norm(engine))
     info = {"params": sum(p.numel() for p in engine.module.parameters()), "tokens_per_rank": sorted(set(seen)),
             "attn_implementation": engine.module.config._attn_implementation, "optimizer": type(engine.optimizer).__name__}
-    return engine, losses, info, None
+    return engine, losses, norms, info, None
 
 
 def compare_export(exported, ref_model, cfg, layout, pipeline_eval_loss) -> dict:
@@ -209,25 +255,34 @@ def run_case(spec: str) -> dict:
     from launcher.config.layout import resolve_layout
 
     name, mode, rest = spec.split(":", 2)
-    overrides = BASE + [f"cluster.gpus_per_node={dist.get_world_size()}"] + [kv for kv in rest.split(",") if kv]
+    kvs = [kv for kv in rest.split(",") if kv]
+    sgd = "opt=sgd" in kvs
+    bucket = [int(kv.split("=")[1]) for kv in kvs if kv.startswith("bucket=")]
+    kvs = [kv for kv in kvs if kv != "opt=sgd" and not kv.startswith("bucket=")] + (["optimizer.grad_clip=0"] if sgd else [])
+    dsc.REDUCE_BUCKET_SIZE = bucket[0] if bucket else DEFAULT_REDUCE_BUCKET_SIZE
+    overrides = BASE + [f"cluster.gpus_per_node={dist.get_world_size()}"] + kvs
     cfg = compose(overrides)
     layout = resolve_layout(cfg)
     ref_cfg = compose(overrides + ["parallel.tensor_degree=1", "parallel.pipeline_degree=1", "parallel.sequence_degree=1",
                                    "precision=fp32", "precision.grad_accum_dtype=null", "cluster.gpus_per_node=1"])
     t0 = time.perf_counter()
-    engine, losses, info, exported = {"pipe": run_pipe, "autotp": run_autotp, "ulysses": run_ulysses}[mode](cfg, layout)
+    zero_cfg = dsc.build_deepspeed_config(cfg, layout)["zero_optimization"]
+    engine, losses, norms, info, exported = {"pipe": run_pipe, "autotp": run_autotp, "ulysses": run_ulysses}[mode](cfg, layout, sgd)
     seconds = time.perf_counter() - t0
     infos = [None] * dist.get_world_size()
     dist.all_gather_object(infos, info)
     del engine
     gc.collect()
-    ref, ref_model = reference_run(ref_cfg, resolve_layout(ref_cfg))
+    ref, ref_norms, ref_model = reference_run(ref_cfg, resolve_layout(ref_cfg), sgd)
     rel = [abs(a - b) / abs(b) for a, b in zip(losses, ref)]
+    rel += [abs(a - b) / b for a, b in zip(norms, ref_norms) if a is not None]
     export = None
     if exported is not None:
         export = compare_export(exported, ref_model, ref_cfg, layout, info["pipeline_eval_loss"])
-    return {"name": name, "export": export, "mode": mode, "overrides": overrides, "losses": losses, "reference": ref,
-            "max_rel_diff": max(rel), "per_rank": infos, "seconds": seconds,
+    return {"name": name, "export": export, "mode": mode, "overrides": overrides, "optimizer": "sgd" if sgd else "adamw",
+            "losses": losses, "reference": ref, "grad_norms": norms, "reference_grad_norms": ref_norms,
+            "max_rel_diff": max(rel), "reduce_scatter": zero_cfg["reduce_scatter"],
+            "reduce_bucket_size": zero_cfg["reduce_bucket_size"], "per_rank": infos, "seconds": seconds,
             "layout": {k: getattr(layout, k) for k in ("tensor_degree", "pipeline_degree", "data_degree", "zero_stage",
                                                        "grad_accum_steps", "dtype")}}
 

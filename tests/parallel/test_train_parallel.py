@@ -3,11 +3,12 @@
 - a 1-rank run is the reference; TP2 x PP2 (4 ranks, Megatron TP inside a PipelineModule, ZeRO-1), AutoTP
   TP2 x DP2 (4 ranks, ZeRO-1) and Ulysses SP2 (2 ranks, ZeRO-1) follow its loss and grad-norm trajectory,
   save, resume exactly and export a transformers model that reproduces the training run's own held-out
-  loss (i.e. its logits);
+  loss (i.e. its logits); Ulysses SP2 under ZeRO-3 follows it too (its gradients were 1/2 with DeepSpeed's
+  reduce-scatter: launcher/deepspeed_config.py, zero3_sequence_parallel_reduction);
 - the scaled-down BLOOM: `recipe=bloom-176b` with a tiny model on 1 node x 8 CPU ranks -> TP 2 x PP 2 x DP 2,
   the recipe's bf16 + ZeRO-1 + fp32 accumulation + activation checkpointing + tied embeddings, with a
   checkpoint and an export.
-Eight launches (~4 min on 2 cores); the 1-rank equivalence of each layout in isolation is test_parallel.py's.
+Nine launches (~4.5 min on 2 cores); the 1-rank equivalence of each layout in isolation is test_parallel.py's.
 """
 
 from __future__ import annotations
@@ -82,6 +83,7 @@ def runs(tmp_path_factory):
     sp2 = ("cluster.gpus_per_node=2", "parallel.sequence_degree=2", z1)
     out["sp2"] = train(llama(tmp, "sp2", *sp2), ext)
     out["sp2-resumed"] = train(llama(tmp, "sp2-resumed", *sp2, f"resume={out['sp2']['dir'] / 'checkpoints' / 'step_00000002'}"), ext)
+    out["sp2z3"] = train(llama(tmp, "sp2z3", "cluster.gpus_per_node=2", "parallel.sequence_degree=2", "parallel.zero_stage=3"), ext)
     out["bloom"] = train(BLOOM + common(tmp, "bloom"), ext)
     # Nothing may be JIT-compiled on CPU ranks.
     assert list(ext.iterdir()) == []
@@ -118,12 +120,12 @@ def test_reference_learns(runs):
     assert len(losses) == STEPS and losses[-1] < losses[0]
 
 
-@pytest.mark.parametrize("name", ["tp2pp2", "autotp", "sp2"])
+@pytest.mark.parametrize("name", ["tp2pp2", "autotp", "sp2", "sp2z3"])
 def test_parallel_run_follows_one_rank(runs, name):
     assert_follows(runs[name]["train"], runs["one"]["train"])
 
 
-@pytest.mark.parametrize("name", ["tp2pp2", "sp2"])
+@pytest.mark.parametrize("name", ["tp2pp2", "sp2", "sp2z3"])
 def test_val_loss_equals_one_rank(runs, name):
     # dp = 1 in these runs and the reference: the same held-out batches (for sp2 each rank evaluates half of every sequence).
     assert abs(runs[name]["eval"][0]["val_loss"] - runs["one"]["eval"][0]["val_loss"]) <= 1e-5 * runs["one"]["eval"][0]["val_loss"]

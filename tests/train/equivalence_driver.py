@@ -5,6 +5,13 @@ Run by tests/train/test_train_runs.py as
 Each case builds a fresh engine with launcher.train.build_engine and steps it with launcher.train.train_step,
 exactly as `launcher train` does; rank 0 writes OUT_DIR/results.json. Cases that the export test needs
 also save a checkpoint (launcher.runtime.checkpoint.save_checkpoint) and the logits of a fixed batch.
+
+Each step's global gradient norm is recorded too, because the losses alone cannot show a gradient-scale
+error (AdamW's update m / sqrt(v) cancels a constant factor; clipping hides it when both norms exceed the
+clip): ZeRO >= 1 and bf16 report it (engine.get_global_grad_norm(), before clipping). ZeRO-0 fp32 reports
+none, so the zero0 case reads the gradients the torch optimizer is about to apply (a step pre-hook: after
+the boundary's backward they are the replicas' all-reduced mean on every rank), which are the raw
+gradients while their norm is below the clip (the test checks that it is).
 """
 
 import gc
@@ -34,6 +41,18 @@ CASES = {
 SAVE_CASES = ("zero0", "zero3")
 
 
+def applied_gradient_norms(engine) -> list[float]:
+    """Global norm of the gradients at each torch optimizer step (ZeRO-0: the optimizer steps the parameters)."""
+    norms: list[float] = []
+
+    def hook(opt, args, kwargs):
+        grads = [p.grad for group in opt.param_groups for p in group["params"] if p.grad is not None]
+        norms.append(torch.nn.utils.get_total_norm(grads).item())
+
+    engine.optimizer.register_step_pre_hook(hook)
+    return norms
+
+
 def main() -> None:
     out_dir = Path(sys.argv[1])
     base = sys.argv[2:]
@@ -47,7 +66,8 @@ def main() -> None:
         prepared = prepare_data(cfg, layout)
         batches = TokenBatches(prepared, layout, seed=cfg.train.seed, dp_rank=rank)
         engine = build_engine(cfg, layout, ds_config)
-        losses, sample_ids, state_bytes = [], [], None
+        losses, sample_ids, state_bytes, norms = [], [], None, []
+        probed = applied_gradient_norms(engine) if layout.zero_stage == 0 and layout.dtype == "fp32" else None
         veto = UpdateVeto(engine)
         agree = StepAgreement(world, stop_requested=lambda: False)  # the loop's all-reduce before the update
         for step in range(cfg.train.steps):
@@ -55,12 +75,17 @@ def main() -> None:
             loss, _, _, measured = train_step(engine, batches, step, layout.grad_accum_steps, agree, veto,
                                               measure_state=step == 1)
             losses.append(loss)
+            norms.append(engine.get_global_grad_norm())
             state_bytes = measured or state_bytes
+        if probed is not None:
+            assert norms == [None] * len(norms) and len(probed) == len(norms), (norms, probed)
+            norms = probed
         gathered_ids = [None] * world
         torch.distributed.all_gather_object(gathered_ids, sample_ids)
         gathered_bytes = [None] * world
         torch.distributed.all_gather_object(gathered_bytes, state_bytes)
-        results[name] = {"losses": losses, "sample_ids": gathered_ids, "state_bytes": gathered_bytes,
+        results[name] = {"losses": losses, "grad_norms": [None if n is None else float(n) for n in norms],
+                         "grad_clip": cfg.optimizer.grad_clip, "sample_ids": gathered_ids, "state_bytes": gathered_bytes,
                          "accum": layout.grad_accum_steps, "micro": layout.micro_batch_size}
         if name in SAVE_CASES:
             ckpt_root = out_dir / name / "checkpoints"
