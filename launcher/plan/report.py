@@ -13,6 +13,7 @@ from launcher.plan.flops import estimate_step_time
 from launcher.plan.inputs import model_shape, resolve_hardware, strategy
 from launcher.plan.memory import estimate_memory
 from launcher.plan.params import count_params, rough_params
+from launcher.plan.stages import PIPELINE_ARCHS, stage_blocks, stage_param_counts
 
 
 def plan_summary(cfg, layout: Layout) -> dict:
@@ -45,7 +46,16 @@ def plan_summary(cfg, layout: Layout) -> dict:
         "vocab_size": layout.vocab_size,
         "padded_vocab_size": layout.padded_vocab_size,
         "warnings": list(layout.warnings),
-    } | performance_summary(cfg, layout)
+    } | stage_summary(cfg, layout) | performance_summary(cfg, layout)
+
+
+def stage_summary(cfg, layout: Layout) -> dict:
+    """Blocks and exact parameters (before TP sharding) of every pipeline stage, as DeepSpeed will cut them
+    (launcher/plan/stages.py); null where the pipeline is not implemented for the architecture."""
+    if layout.pipeline_degree > 1 and cfg.model.arch not in PIPELINE_ARCHS:
+        return {"stage_blocks": None, "stage_params": None}
+    args = (model_shape(cfg.model), layout.padded_vocab_size, layout.pipeline_degree, cfg.parallel.partition_method)
+    return {"stage_blocks": list(stage_blocks(*args)), "stage_params": list(stage_param_counts(*args))}
 
 
 def check_memory(cfg, layout: Layout) -> Optional[str]:
