@@ -185,9 +185,25 @@ def _rows(s: dict) -> list[tuple[str, str, str]]:
         ("parameters", f"{s['params_total']:,}", f"exact; {s['params_non_embedding']:,} outside embeddings/head"),
         ("parameters (rough)", f"{s['params_rough_12lh2_vh']:,}", "12 x L x h^2 + V x h"),
     ]
+    if pp > 1 and s.get("stage_blocks"):
+        b, n = s["stage_blocks"], s["stage_params"]
+        rows.append(("blocks per stage", _runs(b), f"DeepSpeed partition_method cut; stage params {n[0] / 1e9:,.2f}B first, "
+                     f"{max(n) / 1e9:,.2f}B largest, {n[-1] / 1e9:,.2f}B last (before TP)"))
     if s["padded_vocab_size"] != s["vocab_size"]:
         rows.append(("vocab (padded)", f"{s['padded_vocab_size']:,}", f"{s['vocab_size']:,} rounded up to a multiple of TP"))
     return rows + _performance_rows(s)
+
+
+def _runs(values) -> str:
+    """[5, 6, 6, 6, 5] -> '5, 6 x3, 5'."""
+    out, i = [], 0
+    while i < len(values):
+        j = i
+        while j < len(values) and values[j] == values[i]:
+            j += 1
+        out.append(f"{values[i]}" + (f" x{j - i}" if j - i > 1 else ""))
+        i = j
+    return ", ".join(out)
 
 
 def render_plan(s: dict, console) -> None:
