@@ -61,7 +61,7 @@ def build_engine(cfg, layout, ds_config: dict):
       deepspeed.initialize then returns a PipelineEngine, driven by train_step_pipeline;
     - sequence_degree > 1: the transformers model with Ulysses attention (launcher/parallel/sequence.py); the SP
       groups go to deepspeed.initialize as its `mpu`, so ZeRO and the gradient reduction see them;
-    - ZeRO-3 (no TP, SP or init_from): built directly as this rank's partitions (deepspeed.zero.Init), never whole;
+    - ZeRO-3 (no TP or SP): built directly as this rank's partitions (deepspeed.zero.Init), never whole;
     - otherwise the transformers model; with tensor_degree > 1 DeepSpeed AutoTP shards it
       (the generated config's tensor_parallel.autotp_size).
     Every path starts from the same weights: the launcher's seeded init (launcher/runtime/build.py).
@@ -79,7 +79,7 @@ def build_engine(cfg, layout, ds_config: dict):
         mpu = setup_sequence_parallel(layout.sequence_degree)
         model = build_sequence_parallel_model(cfg.model, seed=cfg.train.seed, vocab_size=layout.padded_vocab_size)
         maybe_apply_activation_checkpointing(cfg, model)
-    elif layout.zero_stage == 3 and layout.tensor_degree == 1 and not cfg.model.init_from:
+    elif layout.zero_stage == 3 and layout.tensor_degree == 1:
         from launcher.runtime.build import build_zero3_model
 
         model = build_zero3_model(cfg.model, cfg.train.seed, ds_config, vocab_size=layout.padded_vocab_size)

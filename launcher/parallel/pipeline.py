@@ -304,7 +304,7 @@ def build_pipeline_module(cfg, layout, seed: int):
     from launcher.parallel.tensor import tensor_parallel_group
     from launcher.plan.inputs import model_shape
     from launcher.plan.stages import stage_bounds
-    from launcher.runtime.build import SeededInit, init_rules, meta_model
+    from launcher.runtime.build import CheckpointSlices, SeededInit, init_rules, meta_model
     from launcher.runtime.model import attn_implementation
 
     if cfg.model.arch not in ARCH_MODULES:
@@ -321,7 +321,8 @@ def build_pipeline_module(cfg, layout, seed: int):
 
     # The padded vocabulary keeps shapes equal to the unpipelined TP model (layout.py pads to a multiple of TP).
     full = meta_model(cfg.model, vocab_size=layout.padded_vocab_size)
-    init = SeededInit(seed, init_rules(full))
+    # model.init_from: each rank reads only its layers' slices; otherwise the seeded init (launcher/runtime/build.py).
+    init = CheckpointSlices(cfg.model.init_from) if cfg.model.init_from else SeededInit(seed, init_rules(full))
     specs = layer_specs(full, cfg.model.arch, attn_implementation(cfg.model.arch), cfg.model.tie_word_embeddings,
                         tp, init)
     module = _stage_pipeline_module_class()(

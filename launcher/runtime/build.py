@@ -75,6 +75,59 @@ class SeededInit:
             dest.view(r1 - r0, c1 - c0).copy_(_values(self.seed, name, rule, r0, r1, c0, c1))
 
 
+class CheckpointSlices:
+    """`model.init_from` read per rank: the same `fill_` as SeededInit, reading only the requested slice of each
+    tensor from a transformers directory (model.safetensors, or shards + model.safetensors.index.json).
+
+    safetensors' `get_slice` reads only the slice's bytes (scale-build-zero3-findings.md, Q3: all 129 slices of a
+    0.2B checkpoint equal the same slices of the full tensors); the index's weight_map means a pipeline stage opens
+    only the files holding its tensors. `opened` records which files this process opened.
+    """
+
+    def __init__(self, path):
+        import json
+        from pathlib import Path
+
+        from safetensors import safe_open
+
+        self.root = Path(path)
+        index = self.root / "model.safetensors.index.json"
+        if index.exists():
+            self.weight_map = json.loads(index.read_text())["weight_map"]
+        else:
+            with safe_open(self.root / "model.safetensors", "pt") as f:
+                self.weight_map = dict.fromkeys(f.keys(), "model.safetensors")
+        self.opened: set = set()
+
+    def fill_(self, dest: torch.Tensor, name: str, rows=None, cols=None, flat=None) -> None:
+        from safetensors import safe_open
+
+        if name not in self.weight_map:
+            raise KeyError(f"{name} is not in the checkpoint {self.root} (model.init_from): its model does not match model.*")
+        file = self.weight_map[name]
+        self.opened.add(file)
+        with safe_open(self.root / file, "pt", device="cpu") as f:
+            sl = f.get_slice(name)
+            shape = tuple(sl.get_shape())
+            width = math.prod(shape[1:])
+            with torch.no_grad():
+                if flat is not None:
+                    start, stop = flat
+                    r0, r1 = start // max(width, 1), -(-stop // max(width, 1))
+                    part = sl[r0:r1].reshape(-1)
+                    dest[:stop - start].copy_(part[start - r0 * width:stop - r0 * width])
+                    return
+                r0, r1 = rows if rows is not None else (0, shape[0])
+                if cols is None:
+                    part = sl[r0:r1]
+                else:
+                    part = sl[r0:r1, cols[0]:cols[1]]
+                if part.numel() != dest.numel():
+                    raise ValueError(f"{name}: the checkpoint's {shape} does not give this rank's {tuple(dest.shape)} "
+                                     f"(model.init_from={self.root}: its model does not match model.*)")
+                dest.copy_(part.reshape(dest.shape))
+
+
 def block_seed(seed: int, name: str, block: int) -> int:
     """63-bit seed of one 256-row block of one tensor (stable across processes, unlike hash())."""
     return int.from_bytes(hashlib.sha256(f"{seed}:{name}:{block}".encode()).digest()[:8], "little") >> 1
@@ -170,8 +223,8 @@ def materialise_(module: nn.Module, init: SeededInit, hf_name, device="cpu") -> 
         if shard is None:
             init.fill_(p.data, name)
             continue
-        dim, rank, size = shard
-        n = init.rules[name].shape[dim] // size
+        dim, rank, _ = shard
+        n = p.shape[dim]   # the shard's extent: whole / size
         if dim == 0:
             init.fill_(p.data, name, rows=(rank * n, (rank + 1) * n))
         else:
@@ -216,8 +269,9 @@ def build_zero3_model(model_cfg, seed: int, ds_config: dict, vocab_size: Optiona
 
     from launcher.runtime.model import attn_implementation, hf_config
 
-    rules = init_rules(meta_model(model_cfg, vocab_size))
-    init = SeededInit(seed, rules)
+    # model.init_from: each rank reads only its partitions' byte ranges (CheckpointSlices), never a whole state dict.
+    init = (CheckpointSlices(model_cfg.init_from) if model_cfg.init_from
+            else SeededInit(seed, init_rules(meta_model(model_cfg, vocab_size))))
     with no_init_weights(), deepspeed.zero.Init(config_dict_or_path=ds_config):
         model = AutoModelForCausalLM.from_config(hf_config(model_cfg, vocab_size),
                                                  attn_implementation=attn_implementation(model_cfg.arch))

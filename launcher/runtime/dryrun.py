@@ -78,7 +78,7 @@ def _roles_whole(cfg, layout, full):
             tensors = [(p.numel(), False) for p in full.parameters() if id(p) not in block_ids]
             for b in blocks:
                 tensors += _tensors(shard(copy.deepcopy(b), TensorParallel(None, 0, layout.tensor_degree)))
-    zero3 = layout.zero_stage == 3 and layout.tensor_degree == 1 and not cfg.model.init_from
+    zero3 = layout.zero_stage == 3 and layout.tensor_degree == 1
     largest = max(n for n, _ in _tensors(full))
     if zero3:
         extra = zero3_partition_numel(largest, layout.data_degree) * 4 + 2 * max(p.shape[-1] for p in full.parameters()) * 4

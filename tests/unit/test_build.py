@@ -122,3 +122,54 @@ def test_pipeline_layers_and_tp_shards_equal_the_whole_model(overrides, tp):
                 assert torch.equal(p.detach(), want), name
                 checked += 1
     assert checked > 20
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_init_from_reads_only_this_ranks_slices_and_files(tp, tmp_path):
+    """model.init_from through the pipeline's specs: every layer's TP shard equals the same cut of the saved model,
+    and a stage opens only the shard files that hold its tensors (the index's weight_map)."""
+    import json
+
+    from launcher.parallel.pipeline import layer_specs
+    from launcher.parallel.tensor import TensorParallel
+    from launcher.runtime.build import CheckpointSlices, meta_model
+    from launcher.runtime.model import attn_implementation
+
+    cfg, whole = _whole(LLAMA)
+    whole.save_pretrained(tmp_path, max_shard_size="100KB")   # several shards + model.safetensors.index.json
+    weight_map = json.loads((tmp_path / "model.safetensors.index.json").read_text())["weight_map"]
+    assert len(set(weight_map.values())) > 3
+    saved = {k: v.detach() for k, v in whole.named_parameters()}
+    vocab = resolve_layout(cfg).padded_vocab_size
+    for rank in range(tp):
+        full = meta_model(cfg.model, vocab)
+        source = CheckpointSlices(tmp_path)
+        specs = layer_specs(full, "llama", attn_implementation("llama"), False, TensorParallel(None, rank, tp) if tp > 1 else None,
+                            source)
+        block1 = specs[2].build()   # pipeline layer 2 = model.layers.1: a stage holding only that block
+        assert source.opened == {weight_map[k] for k in weight_map if k.startswith("model.layers.1.")}
+        assert source.opened < set(weight_map.values())
+        for local, p in block1.named_parameters():
+            want = saved["model.layers.1." + local.partition(".")[2]]
+            if getattr(p, "tp_shard", None):
+                dim, r, size = p.tp_shard
+                n = want.shape[dim] // size
+                want = want.narrow(dim, r * n, n)
+            assert torch.equal(p.detach(), want), local
+
+
+def test_init_from_zero3_flat_partitions(tmp_path):
+    """The ZeRO-3 path reads flat ranges (a rank's partition of each tensor) from the checkpoint."""
+    from launcher.runtime.build import CheckpointSlices
+
+    _, whole = _whole(LLAMA)
+    whole.save_pretrained(tmp_path, max_shard_size="100KB")
+    source = CheckpointSlices(tmp_path)
+    for name, p in whole.named_parameters():
+        flat = p.detach().reshape(-1)
+        n = -(-flat.numel() // 4)   # 4 DP ranks, the last partition padded
+        for r in range(4):
+            start, stop = r * n, min((r + 1) * n, flat.numel())
+            out = torch.zeros(n)
+            source.fill_(out, name, flat=(start, stop))
+            assert torch.equal(out[:stop - start], flat[start:stop]), (name, r)
