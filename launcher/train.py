@@ -56,7 +56,7 @@ def build_engine(cfg, layout, ds_config: dict):
     """The model (fixed-seed init, identical on every rank) wrapped by deepspeed.initialize.
 
     Which model, by layout (the rest of the loop only sees the engine):
-    - pipeline_degree > 1: a PipelineModule cut from the same seeded model (launcher/parallel/pipeline.py),
+    - pipeline_degree > 1: a PipelineModule, each rank building only its stage (launcher/parallel/pipeline.py),
       tensor-parallel inside the stages on the pipeline grid when tensor_degree > 1 (launcher/parallel/tensor.py);
       deepspeed.initialize then returns a PipelineEngine, driven by train_step_pipeline;
     - sequence_degree > 1: the transformers model with Ulysses attention (launcher/parallel/sequence.py); the SP
