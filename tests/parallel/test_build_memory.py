@@ -60,3 +60,21 @@ def test_each_rank_builds_only_its_part_and_trains(mode, tmp_path):
     if mode == "pp2-tp2":
         # Up to the first step the engine adds no optimizer state here (SGD, ZeRO 0): the whole run stays under it too.
         assert all(r["hwm_before_step"] < 0.7 * WHOLE_FP32_BYTES for r in ranks)
+
+
+@pytest.mark.slow
+def test_init_from_read_per_rank_equals_the_saved_model(tmp_path):
+    """model.init_from through build_engine on 2 ranks, as PP2 and as ZeRO-3: every tensor a rank holds equals the saved one."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext"), "OMP_NUM_THREADS": "1"}
+    torchrun = str(Path(sys.executable).parent / "torchrun")
+    out = tmp_path / "init_from.json"
+    proc = subprocess.run([torchrun, "--nproc_per_node", "2", "--master_port", "29733",
+                           str(REPO / "tests" / "parallel" / "init_from_driver.py"), str(tmp_path / "ckpt"), str(out)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    assert len(set((tmp_path / "ckpt").glob("model-*.safetensors"))) > 3   # really sharded
+    per_rank = json.loads(out.read_text())
+    assert len(per_rank) == 2
+    for r in per_rank:
+        assert r["pp2"]["equal"] and r["zero3"]["equal"], r
+        assert r["pp2"]["checked"] > 5 and r["zero3"]["checked"] == 4 * 9 + 3   # LLaMA: 9 tensors a block + embed, norm, head
