@@ -7,6 +7,7 @@
     launcher plan -m [sweep overrides]          one plan per point of a Hydra sweep (compare layouts)
     launcher train [overrides]            train: freeze the config into a run dir, start the local ranks
     launcher train --config PATH [overrides]   run a frozen config (inside srun + torchrun: the loop itself)
+    launcher train [overrides] --dry-run [--json]  what every rank would build and hold (meta device, no ranks)
     launcher submit [overrides] [--dry-run]     validate, write the job dir, sbatch (or print the script)
     launcher submit -m [sweep overrides]        one job per point of a Hydra sweep (a=1,2 b=x,y: 4 jobs)
     launcher export CKPT OUT              a checkpoint -> a transformers directory
@@ -18,6 +19,7 @@ rule and a fix; the Python traceback only with --debug (or LAUNCHER_DEBUG=1).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -162,9 +164,33 @@ def cmd_train(args) -> int:
         from launcher.config.compose import compose
 
         cfg = compose(args.overrides)
+    if args.dry_run:
+        return dry_run_training(cfg, as_json=args.json)
     if in_distributed_launch():
         return run_rank(cfg)
     return launch_training(cfg)
+
+
+def dry_run_training(cfg, as_json: bool) -> int:
+    """Validate as `launcher train` does, then build every rank's part on the meta device and print the ledger."""
+    from launcher.runtime.dryrun import format_ledger, rank_ledger
+
+    layout = validate_before_start(cfg)
+    if layout.pipeline_degree > 1 and cfg.model.arch not in ("llama", "bloom"):
+        raise ConfigError("parallel.pipeline_degree", layout.pipeline_degree,
+                          f"pipeline parallelism is implemented for model.arch=llama and bloom, not {cfg.model.arch}",
+                          "set parallel.pipeline_degree=1 (use tensor_degree / ZeRO-3 instead), or a llama/bloom model")
+    # DeepSpeed's logger prints to the stdout it finds at import time: keep stdout for the ledger alone.
+    with contextlib.redirect_stdout(sys.stderr):
+        records = rank_ledger(cfg, layout)
+    if as_json:
+        print(json.dumps({"ranks": records}, indent=1))
+        return 0
+    con = _console()
+    for warning in layout.warnings:
+        con.print(f"warning: {warning}", markup=False)
+    con.print(format_ledger(records), markup=False, highlight=False, soft_wrap=True)
+    return 0
 
 
 def run_rank(cfg) -> int:
@@ -484,6 +510,9 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("-m", "--multirun", action="store_true", help="Hydra sweep: one plan per point (a=1,2 b=x,y -> 4 plans)")
     train = add("train", cmd_train, "train: validate, freeze the config into the run dir, start the local ranks (or, under torchrun, run the loop)")
     train.add_argument("--config", default=None, help="a frozen config.yaml (run or job dir) instead of composing conf/")
+    train.add_argument("--dry-run", action="store_true",
+                       help="validate, build every rank's part on the meta device, print the per-rank ledger; start nothing")
+    train.add_argument("--json", action="store_true", help="--dry-run: print the ledger as one JSON object {\"ranks\": [...]}")
     submit = add("submit", cmd_submit, "validate, write the job dir (frozen config, DeepSpeed JSON, sbatch script) and sbatch it")
     submit.add_argument("--dry-run", action="store_true", help="print the sbatch script; write and submit nothing")
     submit.add_argument("-m", "--multirun", action="store_true", help="Hydra sweep: one job per point (a=1,2 b=x,y -> 4 jobs)")

@@ -69,13 +69,15 @@ def build_engine(cfg, layout, ds_config: dict):
     """The model (fixed-seed init, identical on every rank) wrapped by deepspeed.initialize.
 
     Which model, by layout (the rest of the loop only sees the engine):
-    - pipeline_degree > 1: a PipelineModule cut from the same seeded model (launcher/parallel/pipeline.py),
+    - pipeline_degree > 1: a PipelineModule, each rank building only its stage (launcher/parallel/pipeline.py),
       tensor-parallel inside the stages on the pipeline grid when tensor_degree > 1 (launcher/parallel/tensor.py);
       deepspeed.initialize then returns a PipelineEngine, driven by train_step_pipeline;
     - sequence_degree > 1: the transformers model with Ulysses attention (launcher/parallel/sequence.py); the SP
       groups go to deepspeed.initialize as its `mpu`, so ZeRO and the gradient reduction see them;
+    - ZeRO-3 (no TP or SP): built directly as this rank's partitions (deepspeed.zero.Init), never whole;
     - otherwise the transformers model; with tensor_degree > 1 DeepSpeed AutoTP shards it
       (the generated config's tensor_parallel.autotp_size).
+    Every path starts from the same weights: the launcher's seeded init (launcher/runtime/build.py).
     """
     import deepspeed
 
@@ -89,6 +91,11 @@ def build_engine(cfg, layout, ds_config: dict):
 
         mpu = setup_sequence_parallel(layout.sequence_degree)
         model = build_sequence_parallel_model(cfg.model, seed=cfg.train.seed, vocab_size=layout.padded_vocab_size)
+        maybe_apply_activation_checkpointing(cfg, model)
+    elif layout.zero_stage == 3 and layout.tensor_degree == 1:
+        from launcher.runtime.build import build_zero3_model
+
+        model = build_zero3_model(cfg.model, cfg.train.seed, ds_config, vocab_size=layout.padded_vocab_size)
         maybe_apply_activation_checkpointing(cfg, model)
     else:
         model = build_model(cfg.model, seed=cfg.train.seed, vocab_size=layout.padded_vocab_size)

@@ -11,20 +11,19 @@ Layers, in order (what DeepSpeed partitions over the stages):
 and `causal_lm_loss(logits, labels)` as the PipelineModule's loss_fn. `layer_hf_prefixes` names the
 transformers module of every layer index, for the export (launcher/parallel/export.py).
 
-Weights: `build_pipeline_module` builds the full transformers model once on CPU
-with the seed (launcher.runtime.model.build_model) and hands each layer its
-slice. Why not "seed per layer": transformers initialises the whole model from
-one RNG stream in module order, so per-layer seeds give different weights from
-the unpipelined model and a PP run could not be compared with a 1-rank run for
-the same seed. The cost is the full model in CPU memory on every rank while
-building (fine up to a few billion parameters; at BLOOM scale start from
-model.init_from or build on the meta device and load the stage's shards).
-Layers built for other stages are dropped when this function returns.
+Weights: `build_pipeline_module` builds the whole transformers model on the meta device (no bytes) and
+hands each layer its (meta) modules; DeepSpeed builds only this stage's layers (LayerSpec.build), and
+`SeededLayerSpec.build` then materialises just those and fills them with the launcher's seeded init
+(launcher/runtime/build.py), keyed by the transformers name of every tensor (`layer_hf_prefixes`) and cut
+to the rank's TP slice. So a rank holds its stage's share only, and every layout starts from the weights
+a 1-rank run starts from.
 
 Partitioning (parallel.partition_method, passed to DeepSpeed): `uniform`
-(equal layer counts), `parameters` (equal parameter counts) or
-`type:DecoderBlock` (equal numbers of decoder blocks; DeepSpeed matches the
-regex against the layer class names, case-insensitively).
+(equal layer counts), `parameters` (equal parameter counts of the whole,
+unsharded layers: see StagePipelineModule) or `type:DecoderBlock` (equal
+numbers of decoder blocks; DeepSpeed matches the regex against the layer
+class names, case-insensitively). launcher/plan/stages.py computes the same
+cut without torch, for `launcher plan` and `launcher train --dry-run`.
 """
 
 from __future__ import annotations
@@ -179,31 +178,97 @@ def causal_lm_loss(logits, labels):
     return F.cross_entropy(logits[:, :-1].float().reshape(-1, vocab), labels[:, 1:].reshape(-1), ignore_index=-100)
 
 
-def _layer_specs(full, arch: str, attn_implementation: str, tie: bool, tp=None):
-    """LayerSpecs that build each layer from its slice of the full model (`tp`: shard the blocks on that group)."""
+def _hf_namer(prefix: str):
+    """Local parameter name inside a pipeline layer -> the whole transformers model's name.
+    The Pipe wrappers keep the transformers module as `layer` or `norm`, or the tensor itself as `weight`."""
+    def name(local: str) -> str:
+        head, _, rest = local.partition(".")
+        return f"{prefix}.{rest}" if head in ("layer", "norm") and rest else f"{prefix}.{local}"
+    return name
+
+
+def _seeded_spec_classes():
     from deepspeed.pipe import LayerSpec, TiedLayerSpec
 
+    class _Seeded:
+        """A LayerSpec whose module is built on meta and materialised (this rank's part only) when placed."""
+
+        hf_prefix: str
+        init = None             # SeededInit; None: stay on meta (the dry run)
+        unsharded_params = 0    # what `parameters` partitioning weighs (StagePipelineModule)
+
+        def build(self, log=False):
+            from launcher.runtime.build import materialise_
+
+            module = super().build(log)
+            if self.init is not None:
+                materialise_(module, self.init, _hf_namer(self.hf_prefix))
+            return module
+
+    class SeededLayerSpec(_Seeded, LayerSpec):
+        pass
+
+    class SeededTiedLayerSpec(_Seeded, TiedLayerSpec):
+        pass
+
+    return SeededLayerSpec, SeededTiedLayerSpec
+
+
+def layer_specs(full, arch: str, attn_implementation: str, tie: bool, tp=None, init=None):
+    """LayerSpecs that build each layer from the modules of `full` (the whole model on meta), in the order of
+    `layer_hf_prefixes`; `tp`: shard the blocks on that group; `init`: materialise and fill when built."""
+    from launcher.runtime.build import meta_params
+
+    SeededLayerSpec, SeededTiedLayerSpec = _seeded_spec_classes()
     names = ARCH_MODULES[arch]
     embed = full.get_submodule(names.embed)
+    rotary = None
+    if arch == "llama":
+        # The rotary buffers are computed, not initialised: one real CPU copy shared by the stage's blocks.
+        rotary = type(full.model.rotary_emb)(config=full.config)
+    prefixes = layer_hf_prefixes(arch, full.config.num_hidden_layers)
     specs = []
     if tie:
-        specs.append(TiedLayerSpec("embed", EmbeddingPipe, embed, tied_weight_attr=["weight"]))
+        specs.append(SeededTiedLayerSpec("embed", EmbeddingPipe, embed, tied_weight_attr=["weight"]))
     else:
-        specs.append(LayerSpec(EmbeddingPipe, embed))
+        specs.append(SeededLayerSpec(EmbeddingPipe, embed))
     if names.embed_norm:
-        specs.append(LayerSpec(NormPipe, full.get_submodule(names.embed_norm)))
+        specs.append(SeededLayerSpec(NormPipe, full.get_submodule(names.embed_norm)))
     for layer in full.get_submodule(names.blocks):
         if arch == "llama":
-            specs.append(LayerSpec(DecoderBlockPipe, layer, full.model.rotary_emb, attn_implementation, tp))
+            specs.append(SeededLayerSpec(DecoderBlockPipe, layer, rotary, attn_implementation, tp))
         else:
-            specs.append(LayerSpec(BloomDecoderBlockPipe, layer, full.config.n_head, tp))
-    specs.append(LayerSpec(NormPipe, full.get_submodule(names.final_norm)))
+            specs.append(SeededLayerSpec(BloomDecoderBlockPipe, layer, full.config.n_head, tp))
+    specs.append(SeededLayerSpec(NormPipe, full.get_submodule(names.final_norm)))
     if tie:
-        specs.append(TiedLayerSpec("embed", EmbeddingPipe, embed, forward_fn=tied_head_forward,
-                                   tied_weight_attr=["weight"]))
+        specs.append(SeededTiedLayerSpec("embed", EmbeddingPipe, embed, forward_fn=tied_head_forward,
+                                         tied_weight_attr=["weight"]))
     else:
-        specs.append(LayerSpec(HeadPipe, full.get_submodule(names.head)))
+        specs.append(SeededLayerSpec(HeadPipe, full.get_submodule(names.head)))
+    for spec, prefix in zip(specs, prefixes):
+        # The tied head is the embedding: the same name, so the same seeded values on both end stages.
+        spec.hf_prefix = names.embed if (tie and prefix == names.head) else prefix
+        spec.init = init
+        spec.unsharded_params = meta_params(full.get_submodule(prefix if prefix != names.head or not tie else names.embed))
     return specs
+
+
+def _stage_pipeline_module_class():
+    from deepspeed.pipe import PipelineModule
+
+    class StagePipelineModule(PipelineModule):
+        """DeepSpeed's PipelineModule, counting layers for `partition_method=parameters` without building them.
+
+        DeepSpeed 0.19.8's _count_layer_params builds every layer on every rank to count it (pipe/module.py
+        303-320; at BLOOM scale that is the 14.4 GB fp32 embedding on every rank: scale-build-pipeline-tp-
+        findings.md, Q1). Our specs know each layer's size from the meta model. The count is the whole
+        (unsharded) layer, so the cut does not depend on the TP degree (launcher/plan/stages.py).
+        """
+
+        def _count_layer_params(self):
+            return [spec.unsharded_params for spec in self._layer_specs]
+
+    return StagePipelineModule
 
 
 def mark_for_grad_norm(module: nn.Module, tensor_rank: int) -> None:
@@ -237,7 +302,10 @@ def build_pipeline_module(cfg, layout, seed: int):
     from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
 
     from launcher.parallel.tensor import tensor_parallel_group
-    from launcher.runtime.model import attn_implementation, build_model
+    from launcher.plan.inputs import model_shape
+    from launcher.plan.stages import stage_bounds
+    from launcher.runtime.build import CheckpointSlices, SeededInit, init_rules, meta_model
+    from launcher.runtime.model import attn_implementation
 
     if cfg.model.arch not in ARCH_MODULES:
         raise NotImplementedError(f"pipeline parallelism is implemented for model.arch in {sorted(ARCH_MODULES)}, "
@@ -252,10 +320,12 @@ def build_pipeline_module(cfg, layout, seed: int):
     tp = tensor_parallel_group(topology) if layout.tensor_degree > 1 else None
 
     # The padded vocabulary keeps shapes equal to the unpipelined TP model (layout.py pads to a multiple of TP).
-    full = build_model(cfg.model, seed, vocab_size=layout.padded_vocab_size)
-    attn = attn_implementation(cfg.model.arch)
-    specs = _layer_specs(full, cfg.model.arch, attn, cfg.model.tie_word_embeddings, tp)
-    module = PipelineModule(
+    full = meta_model(cfg.model, vocab_size=layout.padded_vocab_size)
+    # model.init_from: each rank reads only its layers' slices; otherwise the seeded init (launcher/runtime/build.py).
+    init = CheckpointSlices(cfg.model.init_from) if cfg.model.init_from else SeededInit(seed, init_rules(full))
+    specs = layer_specs(full, cfg.model.arch, attn_implementation(cfg.model.arch), cfg.model.tie_word_embeddings,
+                        tp, init)
+    module = _stage_pipeline_module_class()(
         layers=specs,
         topology=topology,
         loss_fn=causal_lm_loss,
@@ -264,5 +334,10 @@ def build_pipeline_module(cfg, layout, seed: int):
         activation_checkpoint_interval=1 if cfg.model.activation_checkpointing else 0,
         checkpointable_layers=BLOCK_CLASSES,
     )
+    planned = list(stage_bounds(model_shape(cfg.model), layout.padded_vocab_size, layout.pipeline_degree,
+                                cfg.parallel.partition_method))
+    if [int(b) for b in module.parts] != planned:
+        raise RuntimeError(f"DeepSpeed cut the pipeline at {module.parts}, launcher/plan/stages.py at {planned}: "
+                           "the plan and --dry-run would misreport the stages")
     mark_for_grad_norm(module, tp.rank if tp is not None else 0)
     return module

@@ -24,8 +24,9 @@ So each block costs one all-reduce forward and one backward per sub-layer, and
 everything outside the blocks (embedding, norms, head) stays replicated across
 the TP ranks and receives identical full gradients there.
 
-Weights are sliced from the full layer, so a TP run starts from exactly the
-weights of the unsharded model.
+The shards are cut from the layer of the whole model on the meta device (no bytes); each keeps
+`tp_shard = (dim, rank, size)`, and launcher/runtime/build.py fills it with that slice of the whole
+tensor's seeded values, so a TP run starts from exactly the weights of the unsharded model.
 """
 
 from __future__ import annotations
@@ -75,11 +76,12 @@ class _ReduceFromTensorParallel(torch.autograd.Function):
         return grad, None
 
 
-def _mark_sharded(p: nn.Parameter, dim: int) -> nn.Parameter:
+def _mark_sharded(p: nn.Parameter, dim: int, rank: int, size: int) -> nn.Parameter:
     # DeepSpeed counts a parameter with this attribute on every TP rank when it computes the global
     # gradient norm, and a replicated one only on TP rank 0 (runtime/utils.py, zero/stage_1_and_2.py).
     p.tensor_model_parallel = True
     p.partition_dim = dim  # Megatron's names, for the export merge
+    p.tp_shard = (dim, rank, size)  # which slice of the whole tensor: launcher/runtime/build.py fills it from that
     return p
 
 
@@ -93,8 +95,8 @@ class ColumnParallelLinear(nn.Module):
             raise ValueError(f"out_features {out} not divisible by tensor-parallel size {size}")
         n = out // size
         self.group = group
-        self.weight = _mark_sharded(nn.Parameter(full.weight.detach()[rank * n:(rank + 1) * n].clone()), 0)
-        self.bias = None if full.bias is None else _mark_sharded(nn.Parameter(full.bias.detach()[rank * n:(rank + 1) * n].clone()), 0)
+        self.weight = _mark_sharded(nn.Parameter(full.weight.detach()[rank * n:(rank + 1) * n].clone()), 0, rank, size)
+        self.bias = None if full.bias is None else _mark_sharded(nn.Parameter(full.bias.detach()[rank * n:(rank + 1) * n].clone()), 0, rank, size)
 
     def forward(self, x):
         return F.linear(_CopyToTensorParallel.apply(x, self.group), self.weight, self.bias)
@@ -110,7 +112,7 @@ class RowParallelLinear(nn.Module):
             raise ValueError(f"in_features {inp} not divisible by tensor-parallel size {size}")
         n = inp // size
         self.group = group
-        self.weight = _mark_sharded(nn.Parameter(full.weight.detach()[:, rank * n:(rank + 1) * n].clone()), 1)
+        self.weight = _mark_sharded(nn.Parameter(full.weight.detach()[:, rank * n:(rank + 1) * n].clone()), 1, rank, size)
         # The bias is added once, after the sum, so it stays replicated (and unmarked).
         self.bias = None if full.bias is None else nn.Parameter(full.bias.detach().clone())
 

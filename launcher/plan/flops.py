@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from launcher.plan.inputs import Hardware, ModelShape, Strategy, model_shape
-from launcher.plan.memory import layers_in_stage, stage_params, weight_bytes
+from launcher.plan.memory import blocks_in_stage, stage_params, weight_bytes
 
 
 def flops_per_token(shape: ModelShape, seq_length: int) -> float:
@@ -133,7 +133,7 @@ def estimate_step_time(shape: ModelShape, st: Strategy, hw: Hardware, train_toke
     # Backward share of one micro-batch (2/3 of the model FLOPs) is what overlapped DP traffic hides behind.
     t_bwd = b * s * (f_model * 2 / 3) / (t * p * sp) / rate
 
-    blocks = layers_in_stage(shape.num_layers, p, 0)
+    blocks = blocks_in_stage(shape, st, 0)
     intra_tp = t <= st.gpus_per_node
     act_bytes = b * s / sp * h * w
     n_ar = 4 + (2 if st.recompute == "full" else 0)

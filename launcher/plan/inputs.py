@@ -135,6 +135,7 @@ class Strategy:
     recompute: str              # "none", "selective" or "full"
     offload_optimizer: bool = False
     offload_param: bool = False
+    partition_method: str = "parameters"   # parallel.partition_method: how DeepSpeed cuts the pipeline (plan/stages.py)
 
     @property
     def world_size(self) -> int:
@@ -160,4 +161,5 @@ def strategy(cfg, layout, recompute: Optional[str] = None) -> Strategy:
         global_batch_size=layout.global_batch_size, seq_length=layout.seq_length,
         padded_vocab_size=layout.padded_vocab_size, gpus_per_node=layout.gpus_per_node, dtype=layout.dtype,
         grad_accum_fp32=cfg.precision.grad_accum_dtype == "fp32", recompute=recompute,
-        offload_optimizer=bool(cfg.parallel.offload_optimizer), offload_param=bool(cfg.parallel.offload_param))
+        offload_optimizer=bool(cfg.parallel.offload_optimizer), offload_param=bool(cfg.parallel.offload_param),
+        partition_method=cfg.parallel.partition_method)

@@ -17,8 +17,9 @@ Models", section 5 and figure 1), bytes per parameter held by one rank, Psi para
 Weights per rank come from the exact counts in params.py: a stage's blocks / TP, the embedding (padded
 vocabulary / TP) on the first stage, the final norm and the head on the last, and with tied embeddings and
 PP > 1 a second copy of the embedding on the last stage (Megatron/DeepSpeed keep both and all-reduce their
-gradients). Blocks are split evenly over stages (stage i gets L // PP blocks, one more while i < L % PP);
-norm weights are divided by TP with the matrices (they are replicated in reality: < 0.01% of a block).
+gradients). The layers per stage are DeepSpeed's cut with parallel.partition_method (launcher/plan/stages.py,
+the cut the runtime builds; BLOOM-176B: embedding + 5 blocks, 6, ..., 6, 5 blocks + embedding); norm weights are
+divided by TP with the matrices (they are replicated in reality: < 0.01% of a block).
 
 Activations per block (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
 Models", Table 2), s sequence, b micro batch, h hidden, a heads, t TP degree, 16-bit activations:
@@ -51,6 +52,7 @@ from dataclasses import dataclass
 
 from launcher.plan.inputs import Hardware, ModelShape, Strategy
 from launcher.plan.params import param_numels
+from launcher.plan.stages import PIPELINE_ARCHS, stage_blocks, stage_param_counts
 
 FRAMEWORK_OVERHEAD_BYTES = 2e9
 REDUCE_BUCKET_ELEMENTS = 500_000_000   # launcher/deepspeed_config.py REDUCE_BUCKET_SIZE (raised for SP x ZeRO-3 there)
@@ -107,7 +109,11 @@ def layers_in_stage(num_layers: int, pipeline_degree: int, stage: int) -> int:
 
 
 def stage_params(shape: ModelShape, st: Strategy, stage: int) -> float:
-    """Parameters one rank of pipeline stage `stage` holds (TP-sharded, before ZeRO)."""
+    """Parameters one rank of pipeline stage `stage` holds (TP-sharded, before ZeRO): the stage's exact count
+    as DeepSpeed cuts the layers (launcher/plan/stages.py, what the runtime builds) divided by TP."""
+    if st.pipeline_degree == 1 or shape.arch in PIPELINE_ARCHS:
+        return stage_param_counts(shape, st.padded_vocab_size, st.pipeline_degree, st.partition_method)[stage] / st.tensor_degree
+    # No pipeline implementation for the architecture (gpt): blocks spread evenly, as a plan only.
     p, t = st.pipeline_degree, st.tensor_degree
     h, pc = shape.hidden_size, shape.params
     n = layers_in_stage(shape.num_layers, p, stage) * pc.per_layer / t
@@ -119,6 +125,13 @@ def stage_params(shape: ModelShape, st: Strategy, stage: int) -> float:
         if not shape.tied_embeddings or p > 1:
             n += vocab_rows  # the untied head, or the tied embedding's copy on the last stage
     return n
+
+
+def blocks_in_stage(shape: ModelShape, st: Strategy, stage: int) -> int:
+    """Decoder blocks on pipeline stage `stage`, as DeepSpeed cuts the layers (evenly where there is no pipeline)."""
+    if st.pipeline_degree == 1 or shape.arch in PIPELINE_ARCHS:
+        return stage_blocks(shape, st.padded_vocab_size, st.pipeline_degree, st.partition_method)[stage]
+    return layers_in_stage(shape.num_layers, st.pipeline_degree, stage)
 
 
 def in_flight_micro_batches(st: Strategy, stage: int) -> int:
@@ -172,7 +185,7 @@ def _stage_memory(shape: ModelShape, st: Strategy, stage: int, per_layer_act: fl
     n = stage_params(shape, st, stage)
     states = model_state_bytes(n, st.data_degree, st.zero_stage, st.dtype, st.grad_accum_fp32,
                                st.pipeline_degree, st.offload_optimizer, st.offload_param)
-    blocks = layers_in_stage(shape.num_layers, st.pipeline_degree, stage)
+    blocks = blocks_in_stage(shape, st, stage)
     acts = blocks * per_layer_act * in_flight_micro_batches(st, stage) + working_set
     logits = 0.0
     if stage == st.pipeline_degree - 1:

@@ -13,6 +13,7 @@ from launcher.plan.flops import estimate_step_time
 from launcher.plan.inputs import model_shape, resolve_hardware, strategy
 from launcher.plan.memory import estimate_memory
 from launcher.plan.params import count_params, rough_params
+from launcher.plan.stages import PIPELINE_ARCHS, stage_blocks, stage_param_counts
 
 
 def plan_summary(cfg, layout: Layout) -> dict:
@@ -45,7 +46,16 @@ def plan_summary(cfg, layout: Layout) -> dict:
         "vocab_size": layout.vocab_size,
         "padded_vocab_size": layout.padded_vocab_size,
         "warnings": list(layout.warnings),
-    } | performance_summary(cfg, layout)
+    } | stage_summary(cfg, layout) | performance_summary(cfg, layout)
+
+
+def stage_summary(cfg, layout: Layout) -> dict:
+    """Blocks and exact parameters (before TP sharding) of every pipeline stage, as DeepSpeed will cut them
+    (launcher/plan/stages.py); null where the pipeline is not implemented for the architecture."""
+    if layout.pipeline_degree > 1 and cfg.model.arch not in PIPELINE_ARCHS:
+        return {"stage_blocks": None, "stage_params": None}
+    args = (model_shape(cfg.model), layout.padded_vocab_size, layout.pipeline_degree, cfg.parallel.partition_method)
+    return {"stage_blocks": list(stage_blocks(*args)), "stage_params": list(stage_param_counts(*args))}
 
 
 def check_memory(cfg, layout: Layout) -> Optional[str]:
@@ -175,9 +185,25 @@ def _rows(s: dict) -> list[tuple[str, str, str]]:
         ("parameters", f"{s['params_total']:,}", f"exact; {s['params_non_embedding']:,} outside embeddings/head"),
         ("parameters (rough)", f"{s['params_rough_12lh2_vh']:,}", "12 x L x h^2 + V x h"),
     ]
+    if pp > 1 and s.get("stage_blocks"):
+        b, n = s["stage_blocks"], s["stage_params"]
+        rows.append(("blocks per stage", _runs(b), f"DeepSpeed partition_method cut; stage params {n[0] / 1e9:,.2f}B first, "
+                     f"{max(n) / 1e9:,.2f}B largest, {n[-1] / 1e9:,.2f}B last (before TP)"))
     if s["padded_vocab_size"] != s["vocab_size"]:
         rows.append(("vocab (padded)", f"{s['padded_vocab_size']:,}", f"{s['vocab_size']:,} rounded up to a multiple of TP"))
     return rows + _performance_rows(s)
+
+
+def _runs(values) -> str:
+    """[5, 6, 6, 6, 5] -> '5, 6 x3, 5'."""
+    out, i = [], 0
+    while i < len(values):
+        j = i
+        while j < len(values) and values[j] == values[i]:
+            j += 1
+        out.append(f"{values[i]}" + (f" x{j - i}" if j - i > 1 else ""))
+        i = j
+    return ", ".join(out)
 
 
 def render_plan(s: dict, console) -> None:

@@ -1,4 +1,4 @@
-"""Build the transformers model a config describes (random init with a fixed seed, or from a checkpoint).
+"""Build the transformers model a config describes (the seeded init of runtime/build.py, or from a checkpoint).
 
 The one mapping from our `model.*` keys to each transformers config class lives
 in `hf_config`; the parameter-count formulas in launcher/plan/params.py are held
@@ -68,16 +68,14 @@ def attn_implementation(arch: str) -> str:
 
 
 def build_model(model_cfg, seed: int, vocab_size: Optional[int] = None, device=None):
-    """A freshly initialised causal LM, identical on every rank for the same seed."""
-    import contextlib
-
-    import torch
+    """The whole causal LM, identical on every rank for the same seed: from `model.init_from`, or with the
+    launcher's own layout-independent seeded init (launcher/runtime/build.py); `device="meta"`: shapes only."""
     from transformers import AutoModelForCausalLM
 
-    attn = attn_implementation(model_cfg.arch)
+    from launcher.runtime.build import build_whole_model, meta_model
+
     if model_cfg.init_from:
-        return AutoModelForCausalLM.from_pretrained(model_cfg.init_from, attn_implementation=attn)
-    torch.manual_seed(seed)
-    config = hf_config(model_cfg, vocab_size)
-    with torch.device(device) if device is not None else contextlib.nullcontext():
-        return AutoModelForCausalLM.from_config(config, attn_implementation=attn)
+        return AutoModelForCausalLM.from_pretrained(model_cfg.init_from, attn_implementation=attn_implementation(model_cfg.arch))
+    if device is not None and str(device) == "meta":
+        return meta_model(model_cfg, vocab_size)
+    return build_whole_model(model_cfg, seed, vocab_size)

@@ -1,0 +1,117 @@
+"""Which pipeline layers each stage holds, and its exact parameter count (no torch).
+
+The runtime hands DeepSpeed's PipelineModule one layer per entry of `pipeline_layer_params`
+(launcher/parallel/pipeline.py: embedding, [Bloom's embedding LayerNorm], the blocks, the final norm, the
+head or the tied embedding's second copy) and DeepSpeed cuts that list into stages with the
+`parallel.partition_method` named in the config. The cut is reproduced here with DeepSpeed 0.19.8's own
+algorithms (deepspeed/runtime/utils.py partition_uniform / partition_balanced, pipe/module.py
+_partition_layers), so `launcher plan` and `launcher train --dry-run` name the same layers per stage;
+tests/unit/test_stages.py holds the two against each other for every recipe, and the runtime asserts
+DeepSpeed's `parts` equal these bounds when it builds (pipeline.build_pipeline_module).
+
+`parameters` balances the layers' *unsharded* parameter counts (our PipelineModule counts the full layer,
+not this rank's TP slice): the partition then does not depend on the TP degree, as in Megatron-DeepSpeed,
+where every layer including the vocab-parallel embedding is divided by TP. For BLOOM-176B on 12 stages it
+gives the published partition: embedding + 5 blocks, 10 x 6 blocks, 5 blocks + the tied embedding
+(BigScience 2022, arXiv:2211.05100, section 3.4.2).
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+
+PIPELINE_ARCHS = ("llama", "bloom")
+
+
+def pipeline_layer_params(shape, padded_vocab_size: int) -> tuple[tuple[str, int], ...]:
+    """(layer class name, unsharded parameter count) of every pipeline layer, in pipeline.py's order."""
+    h, pc = shape.hidden_size, shape.params
+    vocab = padded_vocab_size * h
+    layers = [("EmbeddingPipe", vocab)]
+    if shape.arch == "bloom":
+        layers.append(("NormPipe", pc.embedding - shape.vocab_size * h))   # word_embeddings_layernorm
+    block = "BloomDecoderBlockPipe" if shape.arch == "bloom" else "DecoderBlockPipe"
+    layers += [(block, pc.per_layer)] * shape.num_layers
+    layers.append(("NormPipe", pc.final_norm))
+    layers.append(("EmbeddingPipe" if shape.tied_embeddings else "HeadPipe", vocab))
+    return tuple(layers)
+
+
+def partition_uniform(num_items: int, num_parts: int) -> list[int]:
+    """deepspeed.runtime.utils.partition_uniform: equal counts, the first `num_items % num_parts` parts one more."""
+    if num_items <= num_parts:
+        return [min(p, num_items) for p in range(num_parts + 1)]
+    chunk, residual = divmod(num_items, num_parts)
+    return [p * chunk + min(p, residual) for p in range(num_parts + 1)]
+
+
+def partition_balanced(weights, num_parts: int) -> list[int]:
+    """deepspeed.runtime.utils.partition_balanced, line for line (numpy float64 = Python float): the split
+    into `num_parts` contiguous parts minimising (heaviest part - lightest part), ties to the later cut."""
+    n, m = len(weights), num_parts
+    if n <= m:
+        return partition_uniform(n, m)
+    inf = float("inf")
+    dp_max = [[inf] * (m + 1) for _ in range(n + 1)]
+    dp_min = [[inf] * (m + 1) for _ in range(n + 1)]
+    dp_cost = [[inf] * (m + 1) for _ in range(n + 1)]
+    position = [[0] * (m + 1) for _ in range(n + 1)]
+    prefix = [0.0] * (n + 1)
+    for i, w in enumerate(weights):
+        prefix[i + 1] = prefix[i] + float(w)
+    dp_max[0][0] = 0
+    dp_cost[0][0] = 0
+    for i in range(1, n + 1):
+        for j in range(1, min(i, m) + 1):
+            for k in range(i):
+                part = prefix[i] - prefix[k]
+                max_sum = max(dp_max[k][j - 1], part)
+                min_sum = min(dp_min[k][j - 1], part)
+                cost = max_sum - min_sum
+                if dp_cost[i][j] >= cost:
+                    dp_cost[i][j], dp_max[i][j], dp_min[i][j], position[i][j] = cost, max_sum, min_sum, k
+    parts = [n]
+    for i in reversed(range(1, m + 1)):
+        parts.append(position[parts[-1]][i])
+    parts.reverse()
+    return [int(p) for p in parts]
+
+
+@lru_cache(maxsize=256)
+def _bounds(layers: tuple, num_stages: int, method: str) -> tuple[int, ...]:
+    method = method.lower()
+    if method == "uniform":
+        return tuple(partition_uniform(len(layers), num_stages))
+    if method == "parameters":
+        return tuple(partition_balanced([n for _, n in layers], num_stages))
+    if method.startswith("type:"):
+        # pipe/module.py _find_layer_type: the regex is searched in the class name, case-insensitively.
+        rx = re.compile(method.split(":", 1)[1], re.IGNORECASE)
+        return tuple(partition_balanced([1 if rx.search(name) else 0 for name, _ in layers], num_stages))
+    raise ValueError(f"partition method {method!r}: DeepSpeed knows uniform, parameters and type:<regex>")
+
+
+def stage_bounds(shape, padded_vocab_size: int, pipeline_degree: int, method: str) -> tuple[int, ...]:
+    """DeepSpeed's `parts`: stage s holds pipeline layers [bounds[s], bounds[s+1])."""
+    return _bounds(pipeline_layer_params(shape, padded_vocab_size), pipeline_degree, method)
+
+
+def stage_param_counts(shape, padded_vocab_size: int, pipeline_degree: int, method: str) -> tuple[int, ...]:
+    """Exact parameters of every stage before TP sharding (summed over the stage's TP ranks, replicated
+    tensors once). With PP > 1 and tied embeddings both end stages count the embedding (DeepSpeed keeps a copy
+    on each); with PP = 1 the tied head is the embedding tensor itself and counts once."""
+    layers = pipeline_layer_params(shape, padded_vocab_size)
+    if pipeline_degree == 1:
+        return (sum(n for _, n in layers[:-1]) + (0 if shape.tied_embeddings else layers[-1][1]),)
+    b = stage_bounds(shape, padded_vocab_size, pipeline_degree, method)
+    return tuple(sum(n for _, n in layers[b[s]:b[s + 1]]) for s in range(pipeline_degree))
+
+
+def stage_blocks(shape, padded_vocab_size: int, pipeline_degree: int, method: str) -> tuple[int, ...]:
+    """Decoder blocks per stage."""
+    layers = pipeline_layer_params(shape, padded_vocab_size)
+    if pipeline_degree == 1:
+        return (shape.num_layers,)
+    b = stage_bounds(shape, padded_vocab_size, pipeline_degree, method)
+    return tuple(sum(1 for name, _ in layers[b[s]:b[s + 1]] if "Decoder" in name) for s in range(pipeline_degree))
