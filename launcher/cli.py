@@ -300,32 +300,34 @@ def launch_training(cfg) -> int:
         con.print(f"[yellow]warning:[/yellow] {escape(warning)}")
     run_dir = choose_run_dir(cfg)
     refuse_if_owned(run_dir)  # cheap and read-only: an owned run dir is refused before the data is prepared
-    # The data first: bad data (or a cache it cannot write) is refused before any run directory is made.
+    # Read-only checks first, so a refused start leaves no run directory: the checkpoint to resume (verified;
+    # the ranks are told which, so they neither choose nor hash again), then the data. acquire() below still
+    # refuses a run that took the directory meanwhile.
+    resume_from, saved = verified_resume(cfg, run_dir, layout, warn=lambda m: con.print(f"[yellow]{escape(m)}[/yellow]"))
     prepared = prepare_data(cfg, layout, progress=True, console=con)
+    if saved is not None:
+        from launcher.runtime.checkpoint import check_resume_compatible
+
+        check_resume_compatible(saved, cfg, layout, resume_from, prepared)  # the tokens and the tokenizer too
     claimed = cfg.run_name is None and not run_dir.exists()
     if claimed:  # a new timestamped name: another start in the same second gets -2, -3, ...
         run_dir = claim_new_dir(run_dir)
     lock = acquire(run_dir, "train").start_heartbeat()  # refused (exit 2) while another run owns the directory
     try:
-        return _train_in_run_dir(cfg, layout, run_dir, lock, con, prepared)
+        return _train_in_run_dir(cfg, layout, run_dir, lock, con, prepared, resume_from)
     finally:
         lock.release()
         if claimed and not any(run_dir.iterdir()):
             run_dir.rmdir()  # refused before anything was written: leave no empty run directory behind
 
 
-def _train_in_run_dir(cfg, layout, run_dir, lock, con, prepared) -> int:
-    from rich.markup import escape
-
+def _train_in_run_dir(cfg, layout, run_dir, lock, con, prepared, resume_from) -> int:
+    """Write the run's files into the owned run dir and start the local ranks."""
     from launcher.deepspeed_config import build_deepspeed_config
     from launcher.runtime import checkpoint as ckpt
     from launcher.runtime.durable import write_atomic
     from launcher.runtime.launch import freeze_config, start_local_ranks
 
-    # The ranks are told which checkpoint was verified, so they neither choose again nor hash it again.
-    resume_from, saved = verified_resume(cfg, run_dir, layout, warn=lambda m: con.print(f"[yellow]{escape(m)}[/yellow]"))
-    if saved is not None:
-        ckpt.check_resume_compatible(saved, cfg, layout, resume_from, prepared)  # the tokens and the tokenizer too
     con.print(f"data: {prepared.num_tokens:,} tokens ({prepared.source}), {prepared.train_samples:,} train / "
               f"{prepared.val_samples:,} val samples of {prepared.seq_length}", markup=False)
     config_path = freeze_config(cfg, run_dir, build_deepspeed_config(cfg, layout))
