@@ -260,8 +260,8 @@ def _stage_pipeline_module_class():
         """DeepSpeed's PipelineModule, counting layers for `partition_method=parameters` without building them.
 
         DeepSpeed 0.19.8's _count_layer_params builds every layer on every rank to count it (pipe/module.py
-        303-320; at BLOOM scale that is the 14.4 GB fp32 embedding on every rank: scale-build-pipeline-tp-
-        findings.md, Q1). Our specs know each layer's size from the meta model. The count is the whole
+        303-320; at BLOOM scale that is the 14.4 GB fp32 embedding on every rank: docs/parallel-
+        notes.md, section 2). Our specs know each layer's size from the meta model. The count is the whole
         (unsharded) layer, so the cut does not depend on the TP degree (launcher/plan/stages.py).
         """
 

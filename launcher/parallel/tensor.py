@@ -5,7 +5,7 @@ installs its own 2-D (world/tp, tp) device mesh over all ranks
 (engine._init_tp_mesh_device), which ignores the pipeline axis, so inside a
 PipelineModule its "data-parallel" groups span pipeline stages and the engine's
 initial broadcast copies stage-0 weights into stage-1 ranks (measured:
-/work/shared/notes/deepspeed-3d-findings.md, a gloo 65536 vs 16384 size
+docs/parallel-notes.md, section 1: a gloo 65536 vs 16384 size
 mismatch). Re-pointing AutoTP's groups at the pipeline grid makes it run but
 shard nothing. torch DTensor TP would need a DeviceMesh built from the grid's
 groups plus DTensor-aware DeepSpeed optimizers, which 0.19.8 does not have.

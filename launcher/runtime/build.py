@@ -16,9 +16,9 @@ every layout -- 1 rank, TP x PP x DP, ZeRO-3 partitions -- starts from bit-ident
 distributions are transformers' `PreTrainedModel._init_weights` (transformers 5.23 modeling_utils.py
 2295-2359, GPT2PreTrainedModel._init_weights): Linear / Conv1D weights and embeddings N(0, initializer_range),
 GPT-2's residual projections (c_proj) N(0, initializer_range / sqrt(2 n_layer)), biases 0, norm weights 1.
-The values differ from `from_config`'s (same distributions, other draws): docs/model-init.md.
+The values differ from `from_config`'s (same distributions, other draws): docs/training.md, "Building the model".
 
-Measured facts this relies on (/work/shared/notes/scale-build-pipeline-tp-findings.md, Q2 and Q3):
+Measured facts this relies on (docs/parallel-notes.md, sections 3 and 4):
 - a seeded CPU generator gives the same bits across processes and thread counts (not across ISAs for
   normal_: avx2 = avx512, `default` differs), so values are generated on CPU;
 - the first k values of a longer normal_ draw equal a k-draw only for k % 16 == 0, so a block is always
@@ -79,7 +79,7 @@ class CheckpointSlices:
     """`model.init_from` read per rank: the same `fill_` as SeededInit, reading only the requested slice of each
     tensor from a transformers directory (model.safetensors, or shards + model.safetensors.index.json).
 
-    safetensors' `get_slice` reads only the slice's bytes (scale-build-zero3-findings.md, Q3: all 129 slices of a
+    safetensors' `get_slice` reads only the slice's bytes (docs/parallel-notes.md, section 6: all 129 slices of a
     0.2B checkpoint equal the same slices of the full tensors); the index's weight_map means a pipeline stage opens
     only the files holding its tensors. `opened` records which files this process opened.
     """
@@ -259,7 +259,7 @@ def build_zero3_model(model_cfg, seed: int, ds_config: dict, vocab_size: Optiona
     1/DP of every tensor and fills it from the whole tensor's seeded values at that flat range.
 
     deepspeed.zero.Init gets the config and no `dtype=` (with an explicit dtype, DeepSpeed 0.19.8's
-    Init._set_dtype ignores it on CPU and picks bf16: scale-build-zero3-findings.md). transformers' own
+    Init._set_dtype ignores it on CPU and picks bf16: docs/parallel-notes.md, section 5). transformers' own
     init is skipped (no_init_weights): it would run on empty partitions and leave torch's defaults.
     """
     import deepspeed

@@ -8,8 +8,8 @@ step, trains one step, and rank 0 writes every rank's numbers to OUT.json.
 
 The optimizer is torch SGD (DeepSpeed builds any torch.optim class named in its config): AdamW's two
 states would add 8 bytes per parameter to the *training* memory of every layout and push 4 ranks past the
-machine (scale-build-zero3-findings.md: 0.8B AdamW does not fit 12 GiB with any rank count); the build,
-which is what this measures, is the same. ZeRO-3 gets small buckets (the same notes: the default 5e8-element
+machine (docs/parallel-notes.md, section 5: 0.8B AdamW does not fit 12 GiB with any rank count); the build,
+which is what this measures, is the same. ZeRO-3 gets small buckets (the same section: the default 5e8-element
 reduce bucket was OOM-killed at 12 GiB in step 1 even at 0.2B).
 """
 
