@@ -232,6 +232,21 @@ def resolve_interpolations(cfg) -> None:
 
 def compose(overrides: Sequence[str] = (), config_name: str = "config") -> DictConfig:
     """Compose the config for `overrides` (Hydra syntax). Raises ConfigError on any bad input."""
+    cfg = _hydra_compose(overrides, config_name)
+    resolve_interpolations(cfg)
+    _check_required(cfg)
+    OmegaConf.set_readonly(cfg, True)
+    return cfg
+
+
+def compose_choices(overrides: Sequence[str] = (), config_name: str = "config") -> dict:
+    """The option each config group ended with (after the recipe's and the command line's overrides):
+    Hydra's hydra.runtime.choices, for `--info`."""
+    cfg = _hydra_compose(overrides, config_name, return_hydra_config=True)
+    return {group: choice for group, choice in cfg.hydra.runtime.choices.items() if not group.startswith("hydra/")}
+
+
+def _hydra_compose(overrides: Sequence[str], config_name: str, return_hydra_config: bool = False) -> DictConfig:
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
@@ -245,17 +260,14 @@ def compose(overrides: Sequence[str] = (), config_name: str = "config") -> DictC
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(conf_dir()), version_base=HYDRA_VERSION_BASE):
-            cfg = hydra_compose(config_name=config_name, overrides=[*search, *overrides])
+            return hydra_compose(config_name=config_name, overrides=[*search, *overrides],
+                                 return_hydra_config=return_hydra_config)
     except ConfigError:
         raise
     except Exception as exc:  # Hydra wraps everything in its own exception types
         err = _translate(exc)
         # --debug shows the chained exception: not when its message holds a credential-shaped value.
         raise err from (exc if redact(str(exc)) == str(exc) else None)
-    resolve_interpolations(cfg)
-    _check_required(cfg)
-    OmegaConf.set_readonly(cfg, True)
-    return cfg
 
 
 FROZEN_FIX = ("give the config.yaml that `launcher train` or `launcher submit` wrote into the run directory "
