@@ -295,6 +295,9 @@ def launch_training(cfg) -> int:
         raise ConfigError("cluster.nodes", cfg.cluster.nodes, "`launcher train` starts ranks on this machine only",
                           "submit multi-node runs with `launcher submit` (SLURM), or set cluster.nodes=1")
     refuse_missing_local_gpus(cfg, layout)
+    from launcher.runtime.metrics import refuse_wandb_without_login
+
+    refuse_wandb_without_login(cfg)  # online W&B without credentials: rank 0 would die after every rank started
     con = _console()
     from rich.markup import escape
 

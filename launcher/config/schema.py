@@ -196,12 +196,13 @@ class ClusterConfig:
 class WandbConfig:
     enabled: bool = False
     """Log to Weights & Biases. The API key comes from WANDB_API_KEY and is never written to disk."""
-    project: str = "launcher"
-    """W&B project."""
+    project: Optional[str] = None
+    """W&B project; null = $WANDB_PROJECT, else wandb's own default. A value here beats the environment."""
     entity: Optional[str] = None
-    """W&B entity (team); null = the key's default."""
-    mode: str = "online"
-    """`online`, `offline` or `disabled`."""
+    """W&B entity (team); null = $WANDB_ENTITY, else the key's default."""
+    mode: Optional[str] = None
+    """`online`, `offline` or `disabled`; null = $WANDB_MODE, else online (which needs `wandb login` or
+    WANDB_API_KEY: checked before any rank starts). Files go to $WANDB_DIR when set, else into the run dir."""
 
 
 @dataclass

@@ -93,14 +93,16 @@ class MetricsSink:
             from torch.utils.tensorboard import SummaryWriter
 
             self.tb = SummaryWriter(str(run_dir / "tensorboard"))
-        if cfg.logging.wandb.enabled and cfg.logging.wandb.mode != "disabled":
+        if cfg.logging.wandb.enabled and wandb_mode(cfg) != "disabled":
             import wandb
             from omegaconf import OmegaConf
 
             # The key comes from WANDB_API_KEY in the environment (or the user's own netrc); we never write one.
+            # A null project/entity/mode reaches wandb as None, so WANDB_PROJECT, WANDB_ENTITY and WANDB_MODE
+            # apply as they do in any wandb script; files go to WANDB_DIR when set, else into the run dir.
             self.wandb_run = wandb.init(project=cfg.logging.wandb.project, entity=cfg.logging.wandb.entity,
-                                        mode=cfg.logging.wandb.mode, dir=str(run_dir), name=run_dir.name,
-                                        id=run_dir.name, resume="allow",
+                                        mode=cfg.logging.wandb.mode, dir=None if os.environ.get("WANDB_DIR") else str(run_dir),
+                                        name=run_dir.name, id=run_dir.name, resume="allow",
                                         config=OmegaConf.to_container(cfg, resolve=True))
 
     def log(self, record: dict) -> None:
@@ -132,6 +134,59 @@ class MetricsSink:
             self.tb.close()
         if self.wandb_run is not None:
             self.wandb_run.finish()
+
+
+WANDB_MODES = ("online", "offline", "disabled", "shared")  # wandb 0.31 Settings.mode (plus the legacy "dryrun")
+
+
+def wandb_mode(cfg) -> str:
+    """The mode wandb.init runs in: logging.wandb.mode when set, else $WANDB_MODE, else wandb's default (online)."""
+    mode = cfg.logging.wandb.mode or os.environ.get("WANDB_MODE") or "online"
+    return "offline" if mode == "dryrun" else mode
+
+
+def refuse_wandb_without_login(cfg) -> None:
+    """A W&B run that will go online needs credentials: refused before any rank starts when there are none.
+
+    Without this, rank 0 died in wandb.init ("No API key configured") after every rank had started, built its
+    model and prepared its data. wandb 0.31 looks for credentials in this order (sdk/lib/wbauth/authenticate.py,
+    wbnetrc.py): $WANDB_API_KEY or $WANDB_IDENTITY_TOKEN_FILE, then the netrc file ($NETRC, else ~/.netrc, else
+    ~/_netrc) entry for the host of $WANDB_BASE_URL (default https://api.wandb.ai), which `wandb login` writes.
+    Only their presence is checked here (no network); a wrong key still fails in wandb.init.
+    """
+    import netrc
+    from urllib.parse import urlsplit
+
+    from launcher.config.errors import ConfigError
+
+    w = cfg.logging.wandb
+    if not w.enabled:
+        return
+    mode = wandb_mode(cfg)
+    source = "logging.wandb.mode" if w.mode else ("WANDB_MODE" if os.environ.get("WANDB_MODE") else "the default")
+    if mode not in (*WANDB_MODES, "dryrun"):
+        raise ConfigError("logging.wandb.mode", mode, f"(from {source}) is not a W&B mode: {', '.join(WANDB_MODES)}",
+                          "logging.wandb.mode=offline to log locally (`wandb sync` uploads later), or online")
+    if mode not in ("online", "shared"):
+        return
+    if os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_IDENTITY_TOKEN_FILE"):
+        return
+    host = urlsplit(os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai").netloc
+    candidates = [Path(os.environ["NETRC"])] if os.environ.get("NETRC") else \
+        [Path("~/.netrc").expanduser(), Path("~/_netrc").expanduser()]
+    path = next((p for p in candidates if p.exists()), candidates[0])
+    try:
+        entry = netrc.netrc(str(path)).authenticators(host)
+    except (OSError, netrc.NetrcParseError):
+        entry = None
+    if entry and entry[2]:
+        return
+    raise ConfigError(
+        "logging.wandb.enabled", True,
+        f"W&B logs online (mode {mode!r} from {source}) and finds no credentials: WANDB_API_KEY is not set and "
+        f"{path} has no entry for {host}, so rank 0 would stop in wandb.init after every rank had started",
+        "log offline with WANDB_MODE=offline (or logging.wandb.mode=offline; `wandb sync` uploads it later), "
+        "or run `wandb login` once (it writes the netrc entry), or export WANDB_API_KEY")
 
 
 def read_metrics(path: Path, warn=None) -> list[dict]:
