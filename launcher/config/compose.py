@@ -103,7 +103,8 @@ def check_override_syntax(overrides: Sequence[str]) -> None:
             raise ConfigError(bare, value, "Hydra's own settings (hydra.run.dir, hydra/launcher, hydra.verbose, ...) do not apply: "
                               "`launcher` composes its configs with Hydra but is not a Hydra app",
                               "drop it; the run directory is runs_dir/run_name (e.g. runs_dir=/scratch/runs run_name=exp1), "
-                              "sweeps are `launcher plan -m` / `launcher submit -m`, tracebacks come with --debug")
+                              "sweeps are `launcher plan -m` / `launcher submit -m`, tracebacks come with --debug, "
+                              "the composed config with --cfg job and the search path with --info")
         if key.startswith("~"):
             raise ConfigError(bare, override, "`~key` deletes a key, and every key of the typed schema must exist "
                               "(launcher/config/schema.py)", f"set a value instead ({bare}=null where the field is optional), "
