@@ -236,6 +236,11 @@ def _rows(s: dict) -> list[tuple[str, str, str]]:
     return rows + _performance_rows(s) + _host_rows(s["host_memory"])
 
 
+_BUILD_HOW = {"pipeline": "pipeline build: the stage's layers in fp32 + one 256-row block",
+              "zero3": "zero.Init: the 1/DP partition in the training dtype + the fp32 rows it is cut from",
+              "whole": "whole fp32 model on every rank (no PP, not ZeRO-3 alone)"}
+
+
 def _host_rows(h: dict) -> list[tuple[str, str, str]]:
     """Host RAM of the fullest node, term by term (launcher/plan/host.py)."""
     b = h["build_bytes_per_rank"]
@@ -248,8 +253,7 @@ def _host_rows(h: dict) -> list[tuple[str, str, str]]:
                    + f" ({h['capacity_source']})")
     cap = f" / {_gb(h['capacity_bytes'])}" if h["capacity_bytes"] is not None else ""
     return [
-        ("host: build", _gb(h["build_bytes"]), f"{h['ranks']} ranks x {per_rank} ({h['build_path']} build: its own part "
-                                              "in fp32 + one block, or the whole model)"),
+        ("host: build", _gb(h["build_bytes"]), f"{h['ranks']} ranks x {per_rank} ({_BUILD_HOW[h['build_path']]})"),
         ("host: checkpoint", _gb(h["checkpoint_bytes"]), "torch.save stages each rank's fp32 master partition on the host"),
         ("host: CPU offload", _gb(h["offload_bytes"]), "ZeRO-Offload: fp32 master + Adam m, v + fp32 grads (16 B/param) / DP; "
                                                       "offload_param: weights / DP"),
