@@ -25,6 +25,10 @@ class GpuSpec:
     # sustains on this GPU when nothing else is in the way; the planner's step-time model divides the
     # hardware FLOPs by peak x compute_efficiency. The calibration is documented below (A100_EFFICIENCY, HOPPER_EFFICIENCY).
     compute_efficiency: float = 0.0
+    # Host (CPU) RAM of the node class this GPU ships in (the DGX system), in GB; the planner's host-memory check
+    # (launcher/plan/host.py) plans against it unless cluster.host_memory_gb says what the site's nodes have.
+    host_memory_gb: Optional[float] = None
+    host_source: str = ""
 
 
 # Compute efficiency, calibrated (each value's source beside it):
@@ -53,12 +57,24 @@ _A100 = dict(peak_tflops={"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 1
 _H100 = dict(peak_tflops={"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9},
              intra_node_gbps=450.0, inter_node_gbps=50.0, compute_efficiency=HOPPER_EFFICIENCY)
 
+# Host RAM per node, the DGX system each GPU ships in ("System Memory" in NVIDIA's datasheets). 1 TB = 1000 GB
+# here: the sheets' "2TB" is 2 TiB of DIMMs, and the OS and page cache take part of it, so the round decimal
+# figure is the cautious reading. Sites with other nodes (HGX servers with 1 TB, 512 GB nodes) set
+# cluster.host_memory_gb.
+# - DGX A100 datasheet (2020): 1TB with the 320GB system (8x A100 40GB), 2TB with the 640GB system (8x A100 80GB).
+# - DGX H100 datasheet (2023): 2TB.
+# - DGX H200 datasheet (2024): 2TB.
+_DGX_A100_320 = dict(host_memory_gb=1000.0, host_source="NVIDIA DGX A100 datasheet: 1TB system memory (DGX A100 320GB)")
+_DGX_A100_640 = dict(host_memory_gb=2000.0, host_source="NVIDIA DGX A100 datasheet: 2TB system memory (DGX A100 640GB)")
+_DGX_H100 = dict(host_memory_gb=2000.0, host_source="NVIDIA DGX H100 datasheet: 2TB system memory")
+_DGX_H200 = dict(host_memory_gb=2000.0, host_source="NVIDIA DGX H200 datasheet: 2TB system memory")
+
 CATALOG: dict[str, GpuSpec] = {
-    "a100-40gb": GpuSpec("a100-40gb", memory_gb=40.0, source="NVIDIA A100 datasheet (SXM4 40GB)", **_A100),
-    "a100-80gb": GpuSpec("a100-80gb", memory_gb=80.0, source="NVIDIA A100 datasheet (SXM4 80GB)", **_A100),
-    "h100-80gb": GpuSpec("h100-80gb", memory_gb=80.0, source="NVIDIA H100 datasheet (SXM5 80GB)", **_H100),
+    "a100-40gb": GpuSpec("a100-40gb", memory_gb=40.0, source="NVIDIA A100 datasheet (SXM4 40GB)", **_A100, **_DGX_A100_320),
+    "a100-80gb": GpuSpec("a100-80gb", memory_gb=80.0, source="NVIDIA A100 datasheet (SXM4 80GB)", **_A100, **_DGX_A100_640),
+    "h100-80gb": GpuSpec("h100-80gb", memory_gb=80.0, source="NVIDIA H100 datasheet (SXM5 80GB)", **_H100, **_DGX_H100),
     # H200 SXM: same Hopper compute as H100 SXM, 141 GB HBM3e (NVIDIA H200 datasheet).
-    "h200": GpuSpec("h200", memory_gb=141.0, source="NVIDIA H200 datasheet (SXM 141GB)", **_H100),
+    "h200": GpuSpec("h200", memory_gb=141.0, source="NVIDIA H200 datasheet (SXM 141GB)", **_H100, **_DGX_H200),
 }
 
 CPU = "cpu"

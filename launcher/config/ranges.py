@@ -150,6 +150,7 @@ RANGES: dict[str, Range] = {
     "cluster.cpus_per_task": W(1, nullable=True, example="e.g. cluster.cpus_per_task=64"),
     "cluster.peak_tflops": R(0, low_open=True, nullable=True, example="e.g. cluster.peak_tflops=312 (A100 bf16 dense)"),
     "cluster.memory_gb": R(0, low_open=True, nullable=True, example="e.g. cluster.memory_gb=80"),
+    "cluster.host_memory_gb": R(0, low_open=True, nullable=True, example="e.g. cluster.host_memory_gb=2000 (a DGX H100 node)"),
     "cluster.intra_node_gbps": R(0, low_open=True, nullable=True, example="e.g. cluster.intra_node_gbps=300"),
     "cluster.inter_node_gbps": R(0, low_open=True, nullable=True, example="e.g. cluster.inter_node_gbps=25"),
     "cluster.signal_grace_s": W(1, MAX_SIGNAL_TIME_S, why="sbatch --signal=USR1@<seconds>", example="e.g. cluster.signal_grace_s=300: enough to save a checkpoint"),

@@ -168,6 +168,8 @@ class ClusterConfig:
     """Dense peak TFLOP/s per GPU in the training dtype; null = from the catalog (required for an unknown gpu). Range: > 0, finite, or null."""
     memory_gb: Optional[float] = None
     """GPU memory in GB; null = from the catalog. Range: > 0, finite, or null."""
+    host_memory_gb: Optional[float] = None
+    """Host (CPU) RAM per node in GB, what the planner checks the ranks' build, checkpoint staging, CPU offload and data buffers against; null = the catalog GPU's DGX node (2 TB for H100/H200/A100 80GB, 1 TB for A100 40GB), not checked for gpu=cpu or a GPU outside the catalog. Range: > 0, finite, or null."""
     intra_node_gbps: Optional[float] = None
     """Per-GPU intra-node bandwidth in GB/s (NVLink); null = from the catalog. Range: > 0, finite, or null."""
     inter_node_gbps: Optional[float] = None

@@ -10,6 +10,7 @@ from typing import Optional
 from launcher.config.errors import ConfigError
 from launcher.config.layout import Layout
 from launcher.plan.flops import estimate_step_time
+from launcher.plan.host import estimate_host_memory, host_capacity, stages_by_node
 from launcher.plan.inputs import model_shape, resolve_hardware, strategy
 from launcher.plan.memory import estimate_memory
 from launcher.plan.params import count_params, rough_params
@@ -46,7 +47,47 @@ def plan_summary(cfg, layout: Layout) -> dict:
         "vocab_size": layout.vocab_size,
         "padded_vocab_size": layout.padded_vocab_size,
         "warnings": list(layout.warnings),
-    } | stage_summary(cfg, layout) | performance_summary(cfg, layout)
+    } | stage_summary(cfg, layout) | performance_summary(cfg, layout) | {"host_memory": host_summary(cfg, layout)}
+
+
+def host_memory(cfg, layout: Layout):
+    """Host RAM of the fullest node (launcher/plan/host.py), against cluster.host_memory_gb or the catalog's node."""
+    tokens = cfg.train.tokens or cfg.train.steps * layout.tokens_per_step
+    return estimate_host_memory(model_shape(cfg.model), strategy(cfg, layout), stages_by_node(layout), tokens,
+                                host_capacity(cfg.cluster))
+
+
+def host_summary(cfg, layout: Layout) -> dict:
+    """The `host_memory` section of the plan: the fullest node's bytes per term, the capacity and the arithmetic."""
+    h = host_memory(cfg, layout)
+    return {"node": h.node, "ranks": h.ranks, "build_path": h.build_path,
+            "build_bytes_per_rank": [int(b) for b in h.per_rank_build],
+            "build_bytes": int(h.build), "checkpoint_bytes": int(h.checkpoint), "offload_bytes": int(h.offload),
+            "data_loader_bytes": int(h.data_loader), "total_bytes": int(h.total),
+            "capacity_bytes": None if h.capacity_bytes is None else int(h.capacity_bytes),
+            "capacity_source": h.capacity_source, "fits": h.fits, "arithmetic": h.arithmetic()}
+
+
+def check_host_memory(cfg, layout: Layout) -> None:
+    """Refuse a layout whose fullest node needs more host RAM than it has (nothing to check when unknown)."""
+    h = host_memory(cfg, layout)
+    if h.fits is not False:
+        return
+    key = "cluster.host_memory_gb" if cfg.cluster.host_memory_gb is not None else "cluster.gpu"
+    value = cfg.cluster.host_memory_gb if key == "cluster.host_memory_gb" else cfg.cluster.gpu
+    fixes = []
+    if cfg.parallel.offload_optimizer or cfg.parallel.offload_param:
+        fixes.append("turn CPU offload off (parallel.offload_optimizer=false, parallel.offload_param=false) if the GPUs "
+                     "hold the states (`launcher plan` shows GPU memory)")
+    fixes.append(f"fewer ranks per node (cluster.gpus_per_node below {layout.gpus_per_node})")
+    fixes.append("more nodes or a higher parallel.pipeline_degree (each rank builds and holds a smaller part)")
+    if key == "cluster.gpu":
+        fixes.append("or, if the nodes have more RAM than the catalog's DGX node, set cluster.host_memory_gb")
+    raise ConfigError(
+        key, value,
+        f"node {h.node} needs {h.total / 1e9:,.1f} GB of host memory but has {h.capacity_bytes / 1e9:,.1f} GB "
+        f"({h.capacity_source}): {h.arithmetic()} (launcher/plan/host.py)",
+        "; ".join(fixes))
 
 
 def stage_summary(cfg, layout: Layout) -> dict:
@@ -67,8 +108,9 @@ def check_memory(cfg, layout: Layout) -> Optional[str]:
     can help: a ConfigError before any rank starts or any job is submitted (`launcher train`, `launcher
     submit`). Activations and framework overhead are an estimate (kernels, allocator), so a total over
     capacity is a warning there; `launcher plan` reports both as DOES NOT FIT with the shortfall.
-    CPU ranks have no capacity to plan against: None.
+    CPU ranks have no capacity to plan against: None. Host RAM per node is checked first (check_host_memory).
     """
+    check_host_memory(cfg, layout)
     hw = resolve_hardware(cfg.cluster, layout.dtype)
     if hw is None:
         return None
@@ -191,7 +233,33 @@ def _rows(s: dict) -> list[tuple[str, str, str]]:
                      f"{max(n) / 1e9:,.2f}B largest, {n[-1] / 1e9:,.2f}B last (before TP)"))
     if s["padded_vocab_size"] != s["vocab_size"]:
         rows.append(("vocab (padded)", f"{s['padded_vocab_size']:,}", f"{s['vocab_size']:,} rounded up to a multiple of TP"))
-    return rows + _performance_rows(s)
+    return rows + _performance_rows(s) + _host_rows(s["host_memory"])
+
+
+_BUILD_HOW = {"pipeline": "pipeline build: the stage's layers in fp32 + one 256-row block",
+              "zero3": "zero.Init: the 1/DP partition in the training dtype + the fp32 rows it is cut from",
+              "whole": "whole fp32 model on every rank (no PP, not ZeRO-3 alone)"}
+
+
+def _host_rows(h: dict) -> list[tuple[str, str, str]]:
+    """Host RAM of the fullest node, term by term (launcher/plan/host.py)."""
+    b = h["build_bytes_per_rank"]
+    per_rank = _gb(max(b)) if _gb(min(b)) == _gb(max(b)) else f"{_gb(min(b))}..{_gb(max(b))}"
+    if h["capacity_bytes"] is None:
+        verdict = "not checked: " + h["capacity_source"]
+    else:
+        room = h["capacity_bytes"] - h["total_bytes"]
+        verdict = (("fits, " if h["fits"] else "DOES NOT FIT, ") + f"{_gb(abs(room))} " + ("free" if h["fits"] else "short")
+                   + f" ({h['capacity_source']})")
+    cap = f" / {_gb(h['capacity_bytes'])}" if h["capacity_bytes"] is not None else ""
+    return [
+        ("host: build", _gb(h["build_bytes"]), f"{h['ranks']} ranks x {per_rank} ({_BUILD_HOW[h['build_path']]})"),
+        ("host: checkpoint", _gb(h["checkpoint_bytes"]), "torch.save stages each rank's fp32 master partition on the host"),
+        ("host: CPU offload", _gb(h["offload_bytes"]), "ZeRO-Offload: fp32 master + Adam m, v + fp32 grads (16 B/param) / DP; "
+                                                      "offload_param: weights / DP"),
+        ("host: data loader", _gb(h["data_loader_bytes"]), "sample-id permutation (8 B x train tokens / seq) + one micro-batch"),
+        ("host memory per node", f"{_gb(h['total_bytes'])}{cap}", verdict + f" (fullest node: {h['node']})"),
+    ]
 
 
 def _runs(values) -> str:

@@ -8,7 +8,8 @@ record. The stage cut is launcher/plan/stages.py's, which build_pipeline_module 
 with. Byte columns multiply those counts by the per-parameter rules of launcher/plan/memory.py
 (model_state_bytes; ZeRO-3 partitions exactly, per tensor ceil(numel / DP)).
 
-"host_bytes_build" is the CPU memory the rank's build allocates, by path:
+"host_bytes_build" is the CPU memory the rank's build allocates (launcher/plan/host.py build_peak_bytes, which
+`launcher plan`'s host-memory check also uses), by path:
 - pipeline stage: its own layers in fp32 (the build dtype; DeepSpeed casts to bf16 afterwards) plus one
   seeded 256-row block being generated;
 - ZeRO-3 (deepspeed.zero.Init): its partition of every tensor in the training dtype, plus the fp32 rows one
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import math
 
+from launcher.plan.host import build_peak_bytes
 from launcher.plan.memory import model_state_bytes, weight_bytes, zero3_partition_numel
 from launcher.plan.rankmap import rank_map
 
@@ -96,7 +98,7 @@ def rank_ledger(cfg, layout) -> list[dict]:
     from launcher.runtime.build import meta_model
 
     full = meta_model(cfg.model, vocab_size=layout.padded_vocab_size)
-    whole_fp32 = sum(p.numel() for p in full.parameters()) * 4
+    whole_numel = sum(p.numel() for p in full.parameters())
     roles = _roles_pipeline(cfg, layout, full) if layout.pipeline_degree > 1 else _roles_whole(cfg, layout, full)
     grad_fp32 = cfg.precision.grad_accum_dtype == "fp32"
     w = weight_bytes(layout.dtype)
@@ -111,12 +113,9 @@ def rank_ledger(cfg, layout) -> list[dict]:
         if layout.zero_stage == 3:
             held = sum(zero3_partition_numel(n, layout.data_degree) for n in numels)
             states["params"] = 0.0 if cfg.parallel.offload_param else held * w
-        if layout.pipeline_degree > 1:
-            host = params * 4 + role["build_extra_bytes"]
-        elif role.get("zero3_build"):
-            host = held * w + role["build_extra_bytes"]
-        else:
-            host = whole_fp32
+        # The planner's host-memory check (launcher/plan/host.py) uses the same function with its own counts.
+        path = "pipeline" if layout.pipeline_degree > 1 else ("zero3" if role.get("zero3_build") else "whole")
+        host = build_peak_bytes(path, params, whole_numel, held, layout.dtype, role["build_extra_bytes"] or 0)
         summary[key] = {
             "layers": role["layers"],
             "params": params,
