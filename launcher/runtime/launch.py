@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -47,6 +48,8 @@ TORCHRUN_EXIT_GRACE_S = float(os.environ.get("LAUNCHER_TORCHRUN_EXIT_GRACE_S", 3
 # Signals `launcher train` passes on to torchrun (which passes them to the ranks: TORCHRUN_SIGNALS). SIGHUP (the
 # terminal or SSH session closed) stops the run like SIGTERM: the ranks checkpoint and exit for a resume.
 FORWARDED_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGINT", "SIGHUP")
+# Below this much free space in the run dir, a rank without an exit record most likely failed to write it.
+FULL_DISK_BYTES = 1 << 20
 # A rank's exit status after stopping on a non-finite loss (launcher/train.py EXIT_NONFINITE).
 EXIT_NONFINITE = 3
 
@@ -171,6 +174,18 @@ def start_local_ranks(config_path: Path, nproc: int, run_dir: Path, overrides=()
     relay.start()
 
     def forward(signum, _frame):
+        # A stop signal (SIGTERM, SIGUSR1, SIGHUP) goes straight to the ranks once all have registered: they save
+        # and exit 0, and torchrun ends as after a normal run. Sent to torchrun, it raises SignalException and
+        # prints a traceback under a clean preemption (bench/reliability/results.md). Ctrl-C, and any signal
+        # before every rank is known, still go to torchrun, which passes them on.
+        pids = [r["pid"] for r in watch.ranks.values()]
+        if signum != signal.SIGINT and len(pids) == nproc:
+            try:
+                for pid in pids:
+                    os.kill(pid, signum)
+                return
+            except ProcessLookupError:
+                pass  # a rank is already gone: torchrun handles the rest
         proc.send_signal(signum)
 
     previous = {s: signal.signal(getattr(signal, s), forward) for s in FORWARDED_SIGNALS}
@@ -374,6 +389,11 @@ class RankWatch:
         code = self.exitcodes.get(pid)
         if code is not None and code < 0:
             return f"{self.deaths[pid]} died with {_signal_name(code)}"
+        free = shutil.disk_usage(self.ranks_dir).free if self.ranks_dir.exists() else None
+        if free is not None and free < FULL_DISK_BYTES:
+            # A rank whose error could not be written (ENOSPC) looks like a signal's death: say which it likely was.
+            return (f"{self.deaths[pid]} died with no exit record, and the run directory's filesystem is full "
+                    f"({free:,} bytes free): its error is in its output above")
         return f"{self.deaths[pid]} died (no exit record: killed by a signal)"
 
     def summary(self) -> str:
@@ -410,8 +430,8 @@ def record_rank_exit(path: Optional[Path], exit_code: int, error: Optional[str] 
         rec = json.loads(path.read_text())
         rec.update(exit_code=exit_code, error=error)
         write_atomic(path, json.dumps(rec))
-    except OSError:
-        pass
+    except OSError as exc:  # e.g. a full disk: say so, since RankWatch would otherwise read "killed by a signal"
+        _say_stderr(f"launcher: could not record this rank's exit status {exit_code} in {path}: {exc}")
 
 
 # ----------------------------------------------------------------------------- inside a rank
