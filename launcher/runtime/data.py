@@ -41,6 +41,7 @@ import numpy as np
 
 from launcher.config.errors import ConfigError
 from launcher.runtime import inputs
+from launcher.runtime.durable import write_atomic  # fsync'd: a node crash leaves the old file or the new one
 
 EOS_TOKEN = "<|endoftext|>"
 # Other names a user-supplied tokenizer may give its end-of-document token.
@@ -181,12 +182,6 @@ def _locked(cache: Path, key: str):
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    from launcher.runtime.durable import write_atomic
-
-    write_atomic(path, data)  # fsync'd: a node crash leaves the old file or the new one, never an empty one
-
-
 def train_tokenizer(docs: list[tuple[str, str]], vocab_size: int):
     """A byte-level BPE (GPT-2 style: Radford et al. 2019, section 2.2) with EOS as token 0."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -234,7 +229,7 @@ def build_tokenizer(cfg, docs, chash: str, cache: Path, console=None) -> tuple[P
                 raise ConfigError("model.vocab_size", vocab,
                                   f"the corpus only supports a BPE of {tok.get_vocab_size()} tokens (too little text for {vocab} merges)",
                                   f"set model.vocab_size={tok.get_vocab_size()} or use a larger corpus (data.max_bytes=null)")
-            _atomic_write_bytes(path, tok.to_str().encode())
+            write_atomic(path, tok.to_str().encode())
     return path, Tokenizer.from_file(str(path))
 
 
@@ -277,8 +272,8 @@ def pretokenize(docs, tok, eos_id: int, bin_path: Path, dtype: str, progress: bo
     index = dict(meta, format=FORMAT_VERSION, dtype=dtype, num_tokens=n, num_docs=len(docs), eos_id=eos_id, max_id=max_id)
     buf = io.BytesIO()
     np.save(buf, np.asarray(doc_offsets, dtype=np.int64))
-    _atomic_write_bytes(bin_path.with_name(bin_path.name + ".docs.npy"), buf.getvalue())
-    _atomic_write_bytes(index_path(bin_path), json.dumps(index, indent=2).encode())
+    write_atomic(bin_path.with_name(bin_path.name + ".docs.npy"), buf.getvalue())
+    write_atomic(index_path(bin_path), json.dumps(index, indent=2).encode())
     return index
 
 
