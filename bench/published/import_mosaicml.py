@@ -1,0 +1,81 @@
+"""Turn MosaicML's published throughput tables into runs.yaml records (run once; output pasted into runs.yaml).
+
+Source: mosaicml/llm-foundry, scripts/train/benchmarking/README.md at commit
+495218376830947dce625efabc4d86be7c47cc45 (the last commit that changed the tables). Each table row is one
+measured run (Composer + PyTorch FSDP, 12 steps; the README's "Results" section). Model shapes come from
+scripts/train/yamls/pretrain/mpt-<size>.yaml in the same repository (d_model, n_layers, n_heads,
+expansion_ratio 4, vocab 50368). The FP8 table is skipped (the planner has no fp8).
+
+    python bench/published/import_mosaicml.py README.md >> bench/published/runs.yaml
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+
+COMMIT = "495218376830947dce625efabc4d86be7c47cc45"
+# d_model, n_layers, n_heads (scripts/train/yamls/pretrain/mpt-<size>.yaml); the 760m/1b/3b head counts were
+# changed in those yamls to keep d_head = 128 (comments there); heads do not change the FLOPs (H x Q = d_model).
+SHAPES = {"125m": (768, 12, 12), "350m": (1024, 24, 16), "760m": (1536, 24, 12), "1b": (2048, 24, 16),
+          "3b": (2560, 32, 20), "7b": (4096, 32, 32), "13b": (5120, 40, 40), "30b": (7168, 48, 56), "70b": (8192, 80, 64)}
+GPUS = {"h100_80gb": "h100-80gb", "a100_80gb": "a100-80gb", "a100_40gb": "a100-40gb"}
+SHARDING = {"FULL_SHARD": "fsdp_full_shard", "SHARD_GRAD_OP": "fsdp_shard_grad_op"}
+
+
+def rows(text: str):
+    section = None
+    header = None
+    for line in text.splitlines():
+        if line.startswith("## "):
+            section, header = line[3:].strip(), None
+            continue
+        if not line.startswith("|") or "---" in line:
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if cells[0] == "Model":
+            header = cells
+            continue
+        if header and section and "FP8" not in section:
+            yield section, dict(zip(header, cells))
+
+
+def record(section: str, r: dict) -> str:
+    size = r["Model"]
+    hidden, layers, heads = SHAPES[size]
+    seq, gpus = int(r["SeqLen (T)"]), int(r["# GPUs"])
+    rid = f"mosaicml-{r['GPU'].replace('_', '')}-{size}-s{seq}-g{gpus}-mb{r['MicroBatchSize']}-gbs{r['GlobalBatchSize']}"
+    prec = r["Precision"]
+    return f"""- id: {rid}
+  family: mosaicml-llm-foundry
+  source: "MosaicML llm-foundry, scripts/train/benchmarking/README.md @ {COMMIT[:12]}, table '{section}', row {size} seq {seq} {gpus} GPUs"
+  model: {{name: mpt-{size}, arch: gpt, layers: {layers}, hidden: {hidden}, heads: {heads}, kv_heads: {heads}, ffn: {4 * hidden}, vocab: 50368, seq: {seq}, params_stated: {r['NumParams']}}}
+  gpu: {GPUS[r['GPU']]}
+  gpus: {gpus}
+  gpus_per_node: 8
+  tp: 1
+  pp: 1
+  cp: 1
+  dp: {gpus}
+  sharding: {SHARDING[r['Sharding Strategy']]}
+  micro_batch: {r['MicroBatchSize']}
+  grad_accum: {r['GradAccum']}
+  global_batch: {r['GlobalBatchSize']}
+  recompute: {'full' if r['Activation Checkpointing'] == 'True' else 'none'}
+  precision: bf16
+  precision_stated: "{prec} / {r['MP Mode']}"
+  measured: {{tokens_per_s_per_gpu: {r['Throughput (T/s/GPU)']}, mfu_pct: {r['MFU']}, hfu_pct: {r['HFU']}}}
+  derived: {{dp: "= gpus (FSDP, no model parallelism)", ffn: "expansion_ratio 4 x d_model (mpt yaml)"}}
+  notes: "Composer FSDP, flash attention (attn_impl: flash), learned position embeddings (NumParams grows with seq); MFU uses 6N + 12 L d s"
+"""
+
+
+def main() -> None:
+    text = open(sys.argv[1]).read()
+    out = [record(section, r) for section, r in rows(text)]
+    sys.stdout.write("".join(out))
+    print(f"# {len(out)} MosaicML records", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
