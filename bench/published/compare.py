@@ -1,0 +1,225 @@
+"""Predicted vs published throughput for every run in runs.yaml that the planner can express.
+
+    PYTHONPATH=$PWD .venv/bin/python bench/published/compare.py            # writes results.json + results.md here
+    PYTHONPATH=$PWD .venv/bin/python bench/published/compare.py --model launcher.plan.steptime:estimate_step_time
+
+Each record becomes a launcher config (model shape, cluster.gpu / nodes, TP / PP / ZeRO stage, micro and global
+batch, recompute, dtype) and goes through the same `resolve_layout` that `launcher train` runs; a record that
+fails it, or that needs what the launcher does not have (context parallelism, fp8), is listed as not
+expressible with the reason. The step-time model is reached through one adapter, `predict` (the
+`--model module:function` option swaps it: any function taking (ModelShape, Strategy, Hardware) and
+returning a float of tokens/s or an object with `.tokens_per_s`).
+
+Measured tokens/s per GPU come from what the source states, in this order: tokens/s per GPU; iteration
+time (global batch x seq / iteration time / GPUs); TFLOP/s per GPU turned back into tokens with the
+source's own FLOP formula (`tflops_basis`): Narayanan et al. 2021 eq. 3 (96 l h^2 (1 + s/6h + V/16lh) per
+token, with recompute) or PaLM's 6N + 12 L H Q T with the source's N. TFLOP/s per GPU in the table are
+model FLOPs by the planner's formula (launcher/plan/flops.py) for both columns, so their error equals the
+tokens/s error.
+
+Where a record leaves a value unknown, the mapping assumes one and the table says which (micro batch 1;
+recompute none; Llama 3's FSDP with a pipeline as ZeRO-1, since DeepSpeed's pipeline engine takes ZeRO 0-1
+only). Runs that carry an assumption are counted separately as well as in the totals.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import statistics
+from pathlib import Path
+from types import SimpleNamespace
+
+import yaml
+
+from launcher.config.compose import compose
+from launcher.config.errors import ConfigError
+from launcher.config.layout import resolve_layout
+from launcher.plan.flops import estimate_step_time, flops_per_token
+from launcher.plan.inputs import model_shape, resolve_hardware, strategy
+from launcher.plan.search import plain_config
+
+HERE = Path(__file__).parent
+
+# sharding as published -> DeepSpeed ZeRO stage the launcher runs (FSDP FULL_SHARD = ZeRO-3, SHARD_GRAD_OP =
+# ZeRO-2: PyTorch FSDP docs; BLOOM's BF16_Optimizer is DeepSpeed's ZeRO-1 equivalent, its slurm file says so).
+ZERO_OF = {"none": 0, "zero1": 1, "bf16_optimizer_zero1": 1, "fsdp_shard_grad_op": 2, "fsdp_full_shard": 3, "zero3": 3}
+
+
+def default_model(shape, st, hw) -> float:
+    return estimate_step_time(shape, st, hw).tokens_per_s
+
+
+def load_model(spec: str | None):
+    """The step-time adapter: `module:function` or the planner's current flops.estimate_step_time."""
+    if not spec:
+        return default_model
+    module, _, name = spec.partition(":")
+    fn = getattr(importlib.import_module(module), name)
+
+    def predict(shape, st, hw) -> float:
+        out = fn(shape, st, hw)
+        return float(out if isinstance(out, (int, float)) else out.tokens_per_s)
+    return predict
+
+
+def measured_tokens_per_s_per_gpu(r: dict) -> tuple[float, str]:
+    """What the source measured, as tokens/s per GPU, and how it was obtained."""
+    m, mod = r["measured"], r["model"]
+    if "tokens_per_s_per_gpu" in m:
+        return float(m["tokens_per_s_per_gpu"]), "stated tokens/s/GPU"
+    if "iteration_s" in m:
+        return r["global_batch"] * mod["seq"] / m["iteration_s"] / r["gpus"], "global batch x seq / iteration time / GPUs"
+    basis = m.get("tflops_basis")
+    l, h, s, v = mod["layers"], mod["hidden"], mod["seq"], mod["vocab"]
+    if basis == "narayanan_eq3":
+        per_token = 96 * l * h * h * (1 + s / (6 * h) + v / (16 * l * h))
+        return m["tflops_per_gpu"] * 1e12 / per_token, "TFLOP/s / eq. 3 FLOPs per token"
+    if basis == "palm_6n_12lhqt":
+        per_token = 6 * float(mod["params_stated"]) + 12 * l * h * s
+        return m["tflops_per_gpu"] * 1e12 / per_token, "TFLOP/s / (6N + 12LHQT), N as stated"
+    raise ValueError(f"{r['id']}: no measurement compare.py can use")
+
+
+def base_config(gpu: str):
+    # One composed config per GPU type; every record replaces the fields it sets (search.py does the same).
+    return plain_config(compose([f"cluster={gpu}", "model=llama-7b"]))
+
+
+def _replace(ns: SimpleNamespace, **kv) -> SimpleNamespace:
+    return SimpleNamespace(**{**vars(ns), **kv})
+
+
+def to_config(r: dict, base) -> tuple[SimpleNamespace, str, list[str]]:
+    """The launcher config of a record, its recompute mode and the assumptions made for unknown fields."""
+    assumed = []
+    mod = r["model"]
+    if r.get("cp", 1) > 1:
+        raise ConfigError("parallel", f"cp={r['cp']}", "context parallelism is not implemented by the launcher",
+                          "nothing to map it to (Ulysses SP is refused with a pipeline)")
+    micro = r.get("micro_batch")
+    if micro is None:
+        micro, _ = 1, assumed.append("micro_batch=1")
+    recompute = r.get("recompute")
+    if recompute is None:
+        recompute, _ = "none", assumed.append("recompute=none")
+    sharding = r["sharding"]
+    if sharding == "fsdp":
+        zero = 1 if r["pp"] > 1 else 3
+        assumed.append(f"FSDP as ZeRO-{zero}")
+    else:
+        zero = ZERO_OF[sharding]
+    dtype = r["precision"]
+    if dtype == "mixed16":
+        dtype, _ = "bf16", assumed.append("mixed16 as bf16")
+    model = _replace(base.model, arch=mod["arch"], hidden_size=mod["hidden"], num_hidden_layers=mod["layers"],
+                     num_attention_heads=mod["heads"],
+                     num_key_value_heads=mod["kv_heads"] if mod["kv_heads"] != mod["heads"] else None,
+                     intermediate_size=mod["ffn"] if mod["arch"] == "llama" else None,
+                     vocab_size=mod["vocab"], max_position_embeddings=mod["seq"],
+                     tie_word_embeddings=mod["arch"] != "llama", activation_checkpointing=recompute == "full")
+    gpn = r["gpus_per_node"]
+    cluster = _replace(base.cluster, gpu=r["gpu"], nodes=r["gpus"] // gpn, gpus_per_node=gpn)
+    parallel = _replace(base.parallel, tensor_degree=r["tp"], pipeline_degree=r["pp"], sequence_degree=1,
+                        data_degree=None, zero_stage=zero, offload_optimizer=False, offload_param=False)
+    batch = _replace(base.batch, micro_batch_size=micro, global_batch_size=r["global_batch"])
+    data = _replace(base.data, seq_length=mod["seq"])
+    precision = _replace(base.precision, dtype=dtype)
+    cfg = _replace(base, model=model, cluster=cluster, parallel=parallel, batch=batch, data=data, precision=precision)
+    return cfg, recompute, assumed
+
+
+def compare(records: list[dict], predict) -> dict:
+    bases: dict = {}
+    rows, skipped = [], []
+    for r in records:
+        try:
+            if r["gpus"] % r["gpus_per_node"]:
+                raise ConfigError("cluster.nodes", r["gpus"], "GPU count is not whole nodes", "")
+            base = bases.setdefault(r["gpu"], base_config(r["gpu"]))
+            cfg, recompute, assumed = to_config(r, base)
+            layout = resolve_layout(cfg)
+        except ConfigError as e:
+            skipped.append({"id": r["id"], "family": r["family"], "why": str(e).splitlines()[0][:300]})
+            continue
+        if layout.data_degree != r["dp"]:
+            skipped.append({"id": r["id"], "family": r["family"], "why": f"derived dp {layout.data_degree} != stated {r['dp']}"})
+            continue
+        shape = model_shape(cfg.model)
+        st = strategy(cfg, layout, recompute)
+        hw = resolve_hardware(cfg.cluster, cfg.precision.dtype)
+        measured, how = measured_tokens_per_s_per_gpu(r)
+        predicted = predict(shape, st, hw) / layout.world_size
+        f = flops_per_token(shape, layout.seq_length)
+        rows.append({
+            "id": r["id"], "family": r["family"], "source": r["source"], "gpu": r["gpu"], "gpus": r["gpus"],
+            "layout": f"TP{r['tp']} PP{r['pp']} DP{layout.data_degree} Z{st.zero_stage} mb{st.micro_batch_size} "
+                      f"gbs{r['global_batch']} s{layout.seq_length} {recompute}",
+            "assumed": assumed, "measured_from": how,
+            "measured_tokens_per_s_per_gpu": measured, "predicted_tokens_per_s_per_gpu": predicted,
+            "measured_tflops_per_gpu": measured * f / 1e12, "predicted_tflops_per_gpu": predicted * f / 1e12,
+            "error": predicted / measured - 1,
+        })
+    return {"rows": rows, "not_expressible": skipped}
+
+
+def summary(rows: list[dict]) -> dict:
+    if not rows:
+        return {"runs": 0}
+    errs = [abs(x["error"]) for x in rows]
+    return {"runs": len(rows), "within_10pct": sum(e <= 0.10 for e in errs) / len(errs),
+            "within_20pct": sum(e <= 0.20 for e in errs) / len(errs), "median_abs_error": statistics.median(errs),
+            "worst_abs_error": max(errs)}
+
+
+def render(result: dict, model_name: str) -> str:
+    rows = result["rows"]
+    out = [f"# Predicted vs published throughput ({model_name})", "",
+           "Command: `PYTHONPATH=$PWD .venv/bin/python bench/published/compare.py`. Data: `runs.yaml` (sources per run). "
+           "Target (issue 14 part 5): within 10% for >= 90% of expressible runs, none worse than 20%.", "",
+           "| set | runs | within 10% | within 20% | median abs error | worst |", "|---|---|---|---|---|---|"]
+    sets = {"all": rows, "no assumed fields": [x for x in rows if not x["assumed"]]}
+    for fam in sorted({x["family"] for x in rows}):
+        sets[fam] = [x for x in rows if x["family"] == fam]
+    for name, rs in sets.items():
+        s = summary(rs)
+        if s["runs"]:
+            out.append(f"| {name} | {s['runs']} | {s['within_10pct']:.0%} | {s['within_20pct']:.0%} | "
+                       f"{s['median_abs_error']:.1%} | {s['worst_abs_error']:.1%} |")
+    worst = sorted(rows, key=lambda x: -abs(x["error"]))[:15]
+    out += ["", "## Worst 15", "", "| run | layout | measured tok/s/GPU | predicted | error | assumed |", "|---|---|---|---|---|---|"]
+    out += [f"| {x['id']} | {x['layout']} | {x['measured_tokens_per_s_per_gpu']:.0f} | {x['predicted_tokens_per_s_per_gpu']:.0f} | "
+            f"{x['error']:+.1%} | {', '.join(x['assumed'])} |" for x in worst]
+    out += ["", "## Every expressible run", "",
+            "| run | GPU x n | layout | measured tok/s/GPU | predicted | measured TFLOP/s | predicted | error | measured from | assumed |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
+    out += [f"| {x['id']} | {x['gpu']} x {x['gpus']} | {x['layout']} | {x['measured_tokens_per_s_per_gpu']:.0f} | "
+            f"{x['predicted_tokens_per_s_per_gpu']:.0f} | {x['measured_tflops_per_gpu']:.0f} | {x['predicted_tflops_per_gpu']:.0f} | "
+            f"{x['error']:+.1%} | {x['measured_from']} | {', '.join(x['assumed'])} |" for x in rows]
+    out += ["", "## Not expressible", "", "| run | why |", "|---|---|"]
+    out += [f"| {x['id']} | {x['why']} |" for x in result["not_expressible"]]
+    return "\n".join(out) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", default=str(HERE / "runs.yaml"))
+    ap.add_argument("--model", default=None, help="module:function step-time model (default launcher.plan.flops:estimate_step_time)")
+    ap.add_argument("--out", default=str(HERE))
+    args = ap.parse_args()
+    records = yaml.safe_load(open(args.runs))
+    result = compare(records, load_model(args.model))
+    name = args.model or "launcher.plan.flops:estimate_step_time"
+    result["model"] = name
+    result["summary"] = summary(result["rows"])
+    out = Path(args.out)
+    (out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
+    (out / "results.md").write_text(render(result, name))
+    s = result["summary"]
+    print(f"{name}: {s['runs']} expressible of {len(records)}; within 10% {s['within_10pct']:.0%}, "
+          f"within 20% {s['within_20pct']:.0%}, worst {s['worst_abs_error']:.0%}; not expressible {len(result['not_expressible'])}")
+
+
+if __name__ == "__main__":
+    main()
