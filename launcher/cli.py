@@ -258,7 +258,7 @@ def validate_before_start(cfg):
     from launcher.config.layout import resolve_layout
     from launcher.plan.report import check_memory
     from launcher.runtime.launch import refuse_secrets_in_config
-    from launcher.train import check_supported
+    from launcher.config.supported import check_supported
 
     layout = resolve_layout(cfg)
     check_supported(cfg, layout)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from launcher.config.errors import ConfigError
 from launcher.config.layout import resolve_layout
+from launcher.config.supported import check_supported  # pure rules: plan --search applies the same ones
 from launcher.deepspeed_config import build_deepspeed_config
 from launcher.plan.rankmap import rank_coord
 from launcher.runtime import checkpoint as ckpt
@@ -39,30 +40,6 @@ MAX_CONSECUTIVE_SKIPS = 5
 # The step whose model-state bytes we record: by then the optimizer has allocated its state (at step 0)
 # and the gradients of this step exist (measured between backward and the optimizer step).
 MEASURE_STATE_AT_STEP = 1
-
-
-def check_supported(cfg, layout) -> None:
-    """What this loop does not run yet, refused before any process starts."""
-    if layout.sequence_degree > 1 and layout.tensor_degree > 1:
-        raise ConfigError("parallel.sequence_degree", layout.sequence_degree,
-                          f"Ulysses sequence parallelism runs without tensor parallelism in `launcher train` "
-                          f"(tensor_degree={layout.tensor_degree}: AutoTP and the Ulysses all-to-all are not composed yet)",
-                          "set parallel.tensor_degree=1, or parallel.sequence_degree=1")
-    if layout.tensor_degree > 1 and layout.pipeline_degree == 1 and layout.zero_stage == 3:
-        # deepspeed.initialize checks the batch against world / sp ranks; ZeRO-3 then re-reads the config with
-        # AutoTP's groups as mpu (runtime/zero/partition_parameters.py, Init -> DeepSpeedConfig(config, mpu))
-        # and checks it against data_degree. Measured on 2 CPU ranks (TP 2): "8 != 2 * 4 * 2", "16 != 2 * 4 * 1".
-        mb, acc, dp, tp = layout.micro_batch_size, layout.grad_accum_steps, layout.data_degree, layout.tensor_degree
-        raise ConfigError("parallel.zero_stage", 3,
-                          f"DeepSpeed AutoTP (tensor_degree={tp} without a pipeline) stops at start under ZeRO-3: DeepSpeed "
-                          f"0.19.8 checks train_batch_size twice, against micro x accum x (data x tensor degree) = "
-                          f"{mb} x {acc} x {dp * tp} = {mb * acc * dp * tp} and against micro x accum x data_degree = "
-                          f"{mb} x {acc} x {dp} = {mb * acc * dp}, and no value passes both",
-                          "set parallel.zero_stage=2 (or 1, 0), or parallel.tensor_degree=1")
-    if layout.sequence_degree > 1 and cfg.model.arch != "llama":
-        raise ConfigError("parallel.sequence_degree", layout.sequence_degree,
-                          f"Ulysses sequence parallelism is implemented for model.arch=llama, not {cfg.model.arch}",
-                          "set parallel.sequence_degree=1, or model.arch=llama")
 
 
 def build_engine(cfg, layout, ds_config: dict):

@@ -1,13 +1,21 @@
-"""`launcher plan --search`: every valid layout for the model and cluster, the ones that fit, ranked.
+"""`launcher plan --search`: every layout `launcher train` would run for the model and cluster, the ones that fit, ranked.
 
-Candidates: tensor_degree (divisors of the heads, within one node), pipeline_degree (what divides the
-rest of the world, at most one block per stage), ZeRO stage 0-3, micro batch (divisors of the per-replica
-batch), recompute (off / full, the two the launcher can run: model.activation_checkpointing). The global
-batch, sequence length, precision, cluster and model stay as configured; Ulysses SP stays as configured.
+Candidates: sequence_degree (Ulysses SP: divisors of the heads and of the sequence, within one node, llama
+only, without TP or PP: what launcher/train.py runs), tensor_degree (divisors of the heads, within one node),
+pipeline_degree (what divides the rest of the world, at most one block per stage, llama and bloom only),
+ZeRO stage 0-3 (0-1 with a pipeline), micro batch (divisors of the per-replica batch), recompute (off / full,
+the two the launcher can run: model.activation_checkpointing). Held as configured: the global batch and the
+sequence length (so the tokens per step), precision, cluster and model. The configured TP / PP / SP / ZeRO /
+micro batch are only a starting point: they need not be a valid layout themselves.
 
-Validity is decided by the one set of rules, `resolve_layout` (config/layout.py), run on a plain copy of
-the config with the candidate's values; memory and time by memory.py and flops.py. Ranked by estimated
-tokens/s; ties go to the layout with more memory headroom.
+Validity is decided by the rules `launcher train` and `submit` apply before any rank starts
+(cli.validate_before_start): `resolve_layout` (config/layout.py), `check_supported` (config/supported.py) and
+the host-memory check (plan/report.py), run on a plain copy of the config with the candidate's values; GPU
+memory (every term, stricter than train's model-states refusal) and time by memory.py and flops.py. The loops
+skip the combinations those rules refuse outright (ZeRO 2-3 with a pipeline, AutoTP with ZeRO-3, SP with TP
+or PP) before calling them, which keeps a 405B model on 16,384 GPUs well under 2 s (bench/plan); every
+candidate that is kept still passes through all of them. Ranked by estimated tokens/s; ties go to the layout
+with more memory headroom.
 """
 
 from __future__ import annotations
@@ -19,9 +27,11 @@ from omegaconf import OmegaConf
 
 from launcher.config.errors import ConfigError
 from launcher.config.layout import Layout, resolve_layout
+from launcher.config.supported import PIPELINE_ARCHS, check_supported
 from launcher.plan.flops import StepTime, estimate_step_time
 from launcher.plan.inputs import Hardware, ModelShape, Strategy, model_shape, resolve_hardware, strategy
 from launcher.plan.memory import MemoryEstimate, estimate_memory
+from launcher.plan.host import TOKEN_ID_BYTES, estimate_host_memory, host_capacity
 
 
 @dataclass(frozen=True)
@@ -44,8 +54,8 @@ def plain_config(cfg) -> SimpleNamespace:
     return _namespace(OmegaConf.to_container(cfg, resolve=True))
 
 
-def _with(cfg: SimpleNamespace, tp: int, pp: int, zero: int, micro: int, recompute: bool) -> SimpleNamespace:
-    parallel = SimpleNamespace(**{**vars(cfg.parallel), "tensor_degree": tp, "pipeline_degree": pp,
+def _with(cfg: SimpleNamespace, tp: int, pp: int, zero: int, micro: int, recompute: bool, sp: int = 1) -> SimpleNamespace:
+    parallel = SimpleNamespace(**{**vars(cfg.parallel), "tensor_degree": tp, "pipeline_degree": pp, "sequence_degree": sp,
                                   "zero_stage": zero, "data_degree": None})
     batch = SimpleNamespace(**{**vars(cfg.batch), "micro_batch_size": micro})
     model = SimpleNamespace(**{**vars(cfg.model), "activation_checkpointing": recompute})
@@ -64,43 +74,98 @@ def evaluate(cfg, layout: Layout, shape: ModelShape, hw: Hardware) -> Candidate:
                      time=estimate_step_time(shape, st, hw, tokens))
 
 
+class _HostCheck:
+    """check_host_memory's verdict (plan/report.py), computed once per grid and ZeRO stage.
+
+    report.check_host_memory places all world_size ranks on their nodes for every call (seconds for
+    16,384 GPUs over hundreds of candidates). The verdict only needs each distinct node composition (the
+    fullest node decides), which depends on the TP / PP / SP / DP grid alone; and of the per-rank terms
+    (host.py) only the data loader's one micro-batch of int64 ids depends on the micro batch, the same on
+    every rank, so it is added exactly: ranks x (micro - micro_0) x seq x 8 B.
+    """
+
+    def __init__(self, cluster):
+        self.capacity = host_capacity(cluster)
+        self.nodes: dict = {}
+        self.memo: dict = {}
+
+    def fits(self, cfg, layout: Layout, st: Strategy, shape: ModelShape) -> bool:
+        if self.capacity[0] is None:
+            return True
+        grid = (layout.tensor_degree, layout.pipeline_degree, layout.sequence_degree, layout.data_degree)
+        if grid not in self.nodes:
+            self.nodes[grid] = node_stage_sets(layout)
+        key = (*grid, layout.zero_stage)
+        if key not in self.memo:
+            tokens = cfg.train.tokens or cfg.train.steps * layout.tokens_per_step
+            self.memo[key] = (estimate_host_memory(shape, st, self.nodes[grid], tokens, self.capacity), st.micro_batch_size)
+        h, micro0 = self.memo[key]
+        total = h.total + h.ranks * (st.micro_batch_size - micro0) * st.seq_length * TOKEN_ID_BYTES
+        return total <= self.capacity[0]
+
+
+def node_stage_sets(layout: Layout) -> list[tuple[int, ...]]:
+    """The distinct pipeline-stage compositions of the nodes: set(stages_by_node(layout)) without building the
+    rank map. rankmap.py orders ranks TP, SP, DP, PP innermost first, so rank r sits in stage r // (TP x SP x DP)."""
+    block = layout.tensor_degree * layout.sequence_degree * layout.data_degree
+    g = layout.gpus_per_node
+    return sorted({tuple(r // block for r in range(n * g, n * g + g)) for n in range(layout.nodes)})
+
+
+def _zero_stages(tp: int, pp: int) -> tuple[int, ...]:
+    if pp > 1:
+        return (0, 1)  # DeepSpeed's pipeline engine: ZeRO 0-1 only (layout.py)
+    if tp > 1:
+        return (0, 1, 2)  # AutoTP under ZeRO-3 is refused (config/supported.py)
+    return (0, 1, 2, 3)
+
+
 def search_layouts(cfg) -> tuple[list[Candidate], dict]:
-    """All valid layouts that fit, best first, and counts of what was dropped and why."""
+    """All layouts train accepts that fit, best first, and counts of what was dropped and why."""
     plain = plain_config(cfg)
     shape = model_shape(plain.model)
     hw = resolve_hardware(plain.cluster, plain.precision.dtype)
     if hw is None:
         raise ConfigError("cluster.gpu", plain.cluster.gpu, "--search plans GPU clusters; CPU ranks have no peak to plan against",
                           "select a GPU cluster, e.g. cluster=a100-80gb")
-    world = plain.cluster.nodes * plain.cluster.gpus_per_node
-    sp = plain.parallel.sequence_degree
+    gpn = plain.cluster.gpus_per_node
+    world = plain.cluster.nodes * gpn
     gbs = plain.batch.global_batch_size
+    heads, layers, arch = plain.model.num_attention_heads, plain.model.num_hidden_layers, plain.model.arch
+    seq = plain.data.seq_length
+    sps = [k for k in _divisors(heads) if k <= gpn and seq % k == 0] if arch == "llama" else [1]
     counts = {"enumerated": 0, "invalid": 0, "does_not_fit": 0}
     fitting: list[Candidate] = []
-    for tp in _divisors(plain.model.num_attention_heads):
-        if tp > plain.cluster.gpus_per_node or world % (tp * sp):
-            continue
-        for pp in _divisors(world // (tp * sp)):
-            if pp > plain.model.num_hidden_layers:
+    host = _HostCheck(plain.cluster)
+    for sp in sps:
+        for tp in _divisors(heads) if sp == 1 else [1]:
+            if tp > gpn or world % (tp * sp):
                 continue
-            dp = world // (tp * sp * pp)
-            if gbs % dp:
-                continue
-            for zero in (0, 1, 2, 3):
-                for micro in _divisors(gbs // dp):
-                    for recompute in (False, True):
-                        counts["enumerated"] += 1
-                        c = _with(plain, tp, pp, zero, micro, recompute)
-                        try:
-                            layout = resolve_layout(c)
-                        except ConfigError:
-                            counts["invalid"] += 1
-                            continue
-                        cand = evaluate(c, layout, shape, hw)
-                        if not cand.memory.fits:
-                            counts["does_not_fit"] += 1
-                            continue
-                        fitting.append(cand)
+            for pp in _divisors(world // (tp * sp)) if sp == 1 else [1]:
+                if pp > layers or (pp > 1 and arch not in PIPELINE_ARCHS):
+                    continue
+                dp = world // (tp * sp * pp)
+                if gbs % dp:
+                    continue
+                for zero in _zero_stages(tp, pp):
+                    for micro in _divisors(gbs // dp):
+                        for recompute in (False, True):
+                            counts["enumerated"] += 1
+                            c = _with(plain, tp, pp, zero, micro, recompute, sp)
+                            try:
+                                layout = resolve_layout(c)
+                                check_supported(c, layout)
+                            except ConfigError:
+                                counts["invalid"] += 1
+                                continue
+                            cand = evaluate(c, layout, shape, hw)
+                            if not cand.memory.fits:
+                                counts["does_not_fit"] += 1
+                                continue
+                            if not host.fits(c, layout, cand.strategy, shape):
+                                counts["does_not_fit"] += 1
+                                continue
+                            fitting.append(cand)
     fitting.sort(key=lambda k: (-k.time.tokens_per_s, -k.memory.headroom_bytes))
     counts["fit"] = len(fitting)
     return fitting, counts
@@ -108,7 +173,8 @@ def search_layouts(cfg) -> tuple[list[Candidate], dict]:
 
 def _label(c: Candidate) -> str:
     st = c.strategy
-    return (f"TP{st.tensor_degree} PP{st.pipeline_degree} DP{st.data_degree} Z{st.zero_stage} "
+    sp = f" SP{st.sequence_degree}" if st.sequence_degree > 1 else ""
+    return (f"TP{st.tensor_degree} PP{st.pipeline_degree}{sp} DP{st.data_degree} Z{st.zero_stage} "
             f"mb{st.micro_batch_size} {'recompute' if st.recompute == 'full' else 'no-recompute'}")
 
 
@@ -134,7 +200,7 @@ def search_rows(ranked: list[Candidate], top: int = 10) -> list[dict]:
     for c in ranked[:top]:
         st, t = c.strategy, c.time
         out.append({"layout": _label(c), "tensor_degree": st.tensor_degree, "pipeline_degree": st.pipeline_degree,
-                    "data_degree": st.data_degree, "zero_stage": st.zero_stage,
+                    "sequence_degree": st.sequence_degree, "data_degree": st.data_degree, "zero_stage": st.zero_stage,
                     "micro_batch_size": st.micro_batch_size, "recompute": st.recompute,
                     "tokens_per_s": t.tokens_per_s, "step_time_s": t.step_time_s, "mfu": t.mfu,
                     "memory_total_bytes": c.memory.peak.total, "why": explain(c, ranked[0])})

@@ -1,0 +1,44 @@
+"""What `launcher train` does not run yet, as pure rules on the resolved layout (no torch).
+
+`launcher train` / `submit` (cli.validate_before_start) and `launcher plan --search` (plan/search.py) call
+the same function, so the search never proposes a layout that train refuses. It lives here, not in
+launcher/train.py, because the planner must not import the runtime (torch, deepspeed).
+"""
+
+from __future__ import annotations
+
+from launcher.config.errors import ConfigError
+
+# The architectures launcher/parallel/pipeline.py can cut into a DeepSpeed PipelineModule (its ARCH_MODULES);
+# GPT2LMHeadModel has no stage builder there, so a gpt pipeline would fail after the ranks start.
+PIPELINE_ARCHS = ("llama", "bloom")
+
+
+def check_supported(cfg, layout) -> None:
+    """What this loop does not run yet, refused before any process starts."""
+    if layout.sequence_degree > 1 and layout.tensor_degree > 1:
+        raise ConfigError("parallel.sequence_degree", layout.sequence_degree,
+                          f"Ulysses sequence parallelism runs without tensor parallelism in `launcher train` "
+                          f"(tensor_degree={layout.tensor_degree}: AutoTP and the Ulysses all-to-all are not composed yet)",
+                          "set parallel.tensor_degree=1, or parallel.sequence_degree=1")
+    if layout.tensor_degree > 1 and layout.pipeline_degree == 1 and layout.zero_stage == 3:
+        # deepspeed.initialize checks the batch against world / sp ranks; ZeRO-3 then re-reads the config with
+        # AutoTP's groups as mpu (runtime/zero/partition_parameters.py, Init -> DeepSpeedConfig(config, mpu))
+        # and checks it against data_degree. Measured on 2 CPU ranks (TP 2): "8 != 2 * 4 * 2", "16 != 2 * 4 * 1".
+        mb, acc, dp, tp = layout.micro_batch_size, layout.grad_accum_steps, layout.data_degree, layout.tensor_degree
+        raise ConfigError("parallel.zero_stage", 3,
+                          f"DeepSpeed AutoTP (tensor_degree={tp} without a pipeline) stops at start under ZeRO-3: DeepSpeed "
+                          f"0.19.8 checks train_batch_size twice, against micro x accum x (data x tensor degree) = "
+                          f"{mb} x {acc} x {dp * tp} = {mb * acc * dp * tp} and against micro x accum x data_degree = "
+                          f"{mb} x {acc} x {dp} = {mb * acc * dp}, and no value passes both",
+                          "set parallel.zero_stage=2 (or 1, 0), or parallel.tensor_degree=1")
+    if layout.sequence_degree > 1 and cfg.model.arch != "llama":
+        raise ConfigError("parallel.sequence_degree", layout.sequence_degree,
+                          f"Ulysses sequence parallelism is implemented for model.arch=llama, not {cfg.model.arch}",
+                          "set parallel.sequence_degree=1, or model.arch=llama")
+    if layout.pipeline_degree > 1 and cfg.model.arch not in PIPELINE_ARCHS:
+        raise ConfigError("parallel.pipeline_degree", layout.pipeline_degree,
+                          f"pipeline parallelism is implemented for model.arch={' and '.join(PIPELINE_ARCHS)} "
+                          f"(launcher/parallel/pipeline.py), not {cfg.model.arch}",
+                          "set parallel.pipeline_degree=1 (shard with parallel.zero_stage or tensor_degree instead), "
+                          "or use model.arch=llama")

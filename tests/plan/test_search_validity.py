@@ -1,0 +1,89 @@
+"""Every layout `launcher plan --search` proposes passes the checks `launcher train` runs before any rank starts.
+
+The search applies resolve_layout, check_supported and the host-memory verdict itself; these tests hold each
+proposed layout to the public path instead: the composed config with the candidate's values set, through
+cli.validate_before_start (what `train` and `submit` call), so a rule added there and not to the search fails
+here.
+"""
+
+from __future__ import annotations
+
+import pytest
+from omegaconf import OmegaConf
+
+from launcher.cli import validate_before_start
+from launcher.config.compose import compose
+from launcher.config.errors import ConfigError
+from launcher.config.layout import resolve_layout
+from launcher.plan.host import stages_by_node
+from launcher.plan.search import node_stage_sets, search_layouts
+
+CASES = [
+    ["model=llama-65b", "cluster.gpu=h100-80gb", "cluster.nodes=64"],          # the README example (issue 14)
+    ["recipe=bloom-176b"],
+    ["recipe=tiny", "model.arch=gpt", "model.num_key_value_heads=null", "model.intermediate_size=null",
+     "cluster=a100-80gb", "cluster.nodes=2"],                                  # gpt: no pipeline in the runtime
+    ["recipe=llama2-70b", "cluster.nodes=16"],
+    ["recipe=tiny", "cluster=a100-80gb", "cluster.nodes=1"],                   # small enough for Ulysses SP candidates
+    # not a layout as configured: TP 3 divides no head count, micro 7 divides no batch
+    ["recipe=llama-7b", "parallel.tensor_degree=3", "batch.micro_batch_size=7"],
+]
+
+
+def _candidate_config(cfg, st):
+    c = cfg.copy()
+    OmegaConf.set_readonly(c, False)  # compose freezes the resolved config; this copy is the candidate's
+    for key, value in (("parallel.tensor_degree", st.tensor_degree), ("parallel.pipeline_degree", st.pipeline_degree),
+                       ("parallel.sequence_degree", st.sequence_degree), ("parallel.data_degree", None),
+                       ("parallel.zero_stage", st.zero_stage), ("batch.micro_batch_size", st.micro_batch_size),
+                       ("model.activation_checkpointing", st.recompute == "full")):
+        OmegaConf.update(c, key, value)
+    OmegaConf.set_readonly(c, True)
+    return c
+
+
+@pytest.mark.parametrize("overrides", CASES, ids=lambda o: " ".join(o))
+def test_every_proposed_layout_passes_train_validation(overrides, tmp_path):
+    cfg = compose([*overrides, f"runs_dir={tmp_path}"])
+    ranked, counts = search_layouts(cfg)
+    assert ranked, counts
+    gbs, seq = cfg.batch.global_batch_size, cfg.data.seq_length
+    for cand in ranked:
+        st = cand.strategy
+        layout = validate_before_start(_candidate_config(cfg, st))  # raises ConfigError on a refused layout
+        assert (layout.tensor_degree, layout.pipeline_degree, layout.sequence_degree, layout.data_degree,
+                layout.zero_stage, layout.micro_batch_size) == (st.tensor_degree, st.pipeline_degree, st.sequence_degree,
+                                                                st.data_degree, st.zero_stage, st.micro_batch_size)
+        assert (layout.global_batch_size, layout.seq_length) == (gbs, seq)  # tokens per step held
+
+
+def test_search_proposes_ulysses_and_never_what_train_refuses():
+    cfg = compose(["recipe=tiny", "cluster=a100-80gb", "cluster.nodes=1"])
+    ranked, _ = search_layouts(cfg)
+    sts = [c.strategy for c in ranked]
+    assert any(st.sequence_degree > 1 for st in sts)
+    assert not any(st.tensor_degree > 1 and st.pipeline_degree == 1 and st.zero_stage == 3 for st in sts)  # AutoTP x ZeRO-3
+    assert not any(st.sequence_degree > 1 and (st.tensor_degree > 1 or st.pipeline_degree > 1) for st in sts)
+    gpt, _ = search_layouts(compose(CASES[2]))
+    assert gpt and all(c.strategy.pipeline_degree == 1 for c in gpt)  # GPT2LMHeadModel has no pipeline builder
+
+
+def test_gpt3_175b_recipe_has_no_layout_train_runs(tmp_path):
+    # The recipe is Megatron's TP 8 x PP 8 on 1,024 A100. The runtime has no GPT pipeline; without one, DP 1,024
+    # does not divide the 1,536-sequence batch at TP 1, and at TP 2-8 AutoTP builds the whole fp32 model on
+    # every rank (698 GB each, 8 per 2 TB node), so nothing is runnable: the search must say so, not propose.
+    cfg = compose(["recipe=gpt3-175b", f"runs_dir={tmp_path}"])
+    ranked, counts = search_layouts(cfg)
+    assert ranked == [] and counts["enumerated"] > 0
+    with pytest.raises(ConfigError) as err:
+        validate_before_start(cfg)
+    assert err.value.key == "parallel.pipeline_degree"
+
+
+@pytest.mark.parametrize("over", [
+    ["recipe=llama-65b"], ["recipe=bloom-176b"], ["recipe=tiny", "cluster.gpus_per_node=4", "parallel.pipeline_degree=2", "parallel.zero_stage=1"],
+    ["recipe=llama2-70b", "cluster.nodes=6", "parallel.tensor_degree=4", "parallel.pipeline_degree=3"],
+])
+def test_node_stage_sets_match_the_rank_map(over):
+    layout = resolve_layout(compose(over))
+    assert node_stage_sets(layout) == sorted({tuple(n) for n in stages_by_node(layout)})
