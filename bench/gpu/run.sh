@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # The GPU pack: run first on a bare GPU machine (CUDA + PyTorch + transformers, Python 3.12, no internet).
 #
-#   bash bench/gpu/run.sh            # results under $OUT (the device tool's folder) or bench/gpu/out/
+#   bash bench/gpu/run.sh                        # every step (may pass 10 minutes); results under $OUT (the device tool's folder) or bench/gpu/out/
+#   bash bench/gpu/run.sh install env checks     # only those steps (a device call runs 10 minutes at most: split
+#   bash bench/gpu/run.sh env calibrate          #  the pack over calls while the machine stays warm)
+#   bash bench/gpu/run.sh env train
 #
 # Carry bench/gpu/wheelhouse (built here by bench/gpu/build_wheelhouse.sh, ~31 MiB, git-ignored). Steps:
 #   1. install the wheelhouse (pip --no-index: nothing is fetched), falling back to --no-deps when the image's
@@ -21,38 +24,50 @@ py="${PYTHON:-$(command -v python3 || command -v python)}"
 cd "$root"
 export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
 failed=0
+steps="${*:-install env calibrate checks train}"
+want() { [[ " $steps " == *" $1 "* ]]; }
 step() { echo "== $1"; }
 
-step "install the wheelhouse"
 wh="$here/wheelhouse"
-if [ ! -f "$wh/pins.txt" ]; then
+if ! want install; then :
+elif [ ! -f "$wh/pins.txt" ]; then
+  step "install the wheelhouse"
   echo "no $wh/pins.txt: build it with bench/gpu/build_wheelhouse.sh and carry bench/gpu/wheelhouse" | tee "$out/install.log"
   failed=$((failed + 1))
 else
+  step "install the wheelhouse"
   pipi() { "$py" -m pip install --disable-pip-version-check --no-index --find-links "$wh" "$@" -r "$wh/pins.txt"; }
   { pipi || pipi --break-system-packages || { echo "-- resolution failed; installing the pins with --no-deps";
     pipi --no-deps || pipi --no-deps --break-system-packages; }; } > "$out/install.log" 2>&1 || failed=$((failed + 1))
   tail -3 "$out/install.log"
 fi
 
-step "describe the machine"
-"$py" "$here/gpu_checks.py" env --out "$out" || failed=$((failed + 1))
+if want env; then
+  step "describe the machine"
+  "$py" "$here/gpu_checks.py" env --out "$out" || failed=$((failed + 1))
+fi
 
-step "launcher calibrate"
-if "$py" -m launcher calibrate --help > /dev/null 2>&1; then
+if ! want calibrate; then :
+elif "$py" -m launcher calibrate --help > /dev/null 2>&1; then
+  step "launcher calibrate"
   gpu=$("$py" -c "import json; print(json.load(open('$out/env.json'))['launcher_gpu'])")
   ngpu=$("$py" -c "import json; print(json.load(open('$out/env.json'))['gpus'])")
-  timeout 900 "$py" -m launcher calibrate "cluster=$gpu" cluster.nodes=1 "cluster.gpus_per_node=$ngpu" \
+  timeout 420 "$py" -m launcher calibrate "cluster=$gpu" cluster.nodes=1 "cluster.gpus_per_node=$ngpu" \
     --out "$out/profile-$gpu.yaml" 2>&1 | tee "$out/calibrate.log" || failed=$((failed + 1))
 else
+  step "launcher calibrate"
   echo "skipped: this checkout has no \`launcher calibrate\` (issue 14 part 3 adds it)" | tee "$out/calibrate.log"
 fi
 
-step "NCCL, FusedAdam, SDPA flash"
-"$py" "$here/gpu_checks.py" checks --out "$out" || failed=$((failed + 1))
+if want checks; then
+  step "NCCL, FusedAdam, SDPA flash"
+  "$py" "$here/gpu_checks.py" checks --out "$out" || failed=$((failed + 1))
+fi
 
-step "1B LLaMA training run against the plan"
-"$py" "$here/train_1b.py" --out "$out" || failed=$((failed + 1))
+if want train; then
+  step "1B LLaMA training run against the plan"
+  "$py" "$here/train_1b.py" --out "$out" || failed=$((failed + 1))
+fi
 
 echo "== done: $failed step(s) failed; results in $out"
 exit "$failed"

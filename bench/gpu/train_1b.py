@@ -62,7 +62,7 @@ def main() -> int:
         result["plan"] = {k: p[k] for k in ("params_total", "world_size", "step_time_s", "tokens_per_s", "mfu",
                                             "tflops_per_gpu", "memory_per_gpu_bytes", "compute_efficiency", "peak_tflops")}
 
-    train = launcher("train", *over, timeout=1500)
+    train = launcher("train", *over, timeout=540)  # a device call runs 600 s at most
     result["train_returncode"] = train.returncode
     result["train_log_tail"] = (train.stdout + train.stderr)[-6000:]
     metrics = Path(runs_dir) / "gpu-pack-1b" / "metrics.jsonl"
