@@ -33,6 +33,7 @@ from types import SimpleNamespace
 
 import yaml
 
+from launcher.config import hardware
 from launcher.config.compose import compose
 from launcher.config.errors import ConfigError
 from launcher.config.layout import resolve_layout
@@ -104,12 +105,17 @@ def to_config(r: dict, base) -> tuple[SimpleNamespace, str, list[str]]:
     recompute = r.get("recompute")
     if recompute is None:
         recompute, _ = "none", assumed.append("recompute=none")
+    if recompute not in ("none", "full"):
+        raise ConfigError("model.activation_checkpointing", recompute,
+                          "the launcher checkpoints whole blocks or nothing (no selective / per-op recompute)", "")
     sharding = r["sharding"]
     if sharding == "fsdp":
         zero = 1 if r["pp"] > 1 else 3
         assumed.append(f"FSDP as ZeRO-{zero}")
     else:
         zero = ZERO_OF[sharding]
+        if "sharding" in r.get("unknown", []):
+            assumed.append(f"sharding as ZeRO-{zero}")
     dtype = r["precision"]
     if dtype == "mixed16":
         dtype, _ = "bf16", assumed.append("mixed16 as bf16")
@@ -135,6 +141,8 @@ def compare(records: list[dict], predict) -> dict:
     rows, skipped = [], []
     for r in records:
         try:
+            if hardware.lookup(r["gpu"]) is None:
+                raise ConfigError("cluster.gpu", r["gpu"], "not in the GPU catalog: its peak and bandwidths are not known", "")
             if r["gpus"] % r["gpus_per_node"]:
                 raise ConfigError("cluster.nodes", r["gpus"], "GPU count is not whole nodes", "")
             base = bases.setdefault(r["gpu"], base_config(r["gpu"]))
