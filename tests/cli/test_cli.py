@@ -100,7 +100,7 @@ def test_search_starts_from_an_invalid_layout_and_keeps_the_global_batch():
     assert found["held"] == {"global_batch_size": 32, "seq_length": 256, "tokens_per_step": 8192}
     assert found["layouts"] and found["counts"]["fit"] > 0
     for row in found["layouts"]:
-        assert row["tensor_degree"] * row["pipeline_degree"] * row["data_degree"] == 512
+        assert row["tensor_degree"] * row["pipeline_degree"] * row["sequence_degree"] * row["data_degree"] == 512
         assert 32 % (row["micro_batch_size"] * row["data_degree"]) == 0
 
 
