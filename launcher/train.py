@@ -32,6 +32,7 @@ from launcher.runtime.metrics import (STATE_BYTES_FILE, MetricsSink, Throughput,
                                       peak_memory_bytes, plot_loss, truncate_metrics)
 from launcher.runtime.model import build_model
 from launcher.runtime.nonfinite import UpdateVeto
+from launcher.runtime.optimizer import param_groups
 
 # train.nan_policy=skip drops single bad batches; this many skipped steps in a row means divergence: stop.
 MAX_CONSECUTIVE_SKIPS = 5
@@ -100,7 +101,9 @@ def build_engine(cfg, layout, ds_config: dict):
     else:
         model = build_model(cfg.model, seed=cfg.train.seed, vocab_size=layout.padded_vocab_size)
         maybe_apply_activation_checkpointing(cfg, model)
-    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config, mpu=mpu)
+    # No weight decay on norm weights and biases (launcher/runtime/optimizer.py: Megatron's rule).
+    groups = param_groups(model, cfg.optimizer.weight_decay)
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=groups, config=ds_config, mpu=mpu)
     start_lr_schedule(engine)
     return engine
 

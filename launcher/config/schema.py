@@ -137,6 +137,9 @@ class OptimizerConfig:
     """Clip the global gradient norm to this; always emitted because DeepSpeed defaults it to 1.0. Range: >= 0, finite (0 = no clipping)."""
     torch_adam: bool = True
     """Use torch's AdamW instead of DeepSpeed's fused/CPU Adam, which JIT-compile C++ ops (1-2 min each) on first use."""
+    fused: Optional[bool] = None
+    """With torch_adam: torch's fused (single-kernel) AdamW; null = fused on GPU ranks without offload_optimizer,
+    torch's default (foreach) elsewhere. Norm weights and biases never get weight decay (docs/optimizer.md)."""
 
 
 @dataclass
