@@ -28,8 +28,9 @@ from launcher.runtime.data import TokenBatches, prepare_data
 from launcher.runtime.durable import write_atomic
 from launcher.runtime.launch import EXIT_NONFINITE, PREEMPTED_FILE, PreemptionFlag, init_distributed, run_dir_of
 from launcher.runtime.state_bytes import measure_model_state_bytes
-from launcher.runtime.metrics import (STATE_BYTES_FILE, MetricsSink, Throughput, current_rss_bytes,
-                                      peak_memory_bytes, plot_loss, truncate_metrics)
+from launcher.runtime.metrics import (METRICS_FILE, STATE_BYTES_FILE, SUMMARY_FILE, IntervalLoss, MetricsSink, Throughput,
+                                      current_rss_bytes, divert_library_logs, format_summary, gather_peak_memory,
+                                      peak_memory_bytes, plot_loss, truncate_metrics, write_summary)
 from launcher.runtime.model import build_model
 from launcher.runtime.nonfinite import UpdateVeto
 from launcher.runtime.optimizer import param_groups
@@ -273,10 +274,13 @@ def format_line(rec: dict) -> str:
     mfu = "MFU n/a" if rec["mfu"] is None else f"MFU {rec['mfu']:.1%}"
     gn = "n/a" if rec["grad_norm"] is None else f"{rec['grad_norm']:.3f}"
     skipped = "  SKIPPED (no update)" if rec.get("skipped") else ""
-    return (f"step {rec['step']:>6}  loss {rec['loss']:.4f}  lr {rec['lr']:.2e}  gnorm {gn}  "
+    n = rec["loss_interval_steps"]
+    mean_of = f" (mean of {n} steps)" if n > 1 else ""
+    return (f"step {rec['step']:>6}  loss {rec['loss']:.4f}{mean_of}  lr {rec['lr']:.2e}  gnorm {gn}  "
             f"{rec['tokens_per_s']:,.0f} tok/s ({rec['tokens_per_s_per_rank']:,.0f}/rank)  "
             f"{rec['tflops_per_rank'] * 1e3:.2f} GFLOP/s/rank  {mfu}  step {rec['step_time_s'] * 1e3:.0f} ms  "
-            f"data {rec['data_wait_s'] * 1e3:.1f} ms  mem {rec['peak_memory_bytes'] / 2**20:,.0f} MiB{skipped}")
+            f"data {rec['data_wait_s'] * 1e3:.1f} ms  peak mem {max(rec['peak_memory_bytes_per_rank']) / 2**20:,.0f} MiB "
+            f"(largest rank){skipped}")
 
 
 def run(cfg) -> int:
@@ -286,10 +290,15 @@ def run(cfg) -> int:
     # 0. The preemption handlers first: under SLURM, SIGUSR1/SIGTERM may come while the ranks are still starting
     #    (data, process group, engine); Python's default for SIGUSR1 is to die, losing the requeue.
     preempt = PreemptionFlag()
+    started = time.perf_counter()  # the summary's wall time: start-up (data, engine, resume) included
 
     # 1. Every derived number, and the DeepSpeed JSON from its one generator.
     layout = resolve_layout(cfg)
     check_supported(cfg, layout)
+    if layout.device == "cpu":
+        # Named, DeepSpeed picks its CPU accelerator without the warning its auto-detection prints on every rank
+        # (deepspeed/accelerator/real_accelerator.py; it reads this before `import deepspeed` below finishes).
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
     ds_config = build_deepspeed_config(cfg, layout)
     run_dir = run_dir_of(cfg)
     ckpt_root = run_dir / "checkpoints"
@@ -317,6 +326,7 @@ def run(cfg) -> int:
     if is_main:
         maybe_freeze_into_run_dir(cfg, run_dir, ds_config, prepared)
     torch.distributed.barrier()
+    library_log = divert_library_logs(run_dir, rank)  # DeepSpeed's INFO lines to the run dir, not the console
     if is_main:
         ckpt.clear_resume_handoff(run_dir)  # every rank read it before joining the group
     # The ranks of one tensor-parallel group (and of one pipeline) read the same samples: index by DP rank.
@@ -361,8 +371,15 @@ def run(cfg) -> int:
         # Each rank's resident memory at every checkpoint: a leak across saves shows as a rising series.
         rss = [None] * world
         dist.all_gather_object(rss, current_rss_bytes())
-        sink.log({"kind": "checkpoint", "step": step, "bytes": info["bytes"], "save_s": info["save_s"],
+        sink.log({"kind": "checkpoint", "step": step, "tokens_seen": tokens_seen, "bytes": info["bytes"], "save_s": info["save_s"],
                   "hash_s": info["hash_s"], "rss_bytes_per_rank": rss})
+
+    def run_eval(step: int) -> tuple[int, float]:
+        val_loss = evaluate(engine, batches, cfg.train.eval_batches, world, **sp_args)
+        sink.log({"kind": "eval", "step": step, "tokens_seen": tokens_seen, "val_loss": val_loss,
+                  "val_perplexity": math.exp(min(val_loss, 50))})
+        say(f"eval  step {step:>6}  val loss {val_loss:.4f}  perplexity {math.exp(min(val_loss, 50)):.2f}")
+        return step, val_loss
 
     # 7. The loop.
     step = start_step
@@ -372,6 +389,9 @@ def run(cfg) -> int:
     overflow_steps = 0
     veto = UpdateVeto(engine)
     agree = StepAgreement(world, stop_requested=lambda: preempt.raised)
+    interval = IntervalLoss()
+    logged_loss, last_eval = (None, 0), None  # (interval mean, its steps) of the last record; (step, val loss)
+    loop_started, tokens_at_start = time.perf_counter(), tokens_seen
     with progress:
         while step < steps:
             lr = engine.get_lr()[0]  # the rate this step's optimizer update uses
@@ -393,11 +413,17 @@ def run(cfg) -> int:
             if skipped and not overflow:
                 skipped_steps.append(step)
             overflow_steps += overflow
-            rec = {"kind": "train", "step": step, "time": time.time(), "loss": loss, "lr": lr, "grad_norm": grad_norm,
-                   "tokens_seen": tokens_seen, "step_time_s": step_time, "data_wait_s": data_wait,
-                   "peak_memory_bytes": peak_memory_bytes(layout.device), "skipped": skipped,
-                   "skipped_steps": len(skipped_steps), "overflow_steps": overflow_steps, **throughput(step_time)}
+            interval.add(loss)
+            # Every rank takes the same branch (the loss and the skip are agreed): the memory gather is a collective.
             if step % cfg.logging.log_every == 0 or step == steps or step == start_step + 1 or skipped or not loss_finite:
+                logged_loss = interval.take()
+                rec = {"kind": "train", "step": step, "time": time.time(), "loss": logged_loss[0],
+                       "loss_interval_steps": logged_loss[1], "step_loss": loss, "lr": lr, "grad_norm": grad_norm,
+                       "tokens_seen": tokens_seen, "step_time_s": step_time, "data_wait_s": data_wait,
+                       "peak_memory_bytes": peak_memory_bytes(layout.device),
+                       "peak_memory_bytes_per_rank": gather_peak_memory(layout.device, engine.device),
+                       "skipped": skipped, "skipped_steps": len(skipped_steps), "overflow_steps": overflow_steps,
+                       **throughput(step_time)}
                 sink.log(rec)
                 say(format_line(rec), markup=False)
             if show_progress:
@@ -413,14 +439,33 @@ def run(cfg) -> int:
             if action == "skip":
                 say(message, markup=False)
             if cfg.train.eval_every and step % cfg.train.eval_every == 0:
-                val_loss = evaluate(engine, batches, cfg.train.eval_batches, world, **sp_args)
-                sink.log({"kind": "eval", "step": step, "val_loss": val_loss, "val_perplexity": math.exp(min(val_loss, 50))})
-                say(f"eval  step {step:>6}  val loss {val_loss:.4f}  perplexity {math.exp(min(val_loss, 50)):.2f}")
+                last_eval = run_eval(step)
             if stop:
                 stopped_by = preempt.signal_name or "a signal on another rank"
                 break
             if cfg.checkpoint.save_every and step % cfg.checkpoint.save_every == 0 and step < steps:
                 save(step)
+
+    train_time = time.perf_counter() - loop_started
+    # A last evaluation at the end of training when the last step was not one (as Megatron's pretrain does,
+    # "the end of training for val data"): the summary's val loss is the final model's.
+    if stopped_by is None and cfg.train.eval_every and step > start_step and (last_eval is None or last_eval[0] != step):
+        last_eval = run_eval(step)
+
+    def report_summary(status: str, export) -> None:
+        """The end-of-run record (metrics.jsonl, summary.json) and its lines on the console; rank 0."""
+        tokens_run = tokens_seen - tokens_at_start
+        summary = {"kind": "summary", "status": status, "step": step, "tokens_seen": tokens_seen,
+                   "final_train_loss": logged_loss[0], "final_train_loss_steps": logged_loss[1],
+                   "final_val_loss": last_eval[1] if last_eval else None, "final_val_step": last_eval[0] if last_eval else None,
+                   "wall_time_s": time.perf_counter() - started, "train_time_s": train_time, "tokens_this_run": tokens_run,
+                   "tokens_per_s": tokens_run / train_time if tokens_run and train_time > 0 else None,
+                   "run_dir": str(run_dir), "checkpoint": str(ckpt_root / ckpt.tag_for(step)), "export": export,
+                   "metrics": str(run_dir / METRICS_FILE), "summary": str(run_dir / SUMMARY_FILE),
+                   "library_log": str(library_log)}
+        sink.log(summary)
+        write_summary(run_dir, summary)
+        say(format_summary(summary), markup=False)
 
     if skipped_steps or overflow_steps:
         say(f"skipped updates: {len(skipped_steps)} non-finite step(s) in this run {skipped_steps[-10:]}, "
@@ -436,6 +481,8 @@ def run(cfg) -> int:
         # (non-zero after a forwarded signal) ends the step on every node, rank 0's included.
         torch.distributed.barrier()
         say(f"preempted ({stopped_by}) at step {step}: checkpoint saved, exiting for requeue")
+        if is_main:
+            report_summary("preempted", None)
         sink.close()
         return 0
     # The artifacts need no other rank: they exit now instead of idling in a collective with a timeout.
@@ -443,11 +490,17 @@ def run(cfg) -> int:
         (run_dir / PREEMPTED_FILE).unlink(missing_ok=True)
         plot = plot_loss(run_dir)
         say(f"loss curve {plot}")
+        out = None
         if cfg.checkpoint.export_hf:
+            import contextlib
+
             from launcher.export import export_checkpoint
 
-            out = export_checkpoint(ckpt_root / ckpt.tag_for(step), run_dir / "hf")
-            say(f"transformers export {out}")
+            # zero_to_fp32 print()s its progress ("Processing zero checkpoint ...") and transformers shows a progress
+            # bar loading the export back: into DeepSpeed's log file.
+            with open(library_log, "a") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+                out = str(export_checkpoint(ckpt_root / ckpt.tag_for(step), run_dir / "hf"))
+        report_summary("completed", out)
     sink.close()
     return 0
 

@@ -28,6 +28,8 @@ from launcher.plan.flops import model_flops_per_token
 METRICS_FILE = "metrics.jsonl"
 LOSS_PLOT_FILE = "loss.png"
 STATE_BYTES_FILE = "model_state_bytes.json"
+SUMMARY_FILE = "summary.json"
+LIBRARY_LOG_FILE = "deepspeed.log"  # DeepSpeed's own log lines, every rank's, instead of the console
 
 
 def peak_tflops(cfg, layout) -> Optional[float]:
@@ -64,6 +66,95 @@ def peak_memory_bytes(device: str) -> int:
 
         return int(torch.cuda.max_memory_allocated())
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+class IntervalLoss:
+    """The mean of the step losses since the last logged record: the loss a record with logging.log_every=N carries.
+
+    What the HF Trainer logs as `loss` (trainer.py _maybe_log_save_evaluate: tr_loss summed every step, divided
+    by global_step - _globalstep_last_logged at each log) and Megatron prints as "lm loss" (training.py
+    training_log: total_loss_dict summed every iteration, averaged at each log_interval). Like the HF Trainer we
+    average every step of the interval, a non-finite one included (it makes the mean non-finite: the record
+    says so); Megatron leaves out the iterations its loss scaler skipped. One step's loss alone is noise at
+    small batch sizes.
+    """
+
+    def __init__(self):
+        self.total, self.steps = 0.0, 0
+
+    def add(self, loss: float) -> None:
+        self.total += loss
+        self.steps += 1
+
+    def take(self) -> tuple[float, int]:
+        """(mean over the interval, its step count), and start a new interval."""
+        mean, n = self.total / max(self.steps, 1), self.steps
+        self.total, self.steps = 0.0, 0
+        return mean, n
+
+
+def gather_peak_memory(device: str, tensor_device) -> list[int]:
+    """Every rank's peak_memory_bytes, on every rank: one all_gather of one int64 (called at log steps only)."""
+    import torch
+    import torch.distributed as dist
+
+    mine = torch.tensor([peak_memory_bytes(device)], dtype=torch.int64, device=tensor_device)
+    every = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, mine)
+    return [int(t.item()) for t in every]
+
+
+def divert_library_logs(run_dir: Path, rank: int) -> Path:
+    """DeepSpeed's logger lines go to <run_dir>/deepspeed.log (every rank appends, prefixed by its rank) instead of
+    the console; its warnings and errors still reach stderr as well, but for the expected ones.
+
+    DeepSpeed logs through one logger, "DeepSpeed" (deepspeed/utils/logging.py, a StreamHandler to stdout, level
+    WARNING in 0.19.8; INFO, with its config dump and checkpoint paths, when a user lowers it), in between our step
+    lines. Small appends (O_APPEND) from several ranks do not interleave within a line. DeepSpeed's print()s
+    (zero_to_fp32's "Processing zero checkpoint ...") are redirected into the same file where they happen.
+    """
+    import logging
+
+    from deepspeed.utils import logger as ds_logger
+
+    path = run_dir / LIBRARY_LOG_FILE
+    to_file = logging.FileHandler(path, mode="a", delay=True)
+    to_file.setFormatter(logging.Formatter(f"[rank {rank}] %(asctime)s %(levelname)s [%(filename)s:%(lineno)d] %(message)s"))
+    to_console = logging.StreamHandler()  # stderr
+    to_console.setLevel(logging.WARNING)
+    # Expected at every start (launcher/train.py start_lr_schedule explains it): the file keeps it, the console not.
+    to_console.addFilter(lambda r: "get learning rate from scheduler before it has started" not in r.getMessage())
+    to_console.setFormatter(logging.Formatter(f"[rank {rank}] DeepSpeed %(levelname)s: %(message)s"))
+    for h in list(ds_logger.handlers):
+        ds_logger.removeHandler(h)
+    ds_logger.addHandler(to_file)
+    ds_logger.addHandler(to_console)
+    ds_logger.propagate = False
+    return path
+
+
+def write_summary(run_dir: Path, summary: dict) -> Path:
+    """<run_dir>/summary.json, atomically (launcher/runtime/durable.py): a reader never sees half of it."""
+    path = run_dir / SUMMARY_FILE
+    write_atomic(path, json.dumps(summary, indent=2) + "\n")
+    return path
+
+
+def format_summary(s: dict) -> str:
+    """The end-of-run lines rank 0 prints."""
+    def num(x, fmt):
+        return "n/a" if x is None else format(x, fmt)
+
+    lines = [f"summary ({s['status']}): {s['step']} steps, {s['tokens_seen']:,} tokens seen; "
+             f"final train loss {num(s['final_train_loss'], '.4f')} (mean of the last {s['final_train_loss_steps']} "
+             f"step(s)), val loss {num(s['final_val_loss'], '.4f')}",
+             f"  wall time {s['wall_time_s']:.1f} s ({s['train_time_s']:.1f} s in the loop), "
+             f"{num(s['tokens_per_s'], ',.0f')} tokens/s over this run's {s['tokens_this_run']:,} tokens",
+             f"  checkpoint {s['checkpoint']}"]
+    if s.get("export"):
+        lines.append(f"  transformers export {s['export']}")
+    lines.append(f"  metrics {s['metrics']}, summary {s['summary']}, DeepSpeed log {s['library_log']}")
+    return "\n".join(lines)
 
 
 def current_rss_bytes() -> int:
