@@ -11,8 +11,8 @@
     launcher submit [overrides] [--dry-run]     validate, write the job dir, sbatch (or print the script)
     launcher submit -m [sweep overrides]        one job per point of a Hydra sweep (a=1,2 b=x,y: 4 jobs)
     launcher export CKPT OUT              a checkpoint -> a transformers directory
-    launcher plan|show|train|submit [overrides] --cfg job [-p KEY] | --info   Hydra's flags: the composed
-                                          YAML / the search path, chosen options and groups; nothing else runs
+    launcher plan|show|train|submit [overrides] --cfg job|hydra|all [-p KEY] | --info   Hydra's flags: the
+                                          composed YAML / the search path, chosen options and groups; nothing else runs
 
 Bad input exits with status 2 and a message naming the key, the value, the
 rule and a fix; the Python traceback only with --debug (or LAUNCHER_DEBUG=1).
@@ -489,7 +489,7 @@ def submit_job(job: PlannedJob, con) -> str:
 def print_cfg_or_info(args) -> int:
     """Hydra's `--cfg job` and `--info` (launcher/config/info.py): print, exit, start nothing."""
     from launcher.config.compose import compose
-    from launcher.config.info import config_info, config_yaml
+    from launcher.config.info import cfg_yaml, config_info
     from launcher.runtime.launch import refuse_secrets_in_config
 
     if args.info:
@@ -498,13 +498,16 @@ def print_cfg_or_info(args) -> int:
                               "drop -m; `--cfg job -m ...` prints the config of every sweep point")
         sys.stdout.write(config_info(args.overrides))
         return 0
+    if args.cfg != "job" and getattr(args, "config", None):
+        raise ConfigError("--cfg", args.cfg, f"--config {args.config} is a frozen config: no Hydra composition made it",
+                          "use --cfg job to print it (with the overrides applied)")
     points = sweep_points(args.overrides) if getattr(args, "multirun", False) else [list(args.overrides)]
     for point in points:
         cfg = _frozen_with_overrides(args.config, point) if getattr(args, "config", None) else compose(point)
         refuse_secrets_in_config(cfg)
         if len(points) > 1:
             sys.stdout.write(f"# sweep point: {' '.join(point)}\n")
-        sys.stdout.write(config_yaml(cfg, args.package))
+        sys.stdout.write(cfg_yaml(args.cfg, cfg, point, args.package))
         if len(points) > 1 and point is not points[-1]:
             sys.stdout.write("---\n")  # one YAML document per point
     return 0
@@ -528,8 +531,10 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("overrides", nargs="*", help="Hydra overrides: recipe=NAME, model=NAME, key=value ...")
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
         # Hydra's own flags, same names and meanings (launcher/config/info.py).
-        p.add_argument("-c", "--cfg", choices=["job"], help="print the composed config as YAML and exit (Hydra's --cfg job)")
-        p.add_argument("-p", "--package", metavar="KEY", help="with --cfg job: print only this key (e.g. parallel)")
+        p.add_argument("-c", "--cfg", choices=["job", "hydra", "all"],
+                       help="print the composed config (job), Hydra's config of the composition (hydra) or both (all) "
+                            "as YAML and exit (Hydra's --cfg)")
+        p.add_argument("-p", "--package", metavar="KEY", help="with --cfg: print only this key (e.g. parallel)")
         p.add_argument("-i", "--info", action="store_true",
                        help="print the config search path ($LAUNCHER_CONF_PATH included), the chosen options and every group's options")
         p.set_defaults(func=func)
@@ -572,7 +577,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if hasattr(args, "overrides"):
         args.overrides = list(args.overrides) + extra
     if getattr(args, "package", None) and not args.cfg:
-        parser.error("--package/-p goes with --cfg job")
+        parser.error("--package/-p goes with --cfg job|hydra|all")
     debug = args.debug or os.environ.get("LAUNCHER_DEBUG") == "1"
     try:
         if getattr(args, "cfg", None) or getattr(args, "info", False):
