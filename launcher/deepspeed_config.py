@@ -127,9 +127,9 @@ def _optimizer(cfg, layout: Layout) -> dict:
 def optimizer_fused(cfg, layout: Layout) -> bool:
     """optimizer.fused, or by default: on GPU ranks whose optimizer step runs on the GPU (not ZeRO-Offload's CPU step).
 
-    torch's fused AdamW is the fastest of its implementations on CUDA (torch.optim.AdamW docs: "We intend to make
-    fused the default ... the fused implementation is typically faster than the for-loop and foreach"); on CPU
-    ranks we keep torch's default (foreach), which every CPU test here runs.
+    torch's fused (single-kernel) CUDA AdamW over its default foreach one: torchtitan made it its default after
+    measuring 1.6-3.6% faster steps on Llama 3 8B across FSDP, TP, CP and PP (pytorch/torchtitan#881). On CPU ranks
+    we keep torch's default (foreach), which every CPU test here runs.
     """
     if cfg.optimizer.fused is not None:
         return bool(cfg.optimizer.fused)
