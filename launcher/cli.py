@@ -264,6 +264,11 @@ def validate_before_start(cfg):
     check_supported(cfg, layout)
     refuse_secrets_in_config(cfg)  # config.yaml, checkpoints, job scripts and logs all carry config values
     from launcher.runtime.inputs import check_writable_dir
+    from launcher.runtime.metrics import refuse_unusable_trackers
+
+    # Online W&B without credentials, MLflow not installed or its store unusable: rank 0 would die after every
+    # rank started (under `submit`, after the job waited in the queue).
+    refuse_unusable_trackers(cfg)
 
     check_writable_dir("runs_dir", cfg.runs_dir)  # the cache dir is checked by prepare_data, which uses it
     memory_warning = check_memory(cfg, layout)  # refuses model states that cannot fit; warns on activations
@@ -295,9 +300,6 @@ def launch_training(cfg) -> int:
         raise ConfigError("cluster.nodes", cfg.cluster.nodes, "`launcher train` starts ranks on this machine only",
                           "submit multi-node runs with `launcher submit` (SLURM), or set cluster.nodes=1")
     refuse_missing_local_gpus(cfg, layout)
-    from launcher.runtime.metrics import refuse_wandb_without_login
-
-    refuse_wandb_without_login(cfg)  # online W&B without credentials: rank 0 would die after every rank started
     con = _console()
     from rich.markup import escape
 

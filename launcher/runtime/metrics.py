@@ -1,4 +1,4 @@
-"""What a run records: per-step metrics (JSONL, TensorBoard, W&B), throughput and MFU, memory, the loss plot.
+"""What a run records: per-step metrics (JSONL, TensorBoard, W&B, MLflow), throughput and MFU, memory, the loss plot.
 
 Only rank 0 writes files and prints; every rank may measure. Throughput math:
 
@@ -174,6 +174,7 @@ class MetricsSink:
         self.path = run_dir / METRICS_FILE
         self.tb = None
         self.wandb_run = None
+        self.mlflow = None
         if not enabled:
             return
         # A resumed run appends; records of steps past the resume point (from a crash after the last save)
@@ -195,6 +196,8 @@ class MetricsSink:
                                         mode=cfg.logging.wandb.mode, dir=None if os.environ.get("WANDB_DIR") else str(run_dir),
                                         name=run_dir.name, id=run_dir.name, resume="allow",
                                         config=OmegaConf.to_container(cfg, resolve=True))
+        if cfg.logging.mlflow.enabled:
+            self.mlflow = start_mlflow_run(cfg, run_dir, resumed)
 
     def log(self, record: dict) -> None:
         if not self.enabled:
@@ -216,6 +219,8 @@ class MetricsSink:
                 self.tb.add_scalar(f"{record.get('kind', 'train')}/{k}", v, step)
         if self.wandb_run is not None:
             self.wandb_run.log({f"{record.get('kind', 'train')}/{k}": v for k, v in scalars.items()}, step=step)
+        if self.mlflow is not None:
+            self.mlflow.log_metrics({f"{record.get('kind', 'train')}/{k}": float(v) for k, v in scalars.items()}, step=step)
 
     def close(self) -> None:
         if not self.enabled:
@@ -225,6 +230,106 @@ class MetricsSink:
             self.tb.close()
         if self.wandb_run is not None:
             self.wandb_run.finish()
+        if self.mlflow is not None:
+            self.mlflow.end_run()
+
+
+MLFLOW_RUN_ID_FILE = "mlflow_run_id"  # a resumed run (or a requeued job) logs on into the same MLflow run
+
+
+def start_mlflow_run(cfg, run_dir: Path, resumed: bool):
+    """Rank 0's MLflow run (the fluent API: one active run per process), named after the run dir; returns the module.
+
+    Our own few lines rather than accelerate's MLflowTracker: accelerate's trackers run behind its PartialState
+    (the process-state singleton of an Accelerator) to decide the main process, which our ranks do not use;
+    MetricsSink already runs on rank 0 only, and MLflow's API is the same three calls either way.
+    The config's parameters are logged once, at the fresh start: MLflow refuses a changed value of a logged
+    parameter, and a resume may change train.steps.
+    """
+    import mlflow
+    from omegaconf import OmegaConf
+
+    m = cfg.logging.mlflow
+    if m.tracking_uri:
+        mlflow.set_tracking_uri(m.tracking_uri)
+    if m.experiment:
+        mlflow.set_experiment(m.experiment)
+    id_file = run_dir / MLFLOW_RUN_ID_FILE
+    run_id = id_file.read_text().strip() if resumed and id_file.exists() else None
+    run = mlflow.start_run(run_id=run_id, run_name=None if run_id else run_dir.name)
+    if run_id is None:
+        write_atomic(id_file, run.info.run_id + "\n")
+        flat = _flatten(OmegaConf.to_container(cfg, resolve=True))
+        mlflow.log_params({k: v for k, v in flat.items() if v is not None})
+    return mlflow
+
+
+def _flatten(tree, prefix: str = "") -> dict:
+    out = {}
+    for k, v in tree.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def mlflow_tracking_uri(cfg) -> str:
+    """Where MLflow will log: logging.mlflow.tracking_uri, else $MLFLOW_TRACKING_URI, else MLflow's default."""
+    if cfg.logging.mlflow.tracking_uri:
+        return cfg.logging.mlflow.tracking_uri
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        return os.environ["MLFLOW_TRACKING_URI"]
+    import mlflow
+
+    return mlflow.get_tracking_uri()
+
+
+def refuse_mlflow_unusable(cfg) -> None:
+    """MLflow selected: refused before any rank starts when it is not installed, or when the tracking store it would
+    use cannot open here (rank 0 would die in mlflow.start_run after every rank had started).
+
+    MLflow 3 (mlflow-skinny 3.17 measured): the default store is sqlite:///mlflow.db, which needs SQLAlchemy (the
+    full `mlflow` package, not mlflow-skinny); the file store (file:/path, or a plain path) raises unless
+    MLFLOW_ALLOW_FILE_STORE=true. A tracking server (http(s)://, databricks) is not contacted here.
+    """
+    from urllib.parse import urlsplit
+
+    from launcher.config.errors import ConfigError
+
+    if not cfg.logging.mlflow.enabled:
+        return
+    try:
+        import mlflow  # noqa: F401
+    except ImportError:
+        raise ConfigError("logging.mlflow.enabled", True,
+                          "MLflow is not installed in this environment (it is an optional extra of the launcher)",
+                          "pip install 'launcher[mlflow]' (mlflow-skinny; or the full `mlflow`), or logging.mlflow.enabled=false") from None
+    uri = mlflow_tracking_uri(cfg)
+    scheme = urlsplit(uri).scheme if "://" in uri or uri.startswith("file:") else ""
+    source = "logging.mlflow.tracking_uri" if cfg.logging.mlflow.tracking_uri else \
+        ("MLFLOW_TRACKING_URI" if os.environ.get("MLFLOW_TRACKING_URI") else "MLflow's default")
+    if scheme.split("+")[0] in ("sqlite", "postgresql", "mysql", "mssql"):
+        try:
+            import sqlalchemy  # noqa: F401
+        except ImportError:
+            raise ConfigError("logging.mlflow.tracking_uri", uri, f"(from {source}) is a database store, which needs "
+                              "SQLAlchemy: the full `mlflow` package, not mlflow-skinny",
+                              "pip install mlflow, or log to a tracking server (logging.mlflow.tracking_uri=http://HOST:5000) "
+                              "or to a file store (logging.mlflow.tracking_uri=file:/path/mlruns with "
+                              "MLFLOW_ALLOW_FILE_STORE=true)") from None
+    elif scheme in ("", "file") and os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() not in ("true", "1"):
+        raise ConfigError("logging.mlflow.tracking_uri", uri, f"(from {source}) is MLflow's file store, which MLflow 3 "
+                          "refuses to open unless MLFLOW_ALLOW_FILE_STORE=true (it is in maintenance mode)",
+                          "export MLFLOW_ALLOW_FILE_STORE=true, or log to a tracking server or a database store "
+                          "(sqlite:///mlflow.db with the full mlflow package)")
+
+
+def refuse_unusable_trackers(cfg) -> None:
+    """The trackers' checks before any rank starts or any job is queued (W&B credentials, MLflow install and store)."""
+    refuse_wandb_without_login(cfg)
+    refuse_mlflow_unusable(cfg)
 
 
 WANDB_MODES = ("online", "offline", "disabled", "shared")  # wandb 0.31 Settings.mode (plus the legacy "dryrun")

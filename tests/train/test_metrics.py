@@ -4,7 +4,7 @@ A logs every step; B logs every 3rd (logging.log_every=3), evaluates every 5th a
 identically (batches are a pure function of seed and step), so A's per-step losses are B's too: the test
 averages them itself and holds B's interval means to that. B's console carries our lines only (no
 DeepSpeed chatter: it is in <run_dir>/deepspeed.log), and ends with the summary that summary.json and the
-last metrics record hold.
+last metrics record hold. B also logs to a real MLflow file store, which holds the same numbers.
 """
 
 import json
@@ -29,7 +29,9 @@ def two_runs(cache_dir, tmp_path_factory):
     a = launcher(["train", *base_overrides(cache_dir, STEPS), f"runs_dir={runs}", "run_name=a"])
     assert a.returncode == 0, a.stdout[-3000:] + a.stderr[-3000:]
     b = launcher(["train", *base_overrides(cache_dir, STEPS), f"runs_dir={runs}", "run_name=b", "logging.log_every=3",
-                  "train.eval_every=5", "checkpoint.save_every=4", "checkpoint.export_hf=true"])
+                  "train.eval_every=5", "checkpoint.save_every=4", "checkpoint.export_hf=true",
+                  "logging.mlflow.enabled=true", f"logging.mlflow.tracking_uri=file:{runs / 'mlruns'}"],
+                 MLFLOW_ALLOW_FILE_STORE="true")
     assert b.returncode == 0, b.stdout[-3000:] + b.stderr[-3000:]
     return runs / "a", runs / "b", b.stdout + b.stderr
 
@@ -93,3 +95,16 @@ def test_deepspeed_noise_goes_to_the_run_log_not_the_console(two_runs):
         assert noise not in out, noise
     log = (b / "deepspeed.log").read_text()
     assert "Processing zero checkpoint" in log and "[rank 1]" in log
+
+
+def test_mlflow_file_store_holds_the_records(two_runs):
+    from mlflow.tracking import MlflowClient
+
+    _, b, _ = two_runs
+    client = MlflowClient(f"file:{b.parent / 'mlruns'}")
+    run_id = (b / "mlflow_run_id").read_text().strip()
+    recs = records(b)
+    history = client.get_metric_history(run_id, "train/loss")
+    assert [(m.step, m.value) for m in history] == [(r["step"], pytest.approx(r["loss"])) for r in recs if r["kind"] == "train"]
+    assert [m.step for m in client.get_metric_history(run_id, "eval/val_loss")] == [5, 8]
+    assert client.get_run(run_id).data.params["logging.log_every"] == "3"
