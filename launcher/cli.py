@@ -377,7 +377,7 @@ def cmd_submit(args) -> int:
     for i, point in enumerate(points):
         if args.multirun:
             con.print(f"sweep point {i + 1}/{len(points)}: {' '.join(point)}", markup=False)
-        jobs.append(plan_job(compose(point), taken))  # writes nothing
+        jobs.append(plan_job(compose(point), taken))  # validates; writes nothing
     if not args.dry_run:
         from launcher.slurm import require_sbatch
 
@@ -402,12 +402,11 @@ class PlannedJob:
     layout: object
     paths: object
     script: str
+    new_dir: bool = False  # an unnamed run's new directory: made exclusively when submitted (claim_unnamed_run_dirs)
 
 
-def plan_job(cfg, taken: set, claim: Optional[set] = None) -> PlannedJob:
-    """Validate one job (layout, SLURM settings, resume) and render its script; writes nothing but, with a `claim`
-    set, the new (empty) directory of an unnamed run, made exclusively so that no other start gets the same name
-    (and added to the set).
+def plan_job(cfg, taken: set) -> PlannedJob:
+    """Validate one job (layout, SLURM settings, resume) and render its script; writes nothing.
 
     The job dir is the run dir (<runs_dir>/<run_name>): the frozen config.yaml and deepspeed.json, the
     rendered job.sbatch, the slurm-<jobid>.out log, then the checkpoints and metrics of the run. The job
@@ -420,17 +419,13 @@ def plan_job(cfg, taken: set, claim: Optional[set] = None) -> PlannedJob:
     layout = validate_before_start(cfg)
     check_cluster(cfg, layout)
     run_dir = choose_run_dir(cfg)
-    if cfg.run_name is None and not (run_dir / CONFIG_FILE).exists():
+    new_dir = cfg.run_name is None and not (run_dir / CONFIG_FILE).exists()
+    if new_dir:
         # A timestamped name has one-second resolution: sweep points submitted together get -2, -3, ...
         base, n = run_dir, 1
         while run_dir in taken or run_dir.exists():
             n += 1
             run_dir = base.with_name(f"{base.name}-{n}")
-        if claim is not None:
-            from launcher.runtime.runlock import claim_new_dir
-
-            run_dir = claim_new_dir(run_dir)
-            claim.add(run_dir)
     if run_dir in taken:
         raise ConfigError("run_name", run_dir.name, "two jobs of this submission would share one run directory",
                           "leave run_name null in a sweep (each point gets its own directory), or sweep run_name too")
@@ -441,16 +436,28 @@ def plan_job(cfg, taken: set, claim: Optional[set] = None) -> PlannedJob:
     # The job's rank 0 verifies again when it starts (the files may change while the job queues).
     verified_resume(cfg, run_dir, layout, warn=lambda m: _console(stderr=True).print(m, markup=False))
     paths = JobPaths(run_dir=run_dir, workdir=Path.cwd().resolve(), python=sys.executable)
-    return PlannedJob(cfg, layout, paths, render_script(job_values(cfg, layout, paths)))
+    return PlannedJob(cfg, layout, paths, render_script(job_values(cfg, layout, paths)), new_dir=new_dir)
 
 
 def claim_unnamed_run_dirs(jobs: list) -> list:
-    """Plan the unnamed points again, this time making each one's new directory exclusively (no other start can
-    get the same timestamped name); named runs keep their plan. On any failure the directories made here go."""
-    taken = {job.paths.run_dir for job in jobs if job.cfg.run_name is not None}
-    claimed: set = set()
+    """Make each unnamed job's new directory exclusively (another start may have taken the planned name since:
+    then it gets the next free -2, -3, ... and its script is rendered again for it); the jobs are not validated
+    again (plan_job did, and a new directory holds nothing to verify). On any failure the directories made here go."""
+    from launcher.runtime.runlock import claim_new_dir
+    from launcher.slurm import job_values, render_script
+
+    claimed: list = []
+    out = []
     try:
-        return [plan_job(job.cfg, taken, claim=claimed) if job.cfg.run_name is None else job for job in jobs]
+        for job in jobs:
+            if job.new_dir:
+                run_dir = claim_new_dir(job.paths.run_dir)
+                claimed.append(run_dir)
+                if run_dir != job.paths.run_dir:
+                    paths = replace(job.paths, run_dir=run_dir)
+                    job = replace(job, paths=paths, script=render_script(job_values(job.cfg, job.layout, paths)))
+            out.append(job)
+        return out
     except BaseException:
         for d in claimed:
             if d.is_dir() and not any(d.iterdir()):
