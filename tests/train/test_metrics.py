@@ -97,9 +97,10 @@ def test_deepspeed_noise_goes_to_the_run_log_not_the_console(two_runs):
     assert "Processing zero checkpoint" in log and "[rank 1]" in log
 
 
-def test_mlflow_file_store_holds_the_records(two_runs):
+def test_mlflow_file_store_holds_the_records(two_runs, monkeypatch):
     from mlflow.tracking import MlflowClient
 
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 opens a file store only with it, to read too
     _, b, _ = two_runs
     client = MlflowClient(f"file:{b.parent / 'mlruns'}")
     run_id = (b / "mlflow_run_id").read_text().strip()
