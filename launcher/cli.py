@@ -53,7 +53,7 @@ def cmd_show(args) -> int:
     from launcher.deepspeed_config import build_deepspeed_config
     from launcher.plan.report import plan_summary, render_plan
 
-    from launcher.runtime.launch import refuse_secrets_in_config
+    from launcher.config.secrets import refuse_secrets_in_config
 
     cfg, layout = _resolve(args.overrides)
     refuse_secrets_in_config(cfg)
@@ -158,7 +158,7 @@ def _frozen_with_overrides(path: str, overrides: Sequence[str]):
 
 
 def cmd_train(args) -> int:
-    from launcher.runtime.launch import in_distributed_launch
+    from launcher.runtime.distributed import in_distributed_launch
 
     if args.config:
         cfg = _frozen_with_overrides(args.config, args.overrides)
@@ -240,7 +240,7 @@ def maybe_own_run_dir_as_rank(cfg):
     """Under srun + torchrun (no `launcher train` parent holding the run dir), global rank 0 owns it while it runs:
     a second job or `launcher train` into the same run dir is refused. A requeued attempt of the same job takes
     its own lock over (launcher/runtime/runlock.py). Returns the lock, or None where the parent holds it."""
-    from launcher.runtime.launch import run_dir_of
+    from launcher.runtime.rundir import run_dir_of
     from launcher.runtime.runlock import LOCK_TOKEN_ENV, acquire
 
     if os.environ.get("RANK") != "0" or os.environ.get(LOCK_TOKEN_ENV):
@@ -257,7 +257,7 @@ def validate_before_start(cfg):
     """
     from launcher.config.layout import resolve_layout
     from launcher.plan.report import check_memory
-    from launcher.runtime.launch import refuse_secrets_in_config
+    from launcher.config.secrets import refuse_secrets_in_config
     from launcher.train import check_supported
 
     layout = resolve_layout(cfg)
@@ -291,7 +291,7 @@ def verified_resume(cfg, run_dir, layout, warn):
 def launch_training(cfg) -> int:
     """Validate everything, own the run dir, prepare the data, freeze the config into the run dir, start the local ranks."""
     from launcher.runtime.data import prepare_data
-    from launcher.runtime.launch import choose_run_dir
+    from launcher.runtime.rundir import choose_run_dir
     from launcher.runtime.preflight import refuse_missing_local_gpus
     from launcher.runtime.runlock import acquire, claim_new_dir, refuse_if_owned
 
@@ -333,7 +333,8 @@ def _train_in_run_dir(cfg, layout, run_dir, lock, con, prepared, resume_from) ->
     from launcher.deepspeed_config import build_deepspeed_config
     from launcher.runtime import checkpoint as ckpt
     from launcher.runtime.durable import write_atomic
-    from launcher.runtime.launch import freeze_config, start_local_ranks
+    from launcher.runtime.launch import start_local_ranks
+    from launcher.runtime.rundir import freeze_config
 
     con.print(f"data: {prepared.num_tokens:,} tokens ({prepared.source}), {prepared.train_samples:,} train / "
               f"{prepared.val_samples:,} val samples of {prepared.seq_length}", markup=False)
@@ -413,7 +414,7 @@ def plan_job(cfg, taken: set) -> PlannedJob:
     runs `launcher train --config <run dir>/config.yaml resume=auto`, so a requeued job continues there.
     """
     from launcher.protocol import CONFIG_FILE
-    from launcher.runtime.launch import choose_run_dir
+    from launcher.runtime.rundir import choose_run_dir
     from launcher.slurm import JobPaths, check_cluster, job_values, render_script
 
     layout = validate_before_start(cfg)
@@ -469,7 +470,7 @@ def submit_job(job: PlannedJob, con) -> str:
     """Prepare the data here on the login node (bad data fails before the queue), write the job dir, sbatch."""
     from launcher.deepspeed_config import build_deepspeed_config
     from launcher.runtime.data import prepare_data
-    from launcher.runtime.launch import freeze_config
+    from launcher.runtime.rundir import freeze_config
     from launcher.slurm import sbatch
 
     from launcher.runtime.durable import write_atomic
@@ -499,7 +500,7 @@ def print_cfg_or_info(args) -> int:
     """Hydra's `--cfg job` and `--info` (launcher/config/info.py): print, exit, start nothing."""
     from launcher.config.compose import compose
     from launcher.config.info import cfg_yaml, config_info
-    from launcher.runtime.launch import refuse_secrets_in_config
+    from launcher.config.secrets import refuse_secrets_in_config
 
     if args.info:
         if getattr(args, "multirun", False):

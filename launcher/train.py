@@ -5,7 +5,7 @@
     -> maybe resume -> for each step: train_step, metrics, maybe eval, maybe save,
        stop on preemption -> final save, loss plot, optional HF export
 
-Every rank reads the same frozen `<run_dir>/config.yaml` (launcher/runtime/launch.py
+Every rank reads the same frozen `<run_dir>/config.yaml` (launcher/runtime/rundir.py
 writes it once). Batches are a pure function of (seed, step, micro step, dp rank)
 (launcher/runtime/data.py), so the step number is the whole data position.
 """
@@ -26,22 +26,17 @@ from launcher.plan.rankmap import rank_coord
 from launcher.runtime import checkpoint as ckpt
 from launcher.runtime.data import TokenBatches, prepare_data
 from launcher.runtime.durable import write_atomic
-from launcher.runtime.launch import EXIT_NONFINITE, PREEMPTED_FILE, PreemptionFlag, init_distributed, run_dir_of
-from launcher.runtime.state_bytes import measure_model_state_bytes
-from launcher.runtime.metrics import (METRICS_FILE, STATE_BYTES_FILE, SUMMARY_FILE, IntervalLoss, MetricsSink, Throughput,
+from launcher.protocol import EXIT_NONFINITE, PREEMPTED_FILE
+from launcher.runtime.distributed import StepAgreement, init_distributed
+from launcher.runtime.preemption import PreemptionFlag
+from launcher.runtime.rundir import run_dir_of
+from launcher.runtime.state_bytes import MEASURE_STATE_AT_STEP, measure_model_state_bytes, record_state_bytes
+from launcher.runtime.metrics import (METRICS_FILE, SUMMARY_FILE, IntervalLoss, MetricsSink, Throughput,
                                       current_rss_bytes, divert_library_logs, format_summary, gather_peak_memory,
                                       peak_memory_bytes, plot_loss, truncate_metrics, write_summary)
 from launcher.runtime.model import build_model
-from launcher.runtime.nonfinite import UpdateVeto
+from launcher.runtime.nonfinite import UpdateVeto, nonfinite_action
 from launcher.runtime.optimizer import param_groups
-
-# train.nan_policy=skip drops single bad batches; this many skipped steps in a row means divergence: stop.
-MAX_CONSECUTIVE_SKIPS = 5
-
-# The step whose model-state bytes we record: by then the optimizer has allocated its state (at step 0)
-# and the gradients of this step exist (measured between backward and the optimizer step).
-MEASURE_STATE_AT_STEP = 1
-
 
 def check_supported(cfg, layout) -> None:
     """What this loop does not run yet, refused before any process starts."""
@@ -222,40 +217,6 @@ def evaluate(engine, batches: TokenBatches, num_batches: int, world: int, sp_ran
     return t.item() / world
 
 
-class StepAgreement:
-    """The loop's one collective per step: the mean loss over all ranks, and whether any rank was asked to stop.
-
-    `start(local mean loss)` begins an asynchronous all-reduce of (loss, preemption flag); `.wait()` on its
-    result gives (global mean loss, stop). train_step starts it right after the last forward and waits just
-    before the optimizer step, so the all-reduce runs during the backward instead of after it: blocking on
-    it there took ~1% of rank 0's wall time on 2 CPU ranks, mostly waiting for the other rank to finish its
-    backward (bench/train_overhead.py, rank-0 profile). Every rank reads the same sum, so all decide alike
-    (veto the update, stop for preemption). NaN and inf survive the sum.
-    """
-
-    def __init__(self, world: int, stop_requested):
-        self.world = world
-        self.stop_requested = stop_requested  # () -> bool: this rank got SIGUSR1/SIGTERM
-
-    def start(self, local_loss) -> "StepAgreement.Pending":
-        import torch
-        import torch.distributed as dist
-
-        local_loss = local_loss.detach().to(torch.float64).reshape(1)
-        flag = torch.ones_like(local_loss) if self.stop_requested() else torch.zeros_like(local_loss)
-        values = torch.cat([local_loss, flag])
-        return self.Pending(dist.all_reduce(values, async_op=True), values, self.world)
-
-    class Pending:
-        def __init__(self, work, values, world: int):
-            self.work, self.values, self.world = work, values, world
-
-        def wait(self) -> tuple[float, bool]:
-            self.work.wait()
-            loss_sum, stops = self.values.tolist()
-            return loss_sum / self.world, stops > 0
-
-
 def build_progress(enabled: bool, total: int, start: int):
     from rich.console import Console
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
@@ -405,7 +366,7 @@ def run(cfg) -> int:
             tokens_seen += layout.tokens_per_step
 
             if state_bytes is not None:
-                _record_state_bytes(cfg, layout, run_dir, rank, state_bytes)
+                record_state_bytes(cfg, layout, run_dir, rank, state_bytes)
             grad_norm = engine.get_global_grad_norm()
             grad_norm = float(grad_norm) if grad_norm is not None else None
             loss_finite = math.isfinite(loss)
@@ -505,83 +466,14 @@ def run(cfg) -> int:
     return 0
 
 
-def nonfinite_action(cfg, step: int, loss_finite: bool, grad_norm, skipped: bool, overflow: bool,
-                     skipped_steps: list[int], ckpt_root: Path) -> tuple[str | None, str]:
-    """What a step with a non-finite loss or gradient norm means (launcher/runtime/nonfinite.py), and its log line.
-
-    `applied`: the engine applied the update before the loss was known (pipeline): the weights may hold NaN,
-    nothing is saved, the run exits. `stop`: the update was vetoed and train.nan_policy=stop (or too many
-    steps in a row were skipped): save the untouched weights, exit. `skip`: vetoed, go on. None: a finite step
-    (an fp16 overflow skip is the loss scaler's ordinary business, counted apart).
-    """
-    bad = not loss_finite or (grad_norm is not None and not math.isfinite(grad_norm) and not overflow)
-    if bad and not skipped:
-        return "applied", (f"non-finite {'loss' if not loss_finite else 'gradient norm'} at step {step}, and the update was "
-                           f"applied (it happens inside the engine's step here): the weights may be poisoned, nothing is saved; "
-                           f"exiting with status {EXIT_NONFINITE}. The last checkpoint is {ckpt.read_latest(ckpt_root)}")
-    if not skipped or overflow:
-        return None, ""
-    what = "loss" if not loss_finite else "gradients"
-    consecutive = _trailing_run(skipped_steps)
-    if cfg.train.nan_policy == "stop" or consecutive >= MAX_CONSECUTIVE_SKIPS:
-        why = ("train.nan_policy=stop" if cfg.train.nan_policy == "stop"
-               else f"{consecutive} consecutive steps skipped: the model diverged, not one bad batch")
-        return "stop", (f"non-finite {what} at step {step} ({why}): the update was not applied; saved {ckpt.tag_for(step)} "
-                        f"with the weights of step {step - 1} as latest; exiting with status {EXIT_NONFINITE}. resume=auto "
-                        f"continues after this batch; resume=<run_dir>/checkpoints/step_N from an earlier one")
-    return "skip", (f"non-finite {what} at step {step}: update skipped (train.nan_policy=skip); "
-                    f"{len(skipped_steps)} step(s) skipped in this run (across resumes): {skipped_steps[-10:]}")
-
-
-def _trailing_run(steps: list[int]) -> int:
-    """How many of the last entries of a sorted step list are consecutive (5, 7, 8, 9 -> 3)."""
-    n = 0
-    while n < len(steps) and steps[-1 - n] == steps[-1] - n:
-        n += 1
-    return n
-
-
 def maybe_freeze_into_run_dir(cfg, run_dir: Path, ds_config: dict, prepared) -> None:
     """Create the run dir and its frozen files when no `launcher train` parent did (srun + torchrun)."""
     import json
 
-    from launcher.runtime.launch import CONFIG_FILE, freeze_config
+    from launcher.protocol import CONFIG_FILE
+    from launcher.runtime.rundir import freeze_config
 
     if not (run_dir / CONFIG_FILE).exists():
         freeze_config(cfg, run_dir, ds_config)
     if not (run_dir / "data.json").exists():
         write_atomic(run_dir / "data.json", json.dumps(prepared.as_dict(), indent=2))
-
-
-def _record_state_bytes(cfg, layout, run_dir: Path, rank: int, state_bytes: dict) -> None:
-    """Gather every rank's measured model-state bytes; rank 0 writes them beside the planner's prediction.
-
-    The prediction (launcher.plan.memory.predict_model_state_bytes) is exact for data-parallel layouts
-    without offload; for others it says why it is not given. Every run so checks the memory model.
-    """
-    import json
-
-    import deepspeed.comm as dist
-
-    from launcher.plan.memory import predict_model_state_bytes
-
-    gathered = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, state_bytes)
-    if rank != 0:
-        return
-    try:
-        predicted = [predict_model_state_bytes(cfg, layout, dp_rank=r) for r in range(len(gathered))]
-        note = None
-    except ValueError as exc:
-        predicted, note = None, f"no exact prediction for this layout: {exc}"
-    keys = ("params", "grads", "optimizer")
-    matches = None if predicted is None else all(
-        all(m[k] == p[k] for k in keys) for m, p in zip(gathered, predicted))
-    write_atomic(run_dir / STATE_BYTES_FILE, json.dumps({
-        "per_rank": gathered,
-        "predicted_per_rank": predicted,
-        "prediction_matches": matches,
-        "prediction_note": note,
-        "note": "bytes of parameters, gradients and optimizer state held by each rank, measured between backward "
-                "and the optimizer step (launcher.runtime.state_bytes.measure_model_state_bytes); the prediction is "
-                "launcher.plan.memory.predict_model_state_bytes"}, indent=2))

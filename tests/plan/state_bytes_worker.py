@@ -80,8 +80,8 @@ def run_case(overrides: list) -> dict:
 def main():
     out_dir = Path(sys.argv[1])
     cases = json.loads(Path(sys.argv[2]).read_text())
-    # Nothing may JIT-compile on CPU ranks (see launcher.runtime.launch.avoid_shm_comm_build).
-    from launcher.runtime.launch import avoid_shm_comm_build
+    # Nothing may JIT-compile on CPU ranks (see launcher.runtime.distributed.avoid_shm_comm_build).
+    from launcher.runtime.distributed import avoid_shm_comm_build
 
     avoid_shm_comm_build("cpu")
     deepspeed.init_distributed("gloo", auto_mpi_discovery=False)
