@@ -22,7 +22,7 @@ from launcher.config.compose import compose
 from launcher.config.layout import resolve_layout
 from launcher.deepspeed_config import build_deepspeed_config
 from launcher.runtime.data import prepare_data
-from launcher.runtime.launch import avoid_shm_comm_build
+from launcher.runtime.distributed import avoid_shm_comm_build
 from launcher.runtime.model import build_model
 
 from bench_common import exit_without_teardown

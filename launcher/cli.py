@@ -11,8 +11,8 @@
     launcher submit [overrides] [--dry-run]     validate, write the job dir, sbatch (or print the script)
     launcher submit -m [sweep overrides]        one job per point of a Hydra sweep (a=1,2 b=x,y: 4 jobs)
     launcher export CKPT OUT              a checkpoint -> a transformers directory
-    launcher plan|show|train|submit [overrides] --cfg job [-p KEY] | --info   Hydra's flags: the composed
-                                          YAML / the search path, chosen options and groups; nothing else runs
+    launcher plan|show|train|submit [overrides] --cfg job|hydra|all [-p KEY] | --info   Hydra's flags: the
+                                          composed YAML / the search path, chosen options and groups; nothing else runs
 
 Bad input exits with status 2 and a message naming the key, the value, the
 rule and a fix; the Python traceback only with --debug (or LAUNCHER_DEBUG=1).
@@ -25,11 +25,11 @@ import contextlib
 import json
 import os
 import sys
-from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Optional, Sequence
 
 from launcher.config.errors import ConfigError
+# The submit flow and the checks before a start live next to slurm.py (launcher/submit.py).
+from launcher.submit import sweep_points, validate_before_start, verified_resume
 
 EXIT_CONFIG_ERROR = 2
 
@@ -53,7 +53,7 @@ def cmd_show(args) -> int:
     from launcher.deepspeed_config import build_deepspeed_config
     from launcher.plan.report import plan_summary, render_plan
 
-    from launcher.runtime.launch import refuse_secrets_in_config
+    from launcher.config.secrets import refuse_secrets_in_config
 
     cfg, layout = _resolve(args.overrides)
     refuse_secrets_in_config(cfg)
@@ -158,7 +158,7 @@ def _frozen_with_overrides(path: str, overrides: Sequence[str]):
 
 
 def cmd_train(args) -> int:
-    from launcher.runtime.launch import in_distributed_launch
+    from launcher.runtime.distributed import in_distributed_launch
 
     if args.config:
         cfg = _frozen_with_overrides(args.config, args.overrides)
@@ -240,7 +240,7 @@ def maybe_own_run_dir_as_rank(cfg):
     """Under srun + torchrun (no `launcher train` parent holding the run dir), global rank 0 owns it while it runs:
     a second job or `launcher train` into the same run dir is refused. A requeued attempt of the same job takes
     its own lock over (launcher/runtime/runlock.py). Returns the lock, or None where the parent holds it."""
-    from launcher.runtime.launch import run_dir_of
+    from launcher.runtime.rundir import run_dir_of
     from launcher.runtime.runlock import LOCK_TOKEN_ENV, acquire
 
     if os.environ.get("RANK") != "0" or os.environ.get(LOCK_TOKEN_ENV):
@@ -248,45 +248,10 @@ def maybe_own_run_dir_as_rank(cfg):
     return acquire(run_dir_of(cfg), "train").start_heartbeat()
 
 
-def validate_before_start(cfg):
-    """The checks `launcher train` and `launcher submit` share, before any rank starts or any job is queued.
-
-    The layout rules (resolve_layout), what the loop does not run yet, credentials in config values, and
-    model states that cannot fit the GPU; returns the Layout with the planner's memory warning, if any,
-    added to its warnings.
-    """
-    from launcher.config.layout import resolve_layout
-    from launcher.plan.report import check_memory
-    from launcher.runtime.launch import refuse_secrets_in_config
-    from launcher.config.supported import check_supported
-
-    layout = resolve_layout(cfg)
-    check_supported(cfg, layout)
-    refuse_secrets_in_config(cfg)  # config.yaml, checkpoints, job scripts and logs all carry config values
-    from launcher.runtime.inputs import check_writable_dir
-
-    check_writable_dir("runs_dir", cfg.runs_dir)  # the cache dir is checked by prepare_data, which uses it
-    memory_warning = check_memory(cfg, layout)  # refuses model states that cannot fit; warns on activations
-    return replace(layout, warnings=(*layout.warnings, memory_warning)) if memory_warning else layout
-
-
-def verified_resume(cfg, run_dir, layout, warn):
-    """(checkpoint to resume from or None, its launcher_state or None), verified against its manifest
-    (resume=auto falls back to the newest intact one) and checked against this config's model and layout."""
-    from launcher.runtime import checkpoint as ckpt
-
-    resume_from = ckpt.checkpoint_to_resume(cfg, run_dir, warn=warn)
-    if resume_from is None:
-        return None, None
-    saved = ckpt.load_state(resume_from)
-    ckpt.check_resume_compatible(saved, cfg, layout, resume_from)
-    return resume_from, saved
-
-
 def launch_training(cfg) -> int:
     """Validate everything, own the run dir, prepare the data, freeze the config into the run dir, start the local ranks."""
     from launcher.runtime.data import prepare_data
-    from launcher.runtime.launch import choose_run_dir
+    from launcher.runtime.rundir import choose_run_dir
     from launcher.runtime.preflight import refuse_missing_local_gpus
     from launcher.runtime.runlock import acquire, claim_new_dir, refuse_if_owned
 
@@ -295,9 +260,6 @@ def launch_training(cfg) -> int:
         raise ConfigError("cluster.nodes", cfg.cluster.nodes, "`launcher train` starts ranks on this machine only",
                           "submit multi-node runs with `launcher submit` (SLURM), or set cluster.nodes=1")
     refuse_missing_local_gpus(cfg, layout)
-    from launcher.runtime.metrics import refuse_wandb_without_login
-
-    refuse_wandb_without_login(cfg)  # online W&B without credentials: rank 0 would die after every rank started
     con = _console()
     from rich.markup import escape
 
@@ -331,7 +293,8 @@ def _train_in_run_dir(cfg, layout, run_dir, lock, con, prepared, resume_from) ->
     from launcher.deepspeed_config import build_deepspeed_config
     from launcher.runtime import checkpoint as ckpt
     from launcher.runtime.durable import write_atomic
-    from launcher.runtime.launch import freeze_config, start_local_ranks
+    from launcher.runtime.launch import start_local_ranks
+    from launcher.runtime.rundir import freeze_config
 
     con.print(f"data: {prepared.num_tokens:,} tokens ({prepared.source}), {prepared.train_samples:,} train / "
               f"{prepared.val_samples:,} val samples of {prepared.seq_length}", markup=False)
@@ -345,28 +308,10 @@ def _train_in_run_dir(cfg, layout, run_dir, lock, con, prepared, resume_from) ->
                              extra_env={ckpt.VERIFIED_ENV: str(resume_from)}, lock_token=lock.token)
 
 
-def sweep_points(overrides: Sequence[str]) -> list[list[str]]:
-    """Hydra multirun: `a=1,2 b=x,y` -> the 4 override lists, in Hydra's order.
-
-    Hydra's own override grammar and BasicSweeper expansion (what `python app.py -m` runs), so quoting,
-    ranges and choice() mean here what they mean in Hydra. BasicSweeper is in hydra._internal; its
-    split_arguments is a static method with no launcher state (hydra-core 1.3, pinned in pyproject.toml).
-    """
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    from launcher.config.compose import _translate
-
-    try:
-        parsed = OverridesParser.create().parse_overrides(list(overrides))
-        (points,) = BasicSweeper.split_arguments(parsed, max_batch_size=None)
-    except Exception as exc:
-        raise _translate(exc) from exc
-    return points
-
-
 def cmd_submit(args) -> int:
     from launcher.config.compose import compose
+
+    from launcher.submit import claim_unnamed_run_dirs, plan_job, submit_job
 
     points = sweep_points(args.overrides) if args.multirun else [list(args.overrides)]
     con = _console(stderr=args.dry_run)  # --dry-run: only the script on stdout
@@ -375,7 +320,7 @@ def cmd_submit(args) -> int:
     for i, point in enumerate(points):
         if args.multirun:
             con.print(f"sweep point {i + 1}/{len(points)}: {' '.join(point)}", markup=False)
-        jobs.append(plan_job(compose(point), taken))  # writes nothing
+        jobs.append(plan_job(compose(point), taken))  # validates; writes nothing
     if not args.dry_run:
         from launcher.slurm import require_sbatch
 
@@ -394,103 +339,11 @@ def cmd_submit(args) -> int:
     return 0
 
 
-@dataclass
-class PlannedJob:
-    cfg: object
-    layout: object
-    paths: object
-    script: str
-
-
-def plan_job(cfg, taken: set, claim: Optional[set] = None) -> PlannedJob:
-    """Validate one job (layout, SLURM settings, resume) and render its script; writes nothing but, with a `claim`
-    set, the new (empty) directory of an unnamed run, made exclusively so that no other start gets the same name
-    (and added to the set).
-
-    The job dir is the run dir (<runs_dir>/<run_name>): the frozen config.yaml and deepspeed.json, the
-    rendered job.sbatch, the slurm-<jobid>.out log, then the checkpoints and metrics of the run. The job
-    runs `launcher train --config <run dir>/config.yaml resume=auto`, so a requeued job continues there.
-    """
-    from launcher.protocol import CONFIG_FILE
-    from launcher.runtime.launch import choose_run_dir
-    from launcher.slurm import JobPaths, check_cluster, job_values, render_script
-
-    layout = validate_before_start(cfg)
-    check_cluster(cfg, layout)
-    run_dir = choose_run_dir(cfg)
-    if cfg.run_name is None and not (run_dir / CONFIG_FILE).exists():
-        # A timestamped name has one-second resolution: sweep points submitted together get -2, -3, ...
-        base, n = run_dir, 1
-        while run_dir in taken or run_dir.exists():
-            n += 1
-            run_dir = base.with_name(f"{base.name}-{n}")
-        if claim is not None:
-            from launcher.runtime.runlock import claim_new_dir
-
-            run_dir = claim_new_dir(run_dir)
-            claim.add(run_dir)
-    if run_dir in taken:
-        raise ConfigError("run_name", run_dir.name, "two jobs of this submission would share one run directory",
-                          "leave run_name null in a sweep (each point gets its own directory), or sweep run_name too")
-    taken.add(run_dir)
-    from launcher.runtime.runlock import refuse_if_owned
-
-    refuse_if_owned(run_dir)  # a queued or running job (or `launcher train`) owns it: refused before any job is queued
-    # The job's rank 0 verifies again when it starts (the files may change while the job queues).
-    verified_resume(cfg, run_dir, layout, warn=lambda m: _console(stderr=True).print(m, markup=False))
-    paths = JobPaths(run_dir=run_dir, workdir=Path.cwd().resolve(), python=sys.executable)
-    return PlannedJob(cfg, layout, paths, render_script(job_values(cfg, layout, paths)))
-
-
-def claim_unnamed_run_dirs(jobs: list) -> list:
-    """Plan the unnamed points again, this time making each one's new directory exclusively (no other start can
-    get the same timestamped name); named runs keep their plan. On any failure the directories made here go."""
-    taken = {job.paths.run_dir for job in jobs if job.cfg.run_name is not None}
-    claimed: set = set()
-    try:
-        return [plan_job(job.cfg, taken, claim=claimed) if job.cfg.run_name is None else job for job in jobs]
-    except BaseException:
-        for d in claimed:
-            if d.is_dir() and not any(d.iterdir()):
-                d.rmdir()
-        raise
-
-
-def submit_job(job: PlannedJob, con) -> str:
-    """Prepare the data here on the login node (bad data fails before the queue), write the job dir, sbatch."""
-    from launcher.deepspeed_config import build_deepspeed_config
-    from launcher.runtime.data import prepare_data
-    from launcher.runtime.launch import freeze_config
-    from launcher.slurm import sbatch
-
-    from launcher.runtime.durable import write_atomic
-    from launcher.runtime.runlock import acquire
-
-    # The run dir is the job's from here on: a second submit or `launcher train` into it is refused while the
-    # job is queued or runs; the job's rank 0 takes the lock over (same SLURM job id).
-    lock = acquire(job.paths.run_dir, "submit")
-    try:
-        prepared = prepare_data(job.cfg, job.layout, progress=False, console=con)
-        freeze_config(job.cfg, job.paths.run_dir, build_deepspeed_config(job.cfg, job.layout))
-        write_atomic(job.paths.run_dir / "data.json", json.dumps(prepared.as_dict(), indent=2))
-        write_atomic(job.paths.script, job.script)
-        job.paths.script.chmod(0o755)
-        job_id = sbatch(job.paths.script)
-    except BaseException:
-        lock.release()
-        raise
-    lock.update(job_id=str(job_id))
-    lock.keep()
-    con.print(f"submitted job {job_id}: {job.layout.nodes} nodes x {job.layout.gpus_per_node} ranks, "
-              f"run dir {job.paths.run_dir}, log {job.paths.log_for(job_id)}", markup=False)
-    return job_id
-
-
 def print_cfg_or_info(args) -> int:
     """Hydra's `--cfg job` and `--info` (launcher/config/info.py): print, exit, start nothing."""
     from launcher.config.compose import compose
-    from launcher.config.info import config_info, config_yaml
-    from launcher.runtime.launch import refuse_secrets_in_config
+    from launcher.config.info import cfg_yaml, config_info
+    from launcher.config.secrets import refuse_secrets_in_config
 
     if args.info:
         if getattr(args, "multirun", False):
@@ -498,13 +351,16 @@ def print_cfg_or_info(args) -> int:
                               "drop -m; `--cfg job -m ...` prints the config of every sweep point")
         sys.stdout.write(config_info(args.overrides))
         return 0
+    if args.cfg != "job" and getattr(args, "config", None):
+        raise ConfigError("--cfg", args.cfg, f"--config {args.config} is a frozen config: no Hydra composition made it",
+                          "use --cfg job to print it (with the overrides applied)")
     points = sweep_points(args.overrides) if getattr(args, "multirun", False) else [list(args.overrides)]
     for point in points:
         cfg = _frozen_with_overrides(args.config, point) if getattr(args, "config", None) else compose(point)
         refuse_secrets_in_config(cfg)
         if len(points) > 1:
             sys.stdout.write(f"# sweep point: {' '.join(point)}\n")
-        sys.stdout.write(config_yaml(cfg, args.package))
+        sys.stdout.write(cfg_yaml(args.cfg, cfg, point, args.package))
         if len(points) > 1 and point is not points[-1]:
             sys.stdout.write("---\n")  # one YAML document per point
     return 0
@@ -528,8 +384,10 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("overrides", nargs="*", help="Hydra overrides: recipe=NAME, model=NAME, key=value ...")
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
         # Hydra's own flags, same names and meanings (launcher/config/info.py).
-        p.add_argument("-c", "--cfg", choices=["job"], help="print the composed config as YAML and exit (Hydra's --cfg job)")
-        p.add_argument("-p", "--package", metavar="KEY", help="with --cfg job: print only this key (e.g. parallel)")
+        p.add_argument("-c", "--cfg", choices=["job", "hydra", "all"],
+                       help="print the composed config (job), Hydra's config of the composition (hydra) or both (all) "
+                            "as YAML and exit (Hydra's --cfg)")
+        p.add_argument("-p", "--package", metavar="KEY", help="with --cfg: print only this key (e.g. parallel)")
         p.add_argument("-i", "--info", action="store_true",
                        help="print the config search path ($LAUNCHER_CONF_PATH included), the chosen options and every group's options")
         p.set_defaults(func=func)
@@ -572,7 +430,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if hasattr(args, "overrides"):
         args.overrides = list(args.overrides) + extra
     if getattr(args, "package", None) and not args.cfg:
-        parser.error("--package/-p goes with --cfg job")
+        parser.error("--package/-p goes with --cfg job|hydra|all")
     debug = args.debug or os.environ.get("LAUNCHER_DEBUG") == "1"
     try:
         if getattr(args, "cfg", None) or getattr(args, "info", False):

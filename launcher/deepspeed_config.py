@@ -103,21 +103,37 @@ def _zero(cfg, layout: Layout) -> dict:
     return zero
 
 
-def _optimizer(cfg) -> dict:
+def _optimizer(cfg, layout: Layout) -> dict:
+    """AdamW. weight_decay here is the decayed group's; norm weights and biases get 0 through their own parameter
+    group (launcher/runtime/optimizer.py), which DeepSpeed keeps over this value."""
     o = cfg.optimizer
-    return {
-        "type": "AdamW",
-        "params": {
-            "lr": o.lr,
-            "betas": [o.beta1, o.beta2],
-            "eps": o.eps,
-            "weight_decay": o.weight_decay,
-            # torch's AdamW instead of FusedAdam / DeepSpeedCPUAdam, which JIT-compile a C++
-            # extension on first use (~73 s and ~133 s on a 2-core machine).
-            "torch_adam": o.torch_adam,
-            "adam_w_mode": True,
-        },
+    params = {
+        "lr": o.lr,
+        "betas": [o.beta1, o.beta2],
+        "eps": o.eps,
+        "weight_decay": o.weight_decay,
+        # torch's AdamW instead of FusedAdam / DeepSpeedCPUAdam, which JIT-compile a C++
+        # extension on first use (~73 s and ~133 s on a 2-core machine).
+        "torch_adam": o.torch_adam,
+        "adam_w_mode": True,
     }
+    if o.torch_adam and optimizer_fused(cfg, layout):
+        # DeepSpeed passes the remaining params to torch.optim.AdamW (runtime/engine.py, _configure_basic_optimizer):
+        # fused=True is torch's single-kernel CUDA AdamW; without it torch picks the foreach implementation.
+        params["fused"] = True
+    return {"type": "AdamW", "params": params}
+
+
+def optimizer_fused(cfg, layout: Layout) -> bool:
+    """optimizer.fused, or by default: on GPU ranks whose optimizer step runs on the GPU (not ZeRO-Offload's CPU step).
+
+    torch's fused (single-kernel) CUDA AdamW over its default foreach one: torchtitan made it its default after
+    measuring 1.6-3.6% faster steps on Llama 3 8B across FSDP, TP, CP and PP (pytorch/torchtitan#881). On CPU ranks
+    we keep torch's default (foreach), which every CPU test here runs.
+    """
+    if cfg.optimizer.fused is not None:
+        return bool(cfg.optimizer.fused)
+    return layout.device == "cuda" and not cfg.parallel.offload_optimizer
 
 
 def _scheduler(cfg) -> dict:
@@ -160,7 +176,7 @@ def build_deepspeed_config(cfg, layout: Layout) -> dict:
         "steps_per_print": STEPS_PER_PRINT,
         "wall_clock_breakdown": False,
         "zero_optimization": _zero(cfg, layout),
-        "optimizer": _optimizer(cfg),
+        "optimizer": _optimizer(cfg, layout),
         "scheduler": _scheduler(cfg),
     }
     ds.update(_precision(cfg, layout))

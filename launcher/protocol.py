@@ -1,7 +1,7 @@
 """Names shared by the launchers (`launcher train`, the sbatch script) and the loop; no imports, no torch.
 
 The SLURM rendering (launcher/slurm.py) sits before the runtime in the import order, yet its script must
-name the same run-dir files and torchrun flags as launcher/runtime/launch.py: both read them from here.
+name the same run-dir files and torchrun flags as launcher/runtime/launch.py and rundir.py: both read them from here.
 """
 
 CONFIG_FILE = "config.yaml"
@@ -27,7 +27,7 @@ def remember_early_preemption() -> None:
 
     SLURM may send the --signal "up to 60 seconds earlier than specified" (sbatch(1), --signal), i.e. while a
     rank still imports torch and DeepSpeed (seconds); Python's default for SIGUSR1 is to exit, which loses the
-    checkpoint and the requeue. launcher.runtime.launch.PreemptionFlag takes over the record.
+    checkpoint and the requeue. launcher.runtime.preemption.PreemptionFlag takes over the record.
     """
     import signal
 
@@ -36,3 +36,7 @@ def remember_early_preemption() -> None:
 
     for name in PREEMPT_SIGNALS:
         signal.signal(getattr(signal, name), record)
+
+
+# A rank's exit status after stopping on a non-finite loss (launcher/train.py; launcher/runtime/launch.py reports it).
+EXIT_NONFINITE = 3

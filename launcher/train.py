@@ -5,7 +5,7 @@
     -> maybe resume -> for each step: train_step, metrics, maybe eval, maybe save,
        stop on preemption -> final save, loss plot, optional HF export
 
-Every rank reads the same frozen `<run_dir>/config.yaml` (launcher/runtime/launch.py
+Every rank reads the same frozen `<run_dir>/config.yaml` (launcher/runtime/rundir.py
 writes it once). Batches are a pure function of (seed, step, micro step, dp rank)
 (launcher/runtime/data.py), so the step number is the whole data position.
 """
@@ -27,20 +27,17 @@ from launcher.plan.rankmap import rank_coord
 from launcher.runtime import checkpoint as ckpt
 from launcher.runtime.data import TokenBatches, prepare_data
 from launcher.runtime.durable import write_atomic
-from launcher.runtime.launch import EXIT_NONFINITE, PREEMPTED_FILE, PreemptionFlag, init_distributed, run_dir_of
-from launcher.runtime.state_bytes import measure_model_state_bytes
-from launcher.runtime.metrics import (STATE_BYTES_FILE, MetricsSink, Throughput, current_rss_bytes,
-                                      peak_memory_bytes, plot_loss, truncate_metrics)
+from launcher.protocol import EXIT_NONFINITE, PREEMPTED_FILE
+from launcher.runtime.distributed import StepAgreement, init_distributed
+from launcher.runtime.preemption import PreemptionFlag
+from launcher.runtime.rundir import run_dir_of
+from launcher.runtime.state_bytes import MEASURE_STATE_AT_STEP, measure_model_state_bytes, record_state_bytes
+from launcher.runtime.metrics import (METRICS_FILE, SUMMARY_FILE, IntervalLoss, MetricsSink, Throughput,
+                                      current_rss_bytes, divert_library_logs, format_summary, gather_peak_memory,
+                                      peak_memory_bytes, plot_loss, truncate_metrics, write_summary)
 from launcher.runtime.model import build_model
-from launcher.runtime.nonfinite import UpdateVeto
-
-# train.nan_policy=skip drops single bad batches; this many skipped steps in a row means divergence: stop.
-MAX_CONSECUTIVE_SKIPS = 5
-
-# The step whose model-state bytes we record: by then the optimizer has allocated its state (at step 0)
-# and the gradients of this step exist (measured between backward and the optimizer step).
-MEASURE_STATE_AT_STEP = 1
-
+from launcher.runtime.nonfinite import UpdateVeto, nonfinite_action
+from launcher.runtime.optimizer import param_groups
 
 def build_engine(cfg, layout, ds_config: dict):
     """The model (fixed-seed init, identical on every rank) wrapped by deepspeed.initialize.
@@ -77,7 +74,9 @@ def build_engine(cfg, layout, ds_config: dict):
     else:
         model = build_model(cfg.model, seed=cfg.train.seed, vocab_size=layout.padded_vocab_size)
         maybe_apply_activation_checkpointing(cfg, model)
-    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config, mpu=mpu)
+    # No weight decay on norm weights and biases (launcher/runtime/optimizer.py: Megatron's rule).
+    groups = param_groups(model, cfg.optimizer.weight_decay)
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=groups, config=ds_config, mpu=mpu)
     start_lr_schedule(engine)
     return engine
 
@@ -195,40 +194,6 @@ def evaluate(engine, batches: TokenBatches, num_batches: int, world: int, sp_ran
     return t.item() / world
 
 
-class StepAgreement:
-    """The loop's one collective per step: the mean loss over all ranks, and whether any rank was asked to stop.
-
-    `start(local mean loss)` begins an asynchronous all-reduce of (loss, preemption flag); `.wait()` on its
-    result gives (global mean loss, stop). train_step starts it right after the last forward and waits just
-    before the optimizer step, so the all-reduce runs during the backward instead of after it: blocking on
-    it there took ~1% of rank 0's wall time on 2 CPU ranks, mostly waiting for the other rank to finish its
-    backward (bench/train_overhead.py, rank-0 profile). Every rank reads the same sum, so all decide alike
-    (veto the update, stop for preemption). NaN and inf survive the sum.
-    """
-
-    def __init__(self, world: int, stop_requested):
-        self.world = world
-        self.stop_requested = stop_requested  # () -> bool: this rank got SIGUSR1/SIGTERM
-
-    def start(self, local_loss) -> "StepAgreement.Pending":
-        import torch
-        import torch.distributed as dist
-
-        local_loss = local_loss.detach().to(torch.float64).reshape(1)
-        flag = torch.ones_like(local_loss) if self.stop_requested() else torch.zeros_like(local_loss)
-        values = torch.cat([local_loss, flag])
-        return self.Pending(dist.all_reduce(values, async_op=True), values, self.world)
-
-    class Pending:
-        def __init__(self, work, values, world: int):
-            self.work, self.values, self.world = work, values, world
-
-        def wait(self) -> tuple[float, bool]:
-            self.work.wait()
-            loss_sum, stops = self.values.tolist()
-            return loss_sum / self.world, stops > 0
-
-
 def build_progress(enabled: bool, total: int, start: int):
     from rich.console import Console
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
@@ -247,10 +212,13 @@ def format_line(rec: dict) -> str:
     mfu = "MFU n/a" if rec["mfu"] is None else f"MFU {rec['mfu']:.1%}"
     gn = "n/a" if rec["grad_norm"] is None else f"{rec['grad_norm']:.3f}"
     skipped = "  SKIPPED (no update)" if rec.get("skipped") else ""
-    return (f"step {rec['step']:>6}  loss {rec['loss']:.4f}  lr {rec['lr']:.2e}  gnorm {gn}  "
+    n = rec["loss_interval_steps"]
+    mean_of = f" (mean of {n} steps)" if n > 1 else ""
+    return (f"step {rec['step']:>6}  loss {rec['loss']:.4f}{mean_of}  lr {rec['lr']:.2e}  gnorm {gn}  "
             f"{rec['tokens_per_s']:,.0f} tok/s ({rec['tokens_per_s_per_rank']:,.0f}/rank)  "
             f"{rec['tflops_per_rank'] * 1e3:.2f} GFLOP/s/rank  {mfu}  step {rec['step_time_s'] * 1e3:.0f} ms  "
-            f"data {rec['data_wait_s'] * 1e3:.1f} ms  mem {rec['peak_memory_bytes'] / 2**20:,.0f} MiB{skipped}")
+            f"data {rec['data_wait_s'] * 1e3:.1f} ms  peak mem {max(rec['peak_memory_bytes_per_rank']) / 2**20:,.0f} MiB "
+            f"(largest rank){skipped}")
 
 
 def run(cfg) -> int:
@@ -260,10 +228,15 @@ def run(cfg) -> int:
     # 0. The preemption handlers first: under SLURM, SIGUSR1/SIGTERM may come while the ranks are still starting
     #    (data, process group, engine); Python's default for SIGUSR1 is to die, losing the requeue.
     preempt = PreemptionFlag()
+    started = time.perf_counter()  # the summary's wall time: start-up (data, engine, resume) included
 
     # 1. Every derived number, and the DeepSpeed JSON from its one generator.
     layout = resolve_layout(cfg)
     check_supported(cfg, layout)
+    if layout.device == "cpu":
+        # Named, DeepSpeed picks its CPU accelerator without the warning its auto-detection prints on every rank
+        # (deepspeed/accelerator/real_accelerator.py; it reads this before `import deepspeed` below finishes).
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
     ds_config = build_deepspeed_config(cfg, layout)
     run_dir = run_dir_of(cfg)
     ckpt_root = run_dir / "checkpoints"
@@ -291,6 +264,7 @@ def run(cfg) -> int:
     if is_main:
         maybe_freeze_into_run_dir(cfg, run_dir, ds_config, prepared)
     torch.distributed.barrier()
+    library_log = divert_library_logs(run_dir, rank)  # DeepSpeed's INFO lines to the run dir, not the console
     if is_main:
         ckpt.clear_resume_handoff(run_dir)  # every rank read it before joining the group
     # The ranks of one tensor-parallel group (and of one pipeline) read the same samples: index by DP rank.
@@ -335,8 +309,15 @@ def run(cfg) -> int:
         # Each rank's resident memory at every checkpoint: a leak across saves shows as a rising series.
         rss = [None] * world
         dist.all_gather_object(rss, current_rss_bytes())
-        sink.log({"kind": "checkpoint", "step": step, "bytes": info["bytes"], "save_s": info["save_s"],
+        sink.log({"kind": "checkpoint", "step": step, "tokens_seen": tokens_seen, "bytes": info["bytes"], "save_s": info["save_s"],
                   "hash_s": info["hash_s"], "rss_bytes_per_rank": rss})
+
+    def run_eval(step: int) -> tuple[int, float]:
+        val_loss = evaluate(engine, batches, cfg.train.eval_batches, world, **sp_args)
+        sink.log({"kind": "eval", "step": step, "tokens_seen": tokens_seen, "val_loss": val_loss,
+                  "val_perplexity": math.exp(min(val_loss, 50))})
+        say(f"eval  step {step:>6}  val loss {val_loss:.4f}  perplexity {math.exp(min(val_loss, 50)):.2f}")
+        return step, val_loss
 
     # 7. The loop.
     step = start_step
@@ -346,6 +327,9 @@ def run(cfg) -> int:
     overflow_steps = 0
     veto = UpdateVeto(engine)
     agree = StepAgreement(world, stop_requested=lambda: preempt.raised)
+    interval = IntervalLoss()
+    logged_loss, last_eval = (None, 0), None  # (interval mean, its steps) of the last record; (step, val loss)
+    loop_started, tokens_at_start = time.perf_counter(), tokens_seen
     with progress:
         while step < steps:
             lr = engine.get_lr()[0]  # the rate this step's optimizer update uses
@@ -359,7 +343,7 @@ def run(cfg) -> int:
             tokens_seen += layout.tokens_per_step
 
             if state_bytes is not None:
-                _record_state_bytes(cfg, layout, run_dir, rank, state_bytes)
+                record_state_bytes(cfg, layout, run_dir, rank, state_bytes)
             grad_norm = engine.get_global_grad_norm()
             grad_norm = float(grad_norm) if grad_norm is not None else None
             loss_finite = math.isfinite(loss)
@@ -367,11 +351,17 @@ def run(cfg) -> int:
             if skipped and not overflow:
                 skipped_steps.append(step)
             overflow_steps += overflow
-            rec = {"kind": "train", "step": step, "time": time.time(), "loss": loss, "lr": lr, "grad_norm": grad_norm,
-                   "tokens_seen": tokens_seen, "step_time_s": step_time, "data_wait_s": data_wait,
-                   "peak_memory_bytes": peak_memory_bytes(layout.device), "skipped": skipped,
-                   "skipped_steps": len(skipped_steps), "overflow_steps": overflow_steps, **throughput(step_time)}
+            interval.add(loss)
+            # Every rank takes the same branch (the loss and the skip are agreed): the memory gather is a collective.
             if step % cfg.logging.log_every == 0 or step == steps or step == start_step + 1 or skipped or not loss_finite:
+                logged_loss = interval.take()
+                rec = {"kind": "train", "step": step, "time": time.time(), "loss": logged_loss[0],
+                       "loss_interval_steps": logged_loss[1], "step_loss": loss, "lr": lr, "grad_norm": grad_norm,
+                       "tokens_seen": tokens_seen, "step_time_s": step_time, "data_wait_s": data_wait,
+                       "peak_memory_bytes": peak_memory_bytes(layout.device),
+                       "peak_memory_bytes_per_rank": gather_peak_memory(layout.device, engine.device),
+                       "skipped": skipped, "skipped_steps": len(skipped_steps), "overflow_steps": overflow_steps,
+                       **throughput(step_time)}
                 sink.log(rec)
                 say(format_line(rec), markup=False)
             if show_progress:
@@ -387,14 +377,33 @@ def run(cfg) -> int:
             if action == "skip":
                 say(message, markup=False)
             if cfg.train.eval_every and step % cfg.train.eval_every == 0:
-                val_loss = evaluate(engine, batches, cfg.train.eval_batches, world, **sp_args)
-                sink.log({"kind": "eval", "step": step, "val_loss": val_loss, "val_perplexity": math.exp(min(val_loss, 50))})
-                say(f"eval  step {step:>6}  val loss {val_loss:.4f}  perplexity {math.exp(min(val_loss, 50)):.2f}")
+                last_eval = run_eval(step)
             if stop:
                 stopped_by = preempt.signal_name or "a signal on another rank"
                 break
             if cfg.checkpoint.save_every and step % cfg.checkpoint.save_every == 0 and step < steps:
                 save(step)
+
+    train_time = time.perf_counter() - loop_started
+    # A last evaluation at the end of training when the last step was not one (as Megatron's pretrain does,
+    # "the end of training for val data"): the summary's val loss is the final model's.
+    if stopped_by is None and cfg.train.eval_every and step > start_step and (last_eval is None or last_eval[0] != step):
+        last_eval = run_eval(step)
+
+    def report_summary(status: str, export) -> None:
+        """The end-of-run record (metrics.jsonl, summary.json) and its lines on the console; rank 0."""
+        tokens_run = tokens_seen - tokens_at_start
+        summary = {"kind": "summary", "status": status, "step": step, "tokens_seen": tokens_seen,
+                   "final_train_loss": logged_loss[0], "final_train_loss_steps": logged_loss[1],
+                   "final_val_loss": last_eval[1] if last_eval else None, "final_val_step": last_eval[0] if last_eval else None,
+                   "wall_time_s": time.perf_counter() - started, "train_time_s": train_time, "tokens_this_run": tokens_run,
+                   "tokens_per_s": tokens_run / train_time if tokens_run and train_time > 0 else None,
+                   "run_dir": str(run_dir), "checkpoint": str(ckpt_root / ckpt.tag_for(step)), "export": export,
+                   "metrics": str(run_dir / METRICS_FILE), "summary": str(run_dir / SUMMARY_FILE),
+                   "library_log": str(library_log)}
+        sink.log(summary)
+        write_summary(run_dir, summary)
+        say(format_summary(summary), markup=False)
 
     if skipped_steps or overflow_steps:
         say(f"skipped updates: {len(skipped_steps)} non-finite step(s) in this run {skipped_steps[-10:]}, "
@@ -410,6 +419,8 @@ def run(cfg) -> int:
         # (non-zero after a forwarded signal) ends the step on every node, rank 0's included.
         torch.distributed.barrier()
         say(f"preempted ({stopped_by}) at step {step}: checkpoint saved, exiting for requeue")
+        if is_main:
+            report_summary("preempted", None)
         sink.close()
         return 0
     # The artifacts need no other rank: they exit now instead of idling in a collective with a timeout.
@@ -417,92 +428,29 @@ def run(cfg) -> int:
         (run_dir / PREEMPTED_FILE).unlink(missing_ok=True)
         plot = plot_loss(run_dir)
         say(f"loss curve {plot}")
+        out = None
         if cfg.checkpoint.export_hf:
+            import contextlib
+
             from launcher.export import export_checkpoint
 
-            out = export_checkpoint(ckpt_root / ckpt.tag_for(step), run_dir / "hf")
-            say(f"transformers export {out}")
+            # zero_to_fp32 print()s its progress ("Processing zero checkpoint ...") and transformers shows a progress
+            # bar loading the export back: into DeepSpeed's log file.
+            with open(library_log, "a") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+                out = str(export_checkpoint(ckpt_root / ckpt.tag_for(step), run_dir / "hf"))
+        report_summary("completed", out)
     sink.close()
     return 0
-
-
-def nonfinite_action(cfg, step: int, loss_finite: bool, grad_norm, skipped: bool, overflow: bool,
-                     skipped_steps: list[int], ckpt_root: Path) -> tuple[str | None, str]:
-    """What a step with a non-finite loss or gradient norm means (launcher/runtime/nonfinite.py), and its log line.
-
-    `applied`: the engine applied the update before the loss was known (pipeline): the weights may hold NaN,
-    nothing is saved, the run exits. `stop`: the update was vetoed and train.nan_policy=stop (or too many
-    steps in a row were skipped): save the untouched weights, exit. `skip`: vetoed, go on. None: a finite step
-    (an fp16 overflow skip is the loss scaler's ordinary business, counted apart).
-    """
-    bad = not loss_finite or (grad_norm is not None and not math.isfinite(grad_norm) and not overflow)
-    if bad and not skipped:
-        return "applied", (f"non-finite {'loss' if not loss_finite else 'gradient norm'} at step {step}, and the update was "
-                           f"applied (it happens inside the engine's step here): the weights may be poisoned, nothing is saved; "
-                           f"exiting with status {EXIT_NONFINITE}. The last checkpoint is {ckpt.read_latest(ckpt_root)}")
-    if not skipped or overflow:
-        return None, ""
-    what = "loss" if not loss_finite else "gradients"
-    consecutive = _trailing_run(skipped_steps)
-    if cfg.train.nan_policy == "stop" or consecutive >= MAX_CONSECUTIVE_SKIPS:
-        why = ("train.nan_policy=stop" if cfg.train.nan_policy == "stop"
-               else f"{consecutive} consecutive steps skipped: the model diverged, not one bad batch")
-        return "stop", (f"non-finite {what} at step {step} ({why}): the update was not applied; saved {ckpt.tag_for(step)} "
-                        f"with the weights of step {step - 1} as latest; exiting with status {EXIT_NONFINITE}. resume=auto "
-                        f"continues after this batch; resume=<run_dir>/checkpoints/step_N from an earlier one")
-    return "skip", (f"non-finite {what} at step {step}: update skipped (train.nan_policy=skip); "
-                    f"{len(skipped_steps)} step(s) skipped in this run (across resumes): {skipped_steps[-10:]}")
-
-
-def _trailing_run(steps: list[int]) -> int:
-    """How many of the last entries of a sorted step list are consecutive (5, 7, 8, 9 -> 3)."""
-    n = 0
-    while n < len(steps) and steps[-1 - n] == steps[-1] - n:
-        n += 1
-    return n
 
 
 def maybe_freeze_into_run_dir(cfg, run_dir: Path, ds_config: dict, prepared) -> None:
     """Create the run dir and its frozen files when no `launcher train` parent did (srun + torchrun)."""
     import json
 
-    from launcher.runtime.launch import CONFIG_FILE, freeze_config
+    from launcher.protocol import CONFIG_FILE
+    from launcher.runtime.rundir import freeze_config
 
     if not (run_dir / CONFIG_FILE).exists():
         freeze_config(cfg, run_dir, ds_config)
     if not (run_dir / "data.json").exists():
         write_atomic(run_dir / "data.json", json.dumps(prepared.as_dict(), indent=2))
-
-
-def _record_state_bytes(cfg, layout, run_dir: Path, rank: int, state_bytes: dict) -> None:
-    """Gather every rank's measured model-state bytes; rank 0 writes them beside the planner's prediction.
-
-    The prediction (launcher.plan.memory.predict_model_state_bytes) is exact for data-parallel layouts
-    without offload; for others it says why it is not given. Every run so checks the memory model.
-    """
-    import json
-
-    import deepspeed.comm as dist
-
-    from launcher.plan.memory import predict_model_state_bytes
-
-    gathered = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, state_bytes)
-    if rank != 0:
-        return
-    try:
-        predicted = [predict_model_state_bytes(cfg, layout, dp_rank=r) for r in range(len(gathered))]
-        note = None
-    except ValueError as exc:
-        predicted, note = None, f"no exact prediction for this layout: {exc}"
-    keys = ("params", "grads", "optimizer")
-    matches = None if predicted is None else all(
-        all(m[k] == p[k] for k in keys) for m, p in zip(gathered, predicted))
-    write_atomic(run_dir / STATE_BYTES_FILE, json.dumps({
-        "per_rank": gathered,
-        "predicted_per_rank": predicted,
-        "prediction_matches": matches,
-        "prediction_note": note,
-        "note": "bytes of parameters, gradients and optimizer state held by each rank, measured between backward "
-                "and the optimizer step (launcher.runtime.state_bytes.measure_model_state_bytes); the prediction is "
-                "launcher.plan.memory.predict_model_state_bytes"}, indent=2))

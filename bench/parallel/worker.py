@@ -19,7 +19,7 @@ def main() -> None:
     from launcher.config.compose import compose
     from launcher.config.layout import resolve_layout
     from launcher.deepspeed_config import build_deepspeed_config
-    from launcher.runtime.launch import avoid_shm_comm_build
+    from launcher.runtime.distributed import avoid_shm_comm_build
     from launcher.plan.rankmap import rank_coord
     from launcher.runtime.model import build_model
 

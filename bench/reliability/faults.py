@@ -24,9 +24,7 @@ Needs root for mount(8) (tmpfs); without it the disk-full segment is skipped and
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import re
 import shutil
 import signal
@@ -38,6 +36,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import soak  # noqa: E402  (the shared helpers: config, reference run, records, weights)
 
+from bench.bench_common import add_work_dir_args, emit, machine, work_dirs  # noqa: E402
 from launcher.runtime.checkpoint import read_latest, tag_for  # noqa: E402
 
 REPO = soak.REPO
@@ -218,18 +217,12 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=2000)
     ap.add_argument("--save-every", type=int, default=100)
-    ap.add_argument("--runs", default=None, help="work dir (default: a temp dir)")
-    ap.add_argument("--cache", default=None, help="data cache dir (default: <runs>/cache)")
+    add_work_dir_args(ap)
     ap.add_argument("--reference", default=None, help="reuse this finished reference run dir (same config)")
-    ap.add_argument("--out", default=None, help="write the result JSON here")
     a = ap.parse_args()
-    import tempfile
-
     import torch
 
-    runs = Path(a.runs or tempfile.mkdtemp(prefix="faults-"))
-    runs.mkdir(parents=True, exist_ok=True)
-    cache = Path(a.cache) if a.cache else runs / "cache"
+    runs, cache = work_dirs(a, "faults-")
     t0 = time.time()
     ref_dir = Path(a.reference) if a.reference else runs / "reference"
     ref_wall = None if a.reference else soak.run_reference(cache, runs, a.steps, a.save_every)["wall_s"]
@@ -241,7 +234,7 @@ def main() -> int:
     l_f = {r["step"]: r["loss"] for r in soak.records(runs / "faults", "train")}
     common = set(l_ref) & set(l_f)
     result = {
-        "machine": f"{platform.node()}: {os.cpu_count()} cores, no GPU, {platform.platform()}, torch {torch.__version__}",
+        "machine": machine(),
         "command": "python bench/reliability/faults.py " + " ".join(sys.argv[1:]),
         "steps": a.steps, "save_every": a.save_every,
         "disk_full": "tmpfs mounted over the run dir (mount -t tmpfs -o size=...)" if disk_full
@@ -258,10 +251,7 @@ def main() -> int:
         "faults_steps_logged_once_each": [r["step"] for r in soak.records(runs / "faults", "train")] == list(range(1, a.steps + 1)),
         "runs": str(runs),
     }
-    text = json.dumps(result, indent=2)
-    print(text)
-    if a.out:
-        Path(a.out).write_text(text + "\n")
+    emit(result, a.out)
     return 0
 
 

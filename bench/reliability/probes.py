@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import subprocess
 import sys
 import tempfile
@@ -26,6 +25,8 @@ from pathlib import Path
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+from bench.bench_common import emit  # noqa: E402
 FAULT_TESTS = ["tests/train/test_rundir.py", "tests/train/test_integrity.py", "tests/train/test_failures.py",
                "tests/unit/test_rundir_files.py"]
 
@@ -50,7 +51,7 @@ def pytest_run(paths: list[str], xml: Path) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=None)
+    ap.add_argument("--out", default=None, help="write the result JSON here")
     a = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="probes-"))
     catalogue = yaml.safe_load((REPO / "tests/config/bad_configs.yaml").read_text())
@@ -77,10 +78,7 @@ def main() -> int:
                         "by_file": {f: {"count": sum(c.values()), **c} for f, c in by_file.items()},
                         "cases": faults["cases"]},
     }
-    text = json.dumps(result, indent=2)
-    print(text)
-    if a.out:
-        Path(a.out).write_text(text + "\n")
+    emit(result, a.out)
     return 0
 
 

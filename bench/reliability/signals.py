@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import signal
 import statistics
 import sys
@@ -30,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import faults  # noqa: E402
 import soak  # noqa: E402
 
+from bench.bench_common import add_work_dir_args, emit, machine, work_dirs  # noqa: E402
 from launcher.protocol import PREEMPTED_FILE  # noqa: E402
 
 
@@ -86,17 +86,9 @@ def summary(rows: list[dict], key: str) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--runs", default=None, help="work dir (default: a temp dir)")
-    ap.add_argument("--cache", default=None, help="data cache dir (default: <runs>/cache)")
-    ap.add_argument("--out", default=None, help="write the result JSON here")
+    add_work_dir_args(ap)
     a = ap.parse_args()
-    import tempfile
-
-    import torch
-
-    runs = Path(a.runs or tempfile.mkdtemp(prefix="signals-"))
-    runs.mkdir(parents=True, exist_ok=True)
-    cache = Path(a.cache) if a.cache else runs / "cache"
+    runs, cache = work_dirs(a, "signals-")
     t0 = time.time()
     cases = {}
     for sig in ("SIGHUP", "SIGTERM"):
@@ -113,12 +105,10 @@ def main() -> int:
                 "runs": rows}
             print(sig, target, json.dumps({k: v for k, v in cases[f'{sig} to {target}'].items() if k != 'runs'}), flush=True)
     result = {
-        "machine": f"{platform.node()}: {os.cpu_count()} cores, no GPU, {platform.platform()}, torch {torch.__version__}",
+        "machine": machine(),
         "command": "python bench/reliability/signals.py " + " ".join(sys.argv[1:]),
         "repeats": a.repeats, "total_wall_s": round(time.time() - t0, 1), "cases": cases, "runs": str(runs)}
-    text = json.dumps(result, indent=2)
-    if a.out:
-        Path(a.out).write_text(text + "\n")
+    emit(result, a.out, echo=False)  # the per-case lines above are the console's
     return 0
 
 

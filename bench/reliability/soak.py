@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import signal
 import subprocess
 import sys
@@ -31,6 +30,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 PYTHON = sys.executable
 
+from bench.bench_common import add_work_dir_args, emit, machine, work_dirs  # noqa: E402
 from launcher.runtime.launch import proc_state, read_rank_records  # noqa: E402  (after the path)
 MODEL = ["model.hidden_size=32", "model.num_hidden_layers=2", "model.num_attention_heads=2", "model.num_key_value_heads=2",
          "model.intermediate_size=64", "model.vocab_size=320", "model.max_position_embeddings=64"]
@@ -174,17 +174,11 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=2000)
     ap.add_argument("--save-every", type=int, default=100)
     ap.add_argument("--kill-every", type=int, default=500)
-    ap.add_argument("--runs", default=None, help="work dir (default: a temp dir)")
-    ap.add_argument("--cache", default=None, help="data cache dir (default: <runs>/cache)")
-    ap.add_argument("--out", default=None, help="write the result JSON here")
+    add_work_dir_args(ap)
     a = ap.parse_args()
-    import tempfile
-
     import torch
 
-    runs = Path(a.runs or tempfile.mkdtemp(prefix="soak-"))
-    runs.mkdir(parents=True, exist_ok=True)
-    cache = Path(a.cache) if a.cache else runs / "cache"
+    runs, cache = work_dirs(a, "soak-")
     t0 = time.time()
     ref = run_reference(cache, runs, a.steps, a.save_every)
     soak = run_soak(cache, runs, a.steps, a.save_every, a.kill_every)
@@ -194,7 +188,7 @@ def main() -> int:
     l_ref = {r["step"]: r["loss"] for r in records(runs / "reference", "train")}
     l_soak = {r["step"]: r["loss"] for r in records(runs / "soak", "train")}
     result = {
-        "machine": f"{platform.node()}: {os.cpu_count()} cores, no GPU, {platform.platform()}, torch {torch.__version__}",
+        "machine": machine(),
         "command": "python bench/reliability/soak.py " + " ".join(sys.argv[1:]),
         "steps": a.steps, "save_every": a.save_every, "kill_every": a.kill_every,
         "reference_wall_s": round(ref["wall_s"], 1), "soak_wall_s": round(soak["wall_s"], 1),
@@ -209,10 +203,7 @@ def main() -> int:
         "memory_soak": memory_trend(runs / "soak"),
         "runs": str(runs),
     }
-    text = json.dumps(result, indent=2)
-    print(text)
-    if a.out:
-        Path(a.out).write_text(text + "\n")
+    emit(result, a.out)
     return 0
 
 

@@ -1,9 +1,14 @@
-"""`--info` and `--cfg job`: what a Hydra user asks before running (`python app.py --info`, `--cfg job`).
+"""`--info` and `--cfg job|hydra|all`: what a Hydra user asks before running (`python app.py --info`, `--cfg job`).
 
 `launcher` composes its configs with Hydra but is not a Hydra app (it has subcommands and its own errors), so
 Hydra's flags are re-created on plan, show, train and submit with the same names and meanings:
 - `--cfg job` (`-c job`) prints the composed config as YAML and exits: no layout check, nothing started, so it
   also shows a config that `plan` would refuse. `--package/-p KEY` prints only that key (Hydra's `-p`).
+- `--cfg hydra` prints the part of Hydra's own config that describes this composition (hydra.overrides,
+  hydra.runtime: version, config sources, the chosen option of every group; hydra.searchpath), and `--cfg all`
+  the job config with it under `hydra:`, as Hydra does. What configures a Hydra *app* (hydra.run/sweep dirs,
+  logging, help, launcher, sweeper) is left out: `launcher` is not one, and printing `hydra.run.dir:
+  outputs/...` would name a directory nothing writes (the run directory is runs_dir/run_name).
 - `--info` prints the config search path (built-in, then $LAUNCHER_CONF_PATH), the option each group ended
   with after the recipe and the overrides, and every group's options with the directory each comes from.
 """
@@ -18,7 +23,40 @@ from launcher.config.compose import CONF_PATH_ENV, compose_choices, conf_dir, us
 from launcher.config.errors import ConfigError
 
 
-def config_yaml(cfg, package: str | None = None) -> str:
+# The keys of Hydra's config (hydra-core 1.3 HydraConf) that say how this config was composed.
+HYDRA_KEYS_SHOWN = ("overrides", "runtime", "searchpath")
+HYDRA_HEADER = ("# hydra: Hydra's config of this composition. Left out: hydra.run/sweep/launcher/sweeper/"
+                "logging/help, which configure a Hydra app; `launcher` is not one (the run directory is "
+                "runs_dir/run_name).\n")
+
+
+def hydra_node(overrides: Sequence[str]):
+    """The shown keys of Hydra's own config for `overrides` (the command line's task overrides, the chosen option
+    of every group, the config sources), unresolved as Hydra prints it; `runtime.output_dir` (never set: no Hydra
+    run) is dropped."""
+    from launcher.config.compose import _hydra_compose
+
+    full = _hydra_compose(overrides, "config", return_hydra_config=True)
+    node = OmegaConf.to_container(OmegaConf.masked_copy(full.hydra, list(HYDRA_KEYS_SHOWN)), resolve=False)
+    node["runtime"].pop("output_dir", None)
+    node["runtime"].pop("cwd", None)  # where the command ran, not part of the composition
+    return node
+
+
+def cfg_yaml(which: str, cfg, overrides: Sequence[str], package: str | None = None) -> str:
+    """`--cfg job|hydra|all`: the composed config, Hydra's config of the composition, or both in one document."""
+    if which == "job":
+        return config_yaml(cfg, package)
+    hydra = hydra_node(overrides)
+    if which == "hydra":
+        doc = OmegaConf.create({"hydra": hydra})
+    else:  # all: the job config resolved (as --cfg job shows it), Hydra's as Hydra prints it
+        doc = OmegaConf.create({**OmegaConf.to_container(cfg, resolve=True), "hydra": hydra})
+    text = config_yaml(doc, package, resolve=False)
+    return text if package else HYDRA_HEADER + text
+
+
+def config_yaml(cfg, package: str | None = None, resolve: bool = True) -> str:
     """The composed config (or its `package` key) as YAML, interpolations resolved."""
     if package:
         node = OmegaConf.select(cfg, package, default=None)
@@ -28,8 +66,8 @@ def config_yaml(cfg, package: str | None = None) -> str:
                               "(or a dotted key below one, e.g. parallel.zero_stage)")
         if not OmegaConf.is_config(node):
             return f"{node}\n"
-        return OmegaConf.to_yaml(node, resolve=True)
-    return OmegaConf.to_yaml(cfg, resolve=True)
+        return OmegaConf.to_yaml(node, resolve=resolve)
+    return OmegaConf.to_yaml(cfg, resolve=resolve)
 
 
 def config_info(overrides: Sequence[str]) -> str:

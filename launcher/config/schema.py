@@ -137,6 +137,9 @@ class OptimizerConfig:
     """Clip the global gradient norm to this; always emitted because DeepSpeed defaults it to 1.0. Range: >= 0, finite (0 = no clipping)."""
     torch_adam: bool = True
     """Use torch's AdamW instead of DeepSpeed's fused/CPU Adam, which JIT-compile C++ ops (1-2 min each) on first use."""
+    fused: Optional[bool] = None
+    """With torch_adam: torch's fused (single-kernel) AdamW; null = fused on GPU ranks without offload_optimizer,
+    torch's default (foreach) elsewhere. Norm weights and biases never get weight decay (docs/optimizer.md)."""
 
 
 @dataclass
@@ -208,6 +211,18 @@ class WandbConfig:
 
 
 @dataclass
+class MlflowConfig:
+    enabled: bool = False
+    """Log to MLflow (the optional extra: pip install 'launcher[mlflow]'; refused before start when not installed)."""
+    tracking_uri: Optional[str] = None
+    """null = $MLFLOW_TRACKING_URI, else MLflow's default (sqlite:///mlflow.db in the working directory, which needs
+    the full `mlflow` package). A file store (file:/path) needs MLFLOW_ALLOW_FILE_STORE=true (MLflow 3). Credentials
+    come from MLFLOW_TRACKING_TOKEN / _USERNAME / _PASSWORD in the environment, never from the config."""
+    experiment: Optional[str] = None
+    """MLflow experiment; null = $MLFLOW_EXPERIMENT_NAME, else MLflow's "Default"."""
+
+
+@dataclass
 class LoggingConfig:
     log_every: int = 1
     """Print and record metrics every N optimizer steps. Range: >= 1."""
@@ -217,6 +232,8 @@ class LoggingConfig:
     """Also write TensorBoard event files into the run directory."""
     wandb: WandbConfig = field(default_factory=WandbConfig)
     """Weights & Biases settings."""
+    mlflow: MlflowConfig = field(default_factory=MlflowConfig)
+    """MLflow settings."""
 
 
 @dataclass

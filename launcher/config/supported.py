@@ -1,6 +1,6 @@
 """What `launcher train` does not run yet, as pure rules on the resolved layout (no torch).
 
-`launcher train` / `submit` (cli.validate_before_start) and `launcher plan --search` (plan/search.py) call
+`launcher train` / `submit` (submit.validate_before_start) and `launcher plan --search` (plan/search.py) call
 the same function, so the search never proposes a layout that train refuses. It lives here, not in
 launcher/train.py, because the planner must not import the runtime (torch, deepspeed).
 """

@@ -51,7 +51,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from launcher.plan.inputs import Hardware, ModelShape, Strategy
-from launcher.plan.params import param_numels
+from launcher.plan.params import param_group_numels
 from launcher.plan.stages import PIPELINE_ARCHS, stage_blocks, stage_param_counts
 
 FRAMEWORK_OVERHEAD_BYTES = 2e9
@@ -278,7 +278,10 @@ def predict_model_state_bytes(cfg, layout, dp_rank: int = 0) -> dict:
     Measured point: after backward at the accumulation boundary, before optimizer step 2 or later (Adam's
     moments exist). At that point ZeRO 1, like ZeRO 2, holds only its gradient partition; during backward and
     between the micro-batches of an accumulation ZeRO 0/1 hold the full gradients, which is the peak that
-    model_state_bytes (the ZeRO paper's figure) charges. Covers one parameter group (our engine passes model.parameters()), no TP/PP/SP, no offload.
+    model_state_bytes (the ZeRO paper's figure) charges. Covers no TP/PP/SP, no offload.
+    Our engine passes two parameter groups (decayed tensors, then norm weights and biases: params.param_group_numels);
+    ZeRO 1/2 and the BF16_Optimizer flatten, align and partition each group on its own, and keep one Adam step per
+    group: the ZeRO 1/2 and bf16 terms below are summed over the groups (N, a, p of each group).
     N = sum of tensor sizes, T = number of tensors, D = DP degree, w = bytes of the training dtype,
     a = ceil(N / 2D) x 2D (flat-buffer alignment), p = a / D, p_i = ceil(n_i / D) per tensor (ZeRO 3).
 
@@ -314,19 +317,21 @@ def predict_model_state_bytes(cfg, layout, dp_rank: int = 0) -> dict:
         raise ValueError("the exact ledger covers data parallelism only (tensor/pipeline/sequence degree 1)")
     if cfg.parallel.offload_optimizer or cfg.parallel.offload_param:
         raise ValueError("the exact ledger does not cover CPU offload")
-    numels = param_numels(cfg.model, layout.padded_vocab_size)
+    groups = param_group_numels(cfg.model, layout.padded_vocab_size)
+    numels = [x for g in groups for x in g]
     n, t, d, stage = sum(numels), len(numels), layout.data_degree, layout.zero_stage
     w = DTYPE_BYTES[layout.dtype]
     w_acc = DTYPE_BYTES[cfg.precision.grad_accum_dtype or layout.dtype]
     adam = 8   # fp32 exp_avg + exp_avg_sq per element
     master = 4
     align = NCCL_START_ALIGNMENT_FACTOR * d
-    aligned = -(-n // align) * align
-    part = aligned // d
+    aligned_g = [-(-sum(g) // align) * align for g in groups]  # each group's flat buffer
+    aligned, part = sum(aligned_g), sum(a // d for a in aligned_g)
+    steps = ADAM_STEP_BYTES * len(groups)  # one flat fp32 partition, hence one Adam step, per group
     buffers = 0
     if uses_bf16_optimizer(layout.dtype, stage, cfg.precision.grad_accum_dtype == "fp32", layout.pipeline_degree):
         params, grads = w * aligned, w_acc * aligned + w * n
-        optimizer = (master + adam) * part + ADAM_STEP_BYTES
+        optimizer = (master + adam) * part + steps
     elif stage == 0:
         if w_acc != w:
             raise ValueError("DeepSpeed 0.19.8 refuses a grad_accum_dtype other than the model dtype without ZeRO")
@@ -335,15 +340,17 @@ def predict_model_state_bytes(cfg, layout, dp_rank: int = 0) -> dict:
     elif stage in (1, 2):
         if w_acc != w:
             raise ValueError("the exact ledger does not cover ZeRO 2 with a separate gradient accumulation dtype")
-        whole, pad = zero12_gradient_elements(numels, d, dp_rank)
-        params, grads = w * aligned, w_acc * (whole + pad)
-        optimizer = (master + adam) * part + ADAM_STEP_BYTES
+        whole_pad = [zero12_gradient_elements(g, d, dp_rank) for g in groups]
+        params, grads = w * aligned, w_acc * sum(whole + pad for whole, pad in whole_pad)
+        optimizer = (master + adam) * part + steps
     else:
-        parts = [zero3_partition_numel(x, d) for x in numels]
+        parts_g = [[zero3_partition_numel(x, d) for x in g] for g in groups]
+        parts = [p for g in parts_g for p in g]
         persistent = sum(d * p for x, p in zip(numels, parts) if x <= PARAM_PERSISTENCE_THRESHOLD)
         params = w * (sum(parts) + persistent)
         grads = w_acc * sum(parts)
-        optimizer = (master + adam) * sum(parts) + ADAM_STEP_BYTES * zero3_sub_groups(parts)
+        # stage3.py _create_fp16_sub_groups runs per parameter group.
+        optimizer = (master + adam) * sum(parts) + ADAM_STEP_BYTES * sum(zero3_sub_groups(g) for g in parts_g)
         buffers = REDUCE_BUCKET_ELEMENTS * w
     return {"params": params, "grads": grads, "optimizer": optimizer, "buffers": buffers,
             "total": params + grads + optimizer}

@@ -105,3 +105,29 @@ def param_numels(model_cfg, vocab_size: int | None = None) -> tuple[int, ...]:
         layer = (h, h, 3 * h * h, 3 * h, h * h, h, h, h, 4 * h * h, 4 * h, 4 * h * h, h)
         return (v * h, h, h) + layer * m.num_hidden_layers + (h, h) + head
     raise ValueError(f"unknown model.arch {m.arch!r}")
+
+
+def param_decays(model_cfg) -> tuple[bool, ...]:
+    """Per tensor, in param_numels' order: whether it gets weight decay (a matrix or embedding: yes; a norm
+    weight or a bias: no; launcher/runtime/optimizer.py's rule, which tests/unit/test_optimizer.py holds to the
+    built models). The optimizer's two parameter groups are the True tensors, then the False ones."""
+    m = model_cfg
+    head = () if m.tie_word_embeddings else (True,)
+    if m.arch == "llama":
+        layer = (True,) * 7 + (False, False)  # q k v o gate up down; the two RMSNorm weights
+        return (True,) + layer * m.num_hidden_layers + (False,) + head
+    # GPT-2 and BLOOM blocks: (ln w, ln b, qkv w, qkv b, proj w, proj b, ln w, ln b, fc w, fc b, proj w, proj b)
+    layer = (False, False, True, False, True, False, False, False, True, False, True, False)
+    if m.arch == "gpt":
+        return (True, True) + layer * m.num_hidden_layers + (False, False) + head
+    if m.arch == "bloom":
+        return (True, False, False) + layer * m.num_hidden_layers + (False, False) + head
+    raise ValueError(f"unknown model.arch {m.arch!r}")
+
+
+def param_group_numels(model_cfg, vocab_size: int | None = None) -> list[tuple[int, ...]]:
+    """The element counts of the optimizer's parameter groups (decayed, then not decayed), each in model order;
+    an empty group is left out, as launcher.runtime.optimizer.param_groups leaves it out."""
+    numels, decays = param_numels(model_cfg, vocab_size), param_decays(model_cfg)
+    groups = [tuple(n for n, d in zip(numels, decays) if d), tuple(n for n, d in zip(numels, decays) if not d)]
+    return [g for g in groups if g]

@@ -9,7 +9,7 @@ sequence length (so the tokens per step), precision, cluster and model. The conf
 micro batch are only a starting point: they need not be a valid layout themselves.
 
 Validity is decided by the rules `launcher train` and `submit` apply before any rank starts
-(cli.validate_before_start): `resolve_layout` (config/layout.py), `check_supported` (config/supported.py) and
+(submit.validate_before_start): `resolve_layout` (config/layout.py), `check_supported` (config/supported.py) and
 the host-memory check (plan/report.py), run on a plain copy of the config with the candidate's values; GPU
 memory (every term, stricter than train's model-states refusal) and time by memory.py and flops.py. The loops
 skip the combinations those rules refuse outright (ZeRO 2-3 with a pipeline, AutoTP with ZeRO-3, SP with TP

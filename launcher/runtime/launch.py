@@ -1,11 +1,11 @@
-"""Starting a run: the run directory, the frozen config, the local ranks, the process group, preemption.
+"""Starting and watching the local ranks: torchrun in the foreground, every rank's registration and exit record.
 
 Outside a distributed launch `launcher train` resolves and validates the config,
-prepares the data (so bad data fails before any rank starts), creates
-`<runs_dir>/<run_name>/`, freezes the composed config there once
-(config.yaml + deepspeed.json) and starts `cluster.gpus_per_node` local ranks
-with torchrun, each running `launcher train --config <run_dir>/config.yaml`.
-Under srun + torchrun (RANK/WORLD_SIZE set) the ranks run the loop directly.
+prepares the data (so bad data fails before any rank starts), creates the run directory
+(launcher/runtime/rundir.py) and starts `cluster.gpus_per_node` local ranks with torchrun,
+each running `launcher train --config <run_dir>/config.yaml`. Under srun + torchrun
+(RANK/WORLD_SIZE set) the ranks run the loop directly. Inside a rank: launcher/runtime/distributed.py
+(the process group) and launcher/runtime/preemption.py.
 """
 
 from __future__ import annotations
@@ -20,19 +20,13 @@ import subprocess
 import sys
 import threading
 import time
-from datetime import timedelta
 from pathlib import Path
 from typing import Optional
 
-from omegaconf import OmegaConf
-
-from launcher.config.compose import selected_name
-from launcher.config.errors import ConfigError
 from launcher.runtime.durable import write_atomic
 from launcher.runtime.runlock import LOCK_TOKEN_ENV
 
-from launcher.protocol import (CONFIG_FILE, DEEPSPEED_FILE, EARLY_PREEMPTION,  # noqa: F401  (re-exported)
-                               PREEMPT_SIGNALS, PREEMPTED_FILE, TORCHRUN_SHUTDOWN_TIMEOUT_S, TORCHRUN_SIGNALS)
+from launcher.protocol import EXIT_NONFINITE, PREEMPTED_FILE, TORCHRUN_SHUTDOWN_TIMEOUT_S, TORCHRUN_SIGNALS
 # `launcher train` tells its ranks where to register (pid, rank) and record their exit status, so it can name a
 # dead rank and kill a stopped one (see RankWatch).
 RANKS_DIR_ENV = "LAUNCHER_RANKS_DIR"
@@ -50,87 +44,6 @@ TORCHRUN_EXIT_GRACE_S = float(os.environ.get("LAUNCHER_TORCHRUN_EXIT_GRACE_S", 3
 FORWARDED_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGINT", "SIGHUP")
 # Below this much free space in the run dir, a rank without an exit record most likely failed to write it.
 FULL_DISK_BYTES = 1 << 20
-# A rank's exit status after stopping on a non-finite loss (launcher/train.py EXIT_NONFINITE).
-EXIT_NONFINITE = 3
-
-
-def in_distributed_launch() -> bool:
-    """True inside torchrun / srun + torchrun: the loop runs in this process."""
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
-
-
-# ----------------------------------------------------------------------------- run directory
-
-
-def _latest_run(runs_dir: Path, prefix: str) -> Optional[Path]:
-    runs = [p for p in runs_dir.glob(f"{prefix}-*") if (p / "checkpoints" / "latest").exists()]
-    return max(runs, key=lambda p: p.stat().st_mtime) if runs else None
-
-
-def choose_run_dir(cfg) -> Path:
-    """<runs_dir>/<run_name>; with run_name null, a new timestamped name, or for resume=auto the newest run of this recipe."""
-    check_runs_dir(cfg.runs_dir)
-    runs_dir = Path(cfg.runs_dir).expanduser().resolve()
-    if cfg.run_name:
-        name = cfg.run_name
-        if not all(c.isalnum() or c in "._-" for c in name):
-            raise ConfigError("run_name", name, "may only hold letters, digits, '.', '_' and '-'", "rename the run, e.g. run_name=tiny-1")
-        run_dir = runs_dir / name
-    else:
-        prefix = selected_name(cfg) or "run"
-        found = _latest_run(runs_dir, prefix) if cfg.resume == "auto" else None
-        run_dir = found or runs_dir / f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}"
-    if run_dir.exists() and not run_dir.is_dir():
-        raise ConfigError("run_name", run_dir.name, f"{run_dir} exists and is not a directory", "pick another run_name")
-    return run_dir
-
-
-def check_runs_dir(runs_dir: str) -> None:
-    """runs_dir becomes part of every path we write and of SLURM's log paths: no control characters, and a directory."""
-    if any(ord(c) < 32 or ord(c) == 127 for c in str(runs_dir)):
-        raise ConfigError("runs_dir", runs_dir, "holds a control character (newline, tab, ...), which would break log lines "
-                          "and the paths in job scripts", "use a plain directory path, e.g. runs_dir=/scratch/$USER/runs")
-    path = Path(runs_dir).expanduser().resolve()
-    probe = path
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    if not probe.is_dir():
-        raise ConfigError("runs_dir", runs_dir, f"{probe} is a file, so no run directory can be made under it",
-                          "point runs_dir at a directory (it is created when missing)")
-
-
-# Credentials in config values (by environment value, by shape, by extras key name): launcher/config/secrets.py.
-from launcher.config.secrets import refuse_secrets_in_config  # noqa: E402,F401  (re-exported: cli.py imports it from here)
-
-
-def freeze_config(cfg, run_dir: Path, ds_config: dict) -> Path:
-    """Write the composed config (with its run_name and runs_dir fixed) and the DeepSpeed JSON into the run dir.
-
-    Every rank reads this one file, and a requeued SLURM job finds the same run dir through it, so it is
-    never missing or torn: a resumed run with another config keeps the previous file as config.prev.yaml,
-    written (a copy) before the new config.yaml replaces the old one in one rename. A full disk fails one of
-    the writes and leaves config.yaml as it was; an unchanged config is not rewritten at all.
-    """
-    run_dir.mkdir(parents=True, exist_ok=True)
-    data = OmegaConf.to_container(cfg, resolve=True)
-    data["run_name"] = run_dir.name
-    data["runs_dir"] = str(run_dir.parent)
-    path = run_dir / CONFIG_FILE
-    text = OmegaConf.to_yaml(OmegaConf.create(data))
-    old = path.read_text() if path.is_file() else None
-    if old != text:
-        if old is not None:
-            write_atomic(run_dir / "config.prev.yaml", old)
-        write_atomic(path, text, fault="config.tmp-written")
-    write_atomic(run_dir / DEEPSPEED_FILE, json.dumps(ds_config, indent=2))
-    return path
-
-
-def run_dir_of(cfg) -> Path:
-    """The run dir of a frozen config (run_name and runs_dir are fixed when it is frozen)."""
-    if not cfg.run_name:
-        raise ConfigError("run_name", None, "a frozen config (--config) must name its run", "freeze it with `launcher train` or set run_name")
-    return Path(cfg.runs_dir).expanduser() / cfg.run_name
 
 
 # ----------------------------------------------------------------------------- local ranks
@@ -432,76 +345,3 @@ def record_rank_exit(path: Optional[Path], exit_code: int, error: Optional[str] 
         write_atomic(path, json.dumps(rec))
     except OSError as exc:  # e.g. a full disk: say so, since RankWatch would otherwise read "killed by a signal"
         _say_stderr(f"launcher: could not record this rank's exit status {exit_code} in {path}: {exc}")
-
-
-# ----------------------------------------------------------------------------- inside a rank
-
-
-def avoid_shm_comm_build(device: str) -> None:
-    """Keep DeepSpeed from JIT-compiling its shared-memory comm op on CPU (~107 s on 2 cores, every fresh machine).
-
-    TorchBackend.__init__ calls build_shm_op(), which builds ShareMemCommBuilder whenever
-    deepspeed.ops.__compatible_ops__ says it is compatible (deepspeed/comm/torch.py). That op only
-    serves the inference all-reduce path; training collectives go through torch.distributed (gloo).
-    The probed dict is cached in the module and edits to it persist, so marking the op incompatible
-    before init_distributed makes build_shm_op return None. Proven by tests/train (empty
-    TORCH_EXTENSIONS_DIR stays empty).
-    """
-    if device != "cpu":
-        return
-    import deepspeed.ops
-    from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder
-
-    deepspeed.ops.__compatible_ops__[ShareMemCommBuilder.NAME] = False
-
-
-def init_distributed(layout, timeout_s: int) -> tuple[int, int, int]:
-    """Join the process group (gloo on CPU, nccl on GPUs). Returns (rank, world size, local rank)."""
-    import deepspeed
-    import torch
-
-    avoid_shm_comm_build(layout.device)
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    if world != layout.world_size:
-        raise ConfigError("cluster.gpus_per_node", layout.gpus_per_node,
-                          f"the launch started {world} ranks but cluster.nodes x cluster.gpus_per_node = {layout.world_size}",
-                          "launch as many ranks as the config describes (launcher train / launcher submit do)")
-    if layout.device == "cuda":
-        torch.cuda.set_device(local_rank)
-    apply_default_group_timeout(timeout_s)
-    deepspeed.init_distributed(dist_backend="nccl" if layout.device == "cuda" else "gloo",
-                               timeout=timedelta(seconds=timeout_s), verbose=False)
-    return rank, world, local_rank
-
-
-def apply_default_group_timeout(timeout_s: int) -> None:
-    """Make train.dist_timeout_s the timeout of every process group, not only the world group.
-
-    init_process_group(timeout=...) sets the world group's timeout only. Every group created later with
-    new_group(timeout=None) -- DeepSpeed's data-parallel, ZeRO and pipeline groups (deepspeed/comm/torch.py
-    new_group, deepspeed/utils/groups.py) -- gets torch's module default instead
-    (torch/distributed/distributed_c10d.py `_get_default_timeout`: 30 min for gloo, 10 min for nccl).
-    Measured here: with one of two CPU ranks SIGSTOPped, the other waited in ZeRO's gradient all-reduce
-    for more than 10 minutes with dist_timeout_s=20. `_get_default_timeout` reads these module globals
-    at call time, so setting them before DeepSpeed builds its groups is enough.
-    """
-    from torch.distributed import distributed_c10d
-
-    distributed_c10d.default_pg_timeout = timedelta(seconds=timeout_s)
-    distributed_c10d.default_pg_nccl_timeout = timedelta(seconds=timeout_s)
-
-
-class PreemptionFlag:
-    """Set by SIGUSR1/SIGTERM/SIGHUP in any rank; the loop's StepAgreement all-reduces it every step so all ranks stop together."""
-
-    def __init__(self):
-        # A signal recorded while the rank was still importing (launcher/__main__.py) counts as raised.
-        self.raised = bool(EARLY_PREEMPTION)
-        self.signal_name: Optional[str] = EARLY_PREEMPTION[0] if EARLY_PREEMPTION else None
-        for name in PREEMPT_SIGNALS:
-            signal.signal(getattr(signal, name), self._handler)
-
-    def _handler(self, signum, _frame):
-        self.raised = True
-        self.signal_name = signal.Signals(signum).name

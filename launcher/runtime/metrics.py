@@ -1,4 +1,4 @@
-"""What a run records: per-step metrics (JSONL, TensorBoard, W&B), throughput and MFU, memory, the loss plot.
+"""What a run records: per-step metrics (JSONL, TensorBoard, W&B, MLflow), throughput and MFU, memory, the loss plot.
 
 Only rank 0 writes files and prints; every rank may measure. Throughput math:
 
@@ -28,6 +28,8 @@ from launcher.plan.flops import model_flops_per_token
 METRICS_FILE = "metrics.jsonl"
 LOSS_PLOT_FILE = "loss.png"
 STATE_BYTES_FILE = "model_state_bytes.json"
+SUMMARY_FILE = "summary.json"
+LIBRARY_LOG_FILE = "deepspeed.log"  # DeepSpeed's own log lines, every rank's, instead of the console
 
 
 def peak_tflops(cfg, layout) -> Optional[float]:
@@ -66,6 +68,95 @@ def peak_memory_bytes(device: str) -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
+class IntervalLoss:
+    """The mean of the step losses since the last logged record: the loss a record with logging.log_every=N carries.
+
+    What the HF Trainer logs as `loss` (trainer.py _maybe_log_save_evaluate: tr_loss summed every step, divided
+    by global_step - _globalstep_last_logged at each log) and Megatron prints as "lm loss" (training.py
+    training_log: total_loss_dict summed every iteration, averaged at each log_interval). Like the HF Trainer we
+    average every step of the interval, a non-finite one included (it makes the mean non-finite: the record
+    says so); Megatron leaves out the iterations its loss scaler skipped. One step's loss alone is noise at
+    small batch sizes.
+    """
+
+    def __init__(self):
+        self.total, self.steps = 0.0, 0
+
+    def add(self, loss: float) -> None:
+        self.total += loss
+        self.steps += 1
+
+    def take(self) -> tuple[float, int]:
+        """(mean over the interval, its step count), and start a new interval."""
+        mean, n = self.total / max(self.steps, 1), self.steps
+        self.total, self.steps = 0.0, 0
+        return mean, n
+
+
+def gather_peak_memory(device: str, tensor_device) -> list[int]:
+    """Every rank's peak_memory_bytes, on every rank: one all_gather of one int64 (called at log steps only)."""
+    import torch
+    import torch.distributed as dist
+
+    mine = torch.tensor([peak_memory_bytes(device)], dtype=torch.int64, device=tensor_device)
+    every = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, mine)
+    return [int(t.item()) for t in every]
+
+
+def divert_library_logs(run_dir: Path, rank: int) -> Path:
+    """DeepSpeed's logger lines go to <run_dir>/deepspeed.log (every rank appends, prefixed by its rank) instead of
+    the console; its warnings and errors still reach stderr as well, but for the expected ones.
+
+    DeepSpeed logs through one logger, "DeepSpeed" (deepspeed/utils/logging.py, a StreamHandler to stdout, level
+    WARNING in 0.19.8; INFO, with its config dump and checkpoint paths, when a user lowers it), in between our step
+    lines. Small appends (O_APPEND) from several ranks do not interleave within a line. DeepSpeed's print()s
+    (zero_to_fp32's "Processing zero checkpoint ...") are redirected into the same file where they happen.
+    """
+    import logging
+
+    from deepspeed.utils import logger as ds_logger
+
+    path = run_dir / LIBRARY_LOG_FILE
+    to_file = logging.FileHandler(path, mode="a", delay=True)
+    to_file.setFormatter(logging.Formatter(f"[rank {rank}] %(asctime)s %(levelname)s [%(filename)s:%(lineno)d] %(message)s"))
+    to_console = logging.StreamHandler()  # stderr
+    to_console.setLevel(logging.WARNING)
+    # Expected at every start (launcher/train.py start_lr_schedule explains it): the file keeps it, the console not.
+    to_console.addFilter(lambda r: "get learning rate from scheduler before it has started" not in r.getMessage())
+    to_console.setFormatter(logging.Formatter(f"[rank {rank}] DeepSpeed %(levelname)s: %(message)s"))
+    for h in list(ds_logger.handlers):
+        ds_logger.removeHandler(h)
+    ds_logger.addHandler(to_file)
+    ds_logger.addHandler(to_console)
+    ds_logger.propagate = False
+    return path
+
+
+def write_summary(run_dir: Path, summary: dict) -> Path:
+    """<run_dir>/summary.json, atomically (launcher/runtime/durable.py): a reader never sees half of it."""
+    path = run_dir / SUMMARY_FILE
+    write_atomic(path, json.dumps(summary, indent=2) + "\n")
+    return path
+
+
+def format_summary(s: dict) -> str:
+    """The end-of-run lines rank 0 prints."""
+    def num(x, fmt):
+        return "n/a" if x is None else format(x, fmt)
+
+    lines = [f"summary ({s['status']}): {s['step']} steps, {s['tokens_seen']:,} tokens seen; "
+             f"final train loss {num(s['final_train_loss'], '.4f')} (mean of the last {s['final_train_loss_steps']} "
+             f"step(s)), val loss {num(s['final_val_loss'], '.4f')}",
+             f"  wall time {s['wall_time_s']:.1f} s ({s['train_time_s']:.1f} s in the loop), "
+             f"{num(s['tokens_per_s'], ',.0f')} tokens/s over this run's {s['tokens_this_run']:,} tokens",
+             f"  checkpoint {s['checkpoint']}"]
+    if s.get("export"):
+        lines.append(f"  transformers export {s['export']}")
+    lines.append(f"  metrics {s['metrics']}, summary {s['summary']}, DeepSpeed log {s['library_log']}")
+    return "\n".join(lines)
+
+
 def current_rss_bytes() -> int:
     """This process's resident set size now (not the peak): what a leak across checkpoints would grow."""
     try:
@@ -83,6 +174,7 @@ class MetricsSink:
         self.path = run_dir / METRICS_FILE
         self.tb = None
         self.wandb_run = None
+        self.mlflow = None
         if not enabled:
             return
         # A resumed run appends; records of steps past the resume point (from a crash after the last save)
@@ -104,6 +196,8 @@ class MetricsSink:
                                         mode=cfg.logging.wandb.mode, dir=None if os.environ.get("WANDB_DIR") else str(run_dir),
                                         name=run_dir.name, id=run_dir.name, resume="allow",
                                         config=OmegaConf.to_container(cfg, resolve=True))
+        if cfg.logging.mlflow.enabled:
+            self.mlflow = start_mlflow_run(cfg, run_dir, resumed)
 
     def log(self, record: dict) -> None:
         if not self.enabled:
@@ -125,6 +219,8 @@ class MetricsSink:
                 self.tb.add_scalar(f"{record.get('kind', 'train')}/{k}", v, step)
         if self.wandb_run is not None:
             self.wandb_run.log({f"{record.get('kind', 'train')}/{k}": v for k, v in scalars.items()}, step=step)
+        if self.mlflow is not None:
+            self.mlflow.log_metrics({f"{record.get('kind', 'train')}/{k}": float(v) for k, v in scalars.items()}, step=step)
 
     def close(self) -> None:
         if not self.enabled:
@@ -134,6 +230,106 @@ class MetricsSink:
             self.tb.close()
         if self.wandb_run is not None:
             self.wandb_run.finish()
+        if self.mlflow is not None:
+            self.mlflow.end_run()
+
+
+MLFLOW_RUN_ID_FILE = "mlflow_run_id"  # a resumed run (or a requeued job) logs on into the same MLflow run
+
+
+def start_mlflow_run(cfg, run_dir: Path, resumed: bool):
+    """Rank 0's MLflow run (the fluent API: one active run per process), named after the run dir; returns the module.
+
+    Our own few lines rather than accelerate's MLflowTracker: accelerate's trackers run behind its PartialState
+    (the process-state singleton of an Accelerator) to decide the main process, which our ranks do not use;
+    MetricsSink already runs on rank 0 only, and MLflow's API is the same three calls either way.
+    The config's parameters are logged once, at the fresh start: MLflow refuses a changed value of a logged
+    parameter, and a resume may change train.steps.
+    """
+    import mlflow
+    from omegaconf import OmegaConf
+
+    m = cfg.logging.mlflow
+    if m.tracking_uri:
+        mlflow.set_tracking_uri(m.tracking_uri)
+    if m.experiment:
+        mlflow.set_experiment(m.experiment)
+    id_file = run_dir / MLFLOW_RUN_ID_FILE
+    run_id = id_file.read_text().strip() if resumed and id_file.exists() else None
+    run = mlflow.start_run(run_id=run_id, run_name=None if run_id else run_dir.name)
+    if run_id is None:
+        write_atomic(id_file, run.info.run_id + "\n")
+        flat = _flatten(OmegaConf.to_container(cfg, resolve=True))
+        mlflow.log_params({k: v for k, v in flat.items() if v is not None})
+    return mlflow
+
+
+def _flatten(tree, prefix: str = "") -> dict:
+    out = {}
+    for k, v in tree.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def mlflow_tracking_uri(cfg) -> str:
+    """Where MLflow will log: logging.mlflow.tracking_uri, else $MLFLOW_TRACKING_URI, else MLflow's default."""
+    if cfg.logging.mlflow.tracking_uri:
+        return cfg.logging.mlflow.tracking_uri
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        return os.environ["MLFLOW_TRACKING_URI"]
+    import mlflow
+
+    return mlflow.get_tracking_uri()
+
+
+def refuse_mlflow_unusable(cfg) -> None:
+    """MLflow selected: refused before any rank starts when it is not installed, or when the tracking store it would
+    use cannot open here (rank 0 would die in mlflow.start_run after every rank had started).
+
+    MLflow 3 (mlflow-skinny 3.17 measured): the default store is sqlite:///mlflow.db, which needs SQLAlchemy (the
+    full `mlflow` package, not mlflow-skinny); the file store (file:/path, or a plain path) raises unless
+    MLFLOW_ALLOW_FILE_STORE=true. A tracking server (http(s)://, databricks) is not contacted here.
+    """
+    from urllib.parse import urlsplit
+
+    from launcher.config.errors import ConfigError
+
+    if not cfg.logging.mlflow.enabled:
+        return
+    try:
+        import mlflow  # noqa: F401
+    except ImportError:
+        raise ConfigError("logging.mlflow.enabled", True,
+                          "MLflow is not installed in this environment (it is an optional extra of the launcher)",
+                          "pip install 'launcher[mlflow]' (mlflow-skinny; or the full `mlflow`), or logging.mlflow.enabled=false") from None
+    uri = mlflow_tracking_uri(cfg)
+    scheme = urlsplit(uri).scheme if "://" in uri or uri.startswith("file:") else ""
+    source = "logging.mlflow.tracking_uri" if cfg.logging.mlflow.tracking_uri else \
+        ("MLFLOW_TRACKING_URI" if os.environ.get("MLFLOW_TRACKING_URI") else "MLflow's default")
+    if scheme.split("+")[0] in ("sqlite", "postgresql", "mysql", "mssql"):
+        try:
+            import sqlalchemy  # noqa: F401
+        except ImportError:
+            raise ConfigError("logging.mlflow.tracking_uri", uri, f"(from {source}) is a database store, which needs "
+                              "SQLAlchemy: the full `mlflow` package, not mlflow-skinny",
+                              "pip install mlflow, or log to a tracking server (logging.mlflow.tracking_uri=http://HOST:5000) "
+                              "or to a file store (logging.mlflow.tracking_uri=file:/path/mlruns with "
+                              "MLFLOW_ALLOW_FILE_STORE=true)") from None
+    elif scheme in ("", "file") and os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() not in ("true", "1"):
+        raise ConfigError("logging.mlflow.tracking_uri", uri, f"(from {source}) is MLflow's file store, which MLflow 3 "
+                          "refuses to open unless MLFLOW_ALLOW_FILE_STORE=true (it is in maintenance mode)",
+                          "export MLFLOW_ALLOW_FILE_STORE=true, or log to a tracking server or a database store "
+                          "(sqlite:///mlflow.db with the full mlflow package)")
+
+
+def refuse_unusable_trackers(cfg) -> None:
+    """The trackers' checks before any rank starts or any job is queued (W&B credentials, MLflow install and store)."""
+    refuse_wandb_without_login(cfg)
+    refuse_mlflow_unusable(cfg)
 
 
 WANDB_MODES = ("online", "offline", "disabled", "shared")  # wandb 0.31 Settings.mode (plus the legacy "dryrun")

@@ -1,6 +1,6 @@
 """Non-finite losses and gradients: veto the optimizer update, count what was skipped (train.nan_policy).
 
-The loop learns the step's global loss (one all-reduce, launcher/train.py StepAgreement) after the last
+The loop learns the step's global loss (one all-reduce, launcher/runtime/distributed.py StepAgreement) after the last
 backward and *before* DeepSpeed's optimizer step; NaN and inf survive the sum, so a non-finite loss on any
 rank makes the global mean non-finite and every rank decides alike. When it is non-finite the loop arms
 `UpdateVeto`, and the innermost torch optimizer's step() returns without touching the weights or its state
@@ -22,10 +22,17 @@ backward, so real NaN gradients flow through backward, the all-reduce and the op
 
 from __future__ import annotations
 
+import math
 import os
+from pathlib import Path
 from typing import Optional
 
+from launcher.protocol import EXIT_NONFINITE
+
 NAN_HOOK_ENV = "LAUNCHER_NAN_AT_STEP"
+
+# train.nan_policy=skip drops single bad batches; this many skipped steps in a row means divergence: stop.
+MAX_CONSECUTIVE_SKIPS = 5
 
 
 def _innermost_optimizer(optimizer):
@@ -76,3 +83,41 @@ def maybe_poison(loss, step: int, micro_step: int, rank: int):
     if target is None or micro_step != 0 or step != target[0] or target[1] not in (None, rank):
         return loss
     return loss * float("nan")
+
+
+def nonfinite_action(cfg, step: int, loss_finite: bool, grad_norm, skipped: bool, overflow: bool,
+                     skipped_steps: list[int], ckpt_root: Path) -> tuple[str | None, str]:
+    """What a step with a non-finite loss or gradient norm means (launcher/runtime/nonfinite.py), and its log line.
+
+    `applied`: the engine applied the update before the loss was known (pipeline): the weights may hold NaN,
+    nothing is saved, the run exits. `stop`: the update was vetoed and train.nan_policy=stop (or too many
+    steps in a row were skipped): save the untouched weights, exit. `skip`: vetoed, go on. None: a finite step
+    (an fp16 overflow skip is the loss scaler's ordinary business, counted apart).
+    """
+    from launcher.runtime.checkpoint import read_latest, tag_for
+
+    bad = not loss_finite or (grad_norm is not None and not math.isfinite(grad_norm) and not overflow)
+    if bad and not skipped:
+        return "applied", (f"non-finite {'loss' if not loss_finite else 'gradient norm'} at step {step}, and the update was "
+                           f"applied (it happens inside the engine's step here): the weights may be poisoned, nothing is saved; "
+                           f"exiting with status {EXIT_NONFINITE}. The last checkpoint is {read_latest(ckpt_root)}")
+    if not skipped or overflow:
+        return None, ""
+    what = "loss" if not loss_finite else "gradients"
+    consecutive = _trailing_run(skipped_steps)
+    if cfg.train.nan_policy == "stop" or consecutive >= MAX_CONSECUTIVE_SKIPS:
+        why = ("train.nan_policy=stop" if cfg.train.nan_policy == "stop"
+               else f"{consecutive} consecutive steps skipped: the model diverged, not one bad batch")
+        return "stop", (f"non-finite {what} at step {step} ({why}): the update was not applied; saved {tag_for(step)} "
+                        f"with the weights of step {step - 1} as latest; exiting with status {EXIT_NONFINITE}. resume=auto "
+                        f"continues after this batch; resume=<run_dir>/checkpoints/step_N from an earlier one")
+    return "skip", (f"non-finite {what} at step {step}: update skipped (train.nan_policy=skip); "
+                    f"{len(skipped_steps)} step(s) skipped in this run (across resumes): {skipped_steps[-10:]}")
+
+
+def _trailing_run(steps: list[int]) -> int:
+    """How many of the last entries of a sorted step list are consecutive (5, 7, 8, 9 -> 3)."""
+    n = 0
+    while n < len(steps) and steps[-1 - n] == steps[-1] - n:
+        n += 1
+    return n

@@ -22,6 +22,12 @@ kinds of state coexist.
 
 from __future__ import annotations
 
+from pathlib import Path
+
+# The step whose model-state bytes we record: by then the optimizer has allocated its state (at step 0)
+# and the gradients of this step exist (measured between backward and the optimizer step).
+MEASURE_STATE_AT_STEP = 1
+
 BUCKETS = ("params", "grads", "optimizer", "buffers")
 
 # Attributes of DeepSpeed 0.19.8's optimizers that hold gradients of this rank (files under deepspeed/runtime/):
@@ -101,3 +107,39 @@ def measure_model_state_bytes(engine) -> dict:
     out = dict(ledger.bytes)
     out["total"] = out["params"] + out["grads"] + out["optimizer"]
     return out
+
+
+def record_state_bytes(cfg, layout, run_dir: Path, rank: int, state_bytes: dict) -> None:
+    """Gather every rank's measured model-state bytes; rank 0 writes them beside the planner's prediction.
+
+    The prediction (launcher.plan.memory.predict_model_state_bytes) is exact for data-parallel layouts
+    without offload; for others it says why it is not given. Every run so checks the memory model.
+    """
+    import json
+
+    import deepspeed.comm as dist
+
+    from launcher.plan.memory import predict_model_state_bytes
+    from launcher.runtime.durable import write_atomic
+    from launcher.runtime.metrics import STATE_BYTES_FILE
+
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, state_bytes)
+    if rank != 0:
+        return
+    try:
+        predicted = [predict_model_state_bytes(cfg, layout, dp_rank=r) for r in range(len(gathered))]
+        note = None
+    except ValueError as exc:
+        predicted, note = None, f"no exact prediction for this layout: {exc}"
+    keys = ("params", "grads", "optimizer")
+    matches = None if predicted is None else all(
+        all(m[k] == p[k] for k in keys) for m, p in zip(gathered, predicted))
+    write_atomic(run_dir / STATE_BYTES_FILE, json.dumps({
+        "per_rank": gathered,
+        "predicted_per_rank": predicted,
+        "prediction_matches": matches,
+        "prediction_note": note,
+        "note": "bytes of parameters, gradients and optimizer state held by each rank, measured between backward "
+                "and the optimizer step (launcher.runtime.state_bytes.measure_model_state_bytes); the prediction is "
+                "launcher.plan.memory.predict_model_state_bytes"}, indent=2))

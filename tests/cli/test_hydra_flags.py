@@ -76,3 +76,26 @@ def test_info_on_every_composing_command(command):
     out = run(command, "--info")
     assert out.returncode == 0, out.stderr
     assert "LAUNCHER_CONF_PATH is not set" in out.stdout and "recipe      null" in out.stdout
+
+
+def test_cfg_hydra_and_all_show_how_the_config_was_composed(tmp_path):
+    """Hydra's `--cfg hydra` / `--cfg all`: the command line's overrides and the option each group ended with
+    (what the recipe chose), under `hydra:`; `all` puts the job config beside it in one YAML document."""
+    out = run("plan", "recipe=tiny", "train.steps=3", "--cfg", "hydra", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    doc = yaml.safe_load(out.stdout)
+    assert list(doc) == ["hydra"] and doc["hydra"]["overrides"]["task"] == ["recipe=tiny", "train.steps=3"]
+    assert doc["hydra"]["runtime"]["choices"]["model"] == "tiny" and doc["hydra"]["runtime"]["choices"]["cluster"] == "cpu"
+    assert "run" not in doc["hydra"] and "launcher is not one" not in out.stdout and "`launcher` is not one" in out.stdout
+    both = yaml.safe_load(run("show", "recipe=tiny", "train.steps=3", "--cfg", "all").stdout)
+    assert both["train"]["steps"] == 3 and both["hydra"] == doc["hydra"]
+    out = run("plan", "recipe=tiny", "-c", "all", "-p", "hydra.runtime.choices.precision")
+    assert out.returncode == 0 and out.stdout == "fp32\n", out.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cfg_hydra_of_a_frozen_config_is_refused(tmp_path):
+    frozen = tmp_path / "config.yaml"
+    frozen.write_text(run("show", "recipe=tiny", "--cfg", "job").stdout)
+    out = run("train", "--config", str(frozen), "--cfg", "hydra")
+    assert out.returncode == 2 and "--cfg='hydra'" in out.stderr and "use --cfg job" in out.stderr, out.stderr

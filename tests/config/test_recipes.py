@@ -42,7 +42,7 @@ def single_rank_process_group():
     import deepspeed
     import deepspeed.comm as ds_dist
 
-    from launcher.runtime.launch import avoid_shm_comm_build
+    from launcher.runtime.distributed import avoid_shm_comm_build
 
     # DeepSpeed would JIT-compile its shared-memory all-reduce op here (~107 s on 2 cores).
     avoid_shm_comm_build("cpu")

@@ -290,7 +290,7 @@ def run_case(spec: str) -> dict:
 def main() -> None:
     import deepspeed
 
-    from launcher.runtime.launch import avoid_shm_comm_build
+    from launcher.runtime.distributed import avoid_shm_comm_build
 
     out_path, specs = sys.argv[1], sys.argv[2:]
     avoid_shm_comm_build("cpu")

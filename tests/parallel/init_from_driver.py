@@ -30,7 +30,7 @@ def main() -> None:
     from launcher.config.layout import resolve_layout
     from launcher.deepspeed_config import build_deepspeed_config
     from launcher.parallel.pipeline import layer_hf_prefixes
-    from launcher.runtime.launch import avoid_shm_comm_build
+    from launcher.runtime.distributed import avoid_shm_comm_build
     from launcher.runtime.model import build_model
     from launcher.train import build_engine
 

@@ -23,6 +23,7 @@ from launcher.config.compose import compose
 from launcher.config.layout import resolve_layout
 from launcher.deepspeed_config import build_deepspeed_config
 from launcher.runtime.model import build_model
+from launcher.runtime.optimizer import param_groups
 from launcher.runtime.state_bytes import measure_model_state_bytes, model_state_tensors
 
 
@@ -56,7 +57,8 @@ def run_case(overrides: list) -> dict:
     cfg = compose(overrides)
     layout = resolve_layout(cfg)
     model = build_model(cfg.model, seed=cfg.train.seed, vocab_size=layout.padded_vocab_size)
-    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+    # The two parameter groups `launcher train` passes (launcher/train.py build_engine).
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=param_groups(model, cfg.optimizer.weight_decay),
                                       config=build_deepspeed_config(cfg, layout))
     gen = torch.Generator().manual_seed(dist.get_rank())
     result = {}
@@ -78,8 +80,8 @@ def run_case(overrides: list) -> dict:
 def main():
     out_dir = Path(sys.argv[1])
     cases = json.loads(Path(sys.argv[2]).read_text())
-    # Nothing may JIT-compile on CPU ranks (see launcher.runtime.launch.avoid_shm_comm_build).
-    from launcher.runtime.launch import avoid_shm_comm_build
+    # Nothing may JIT-compile on CPU ranks (see launcher.runtime.distributed.avoid_shm_comm_build).
+    from launcher.runtime.distributed import avoid_shm_comm_build
 
     avoid_shm_comm_build("cpu")
     deepspeed.init_distributed("gloo", auto_mpi_discovery=False)

@@ -2,7 +2,7 @@
 
 The search applies resolve_layout, check_supported and the host-memory verdict itself; these tests hold each
 proposed layout to the public path instead: the composed config with the candidate's values set, through
-cli.validate_before_start (what `train` and `submit` call), so a rule added there and not to the search fails
+submit.validate_before_start (what `train` and `submit` call), so a rule added there and not to the search fails
 here.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
-from launcher.cli import validate_before_start
+from launcher.submit import validate_before_start
 from launcher.config.compose import compose
 from launcher.config.errors import ConfigError
 from launcher.config.layout import resolve_layout

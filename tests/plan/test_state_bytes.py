@@ -79,18 +79,23 @@ def test_hand_derived_ledger(measured):
     fp32_z0 = measured["llama-fp32-z0"][0]
     # torch AdamW on fp32 weights: 4 + 4 + 8 bytes per parameter (ZeRO paper section 5), + a 4-byte step per tensor.
     assert (fp32_z0["params"], fp32_z0["grads"], fp32_z0["optimizer"]) == (4 * n, 4 * n, 8 * n + 4 * tensors)
-    aligned = n + 2                        # next multiple of 2 x DP = 4
+    # Two parameter groups (launcher/runtime/optimizer.py), each flattened, aligned to 2 x DP = 4 and cut in two:
+    # the matrices, N1 = embed + 4 x (4 x 70 x 70 + 3 x 70 x 352) + head = 661,080 (a multiple of 4: no pad, 330,540
+    # a rank), and the 9 RMSNorm weights of 70, N2 = 630 (aligned 632: 316 a rank, 2 pad elements on rank 1).
+    n1, n2 = 2 * 2050 * 70 + 4 * (4 * 70 * 70 + 3 * 70 * 352), 9 * 70
+    assert n1 + n2 == n and n1 % 4 == 0 and n2 % 4 == 2
+    aligned = n1 + n2 + 2
     part = aligned // 2
-    # Rank 0's partition [0, 330,856) ends inside layer 2's q_proj (starts at 143,500 + 2 x 93,660 = 330,820):
-    # its whole 4,900-element gradient is kept. Rank 1 keeps the rest from q_proj on, plus the 2 pad elements.
-    rank0_grad = 143_500 + 2 * 93_660 + 4_900
-    rank1_grad = n - (143_500 + 2 * 93_660) + 2
+    # Matrices: rank 0's half [0, 330,540) ends exactly after layer 1 (143,500 + 2 x 93,520), so no tensor straddles.
+    # Norms: rank 0's [0, 316) ends inside the 5th weight [280, 350): both ranks keep it whole (5 x 70 each).
+    rank0_grad = 330_540 + 5 * 70
+    rank1_grad = 330_540 + 5 * 70 + 2
     for dtype, w in (("fp32", 4), ("bf16", 2)):
         for z in (1, 2):
             r0, r1 = measured[f"llama-{dtype}-z{z}"]
             assert r0["params"] == r1["params"] == w * aligned
             assert (r0["grads"], r1["grads"]) == (w * rank0_grad, w * rank1_grad)
-            assert r0["optimizer"] == r1["optimizer"] == 12 * part + 4   # fp32 master + m + v, one step tensor
+            assert r0["optimizer"] == r1["optimizer"] == 12 * part + 2 * 4   # fp32 master + m + v, a step tensor a group
     gpt = measured["gpt-fp32-z3"][0]
     wte = 2051 * 69
     assert wte % 2 == 1 and wte > 100_000

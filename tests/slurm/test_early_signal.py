@@ -22,7 +22,7 @@ def test_signal_during_imports_stops_after_one_step_with_a_checkpoint(tmp_path, 
     from launcher.config.compose import compose
     from launcher.config.layout import resolve_layout
     from launcher.deepspeed_config import build_deepspeed_config
-    from launcher.runtime.launch import freeze_config
+    from launcher.runtime.rundir import freeze_config
 
     cfg = compose(["recipe=tiny", *MODEL, "data.seq_length=32", "data.max_bytes=300000", f"data.cache_dir={slurm_cache}",
                    "batch.global_batch_size=4", "batch.micro_batch_size=4", "train.steps=50", "train.eval_every=0",

@@ -254,7 +254,7 @@ def test_submit_without_sbatch_says_so_and_writes_nothing(tmp_path):
     (["recipe=tiny"], [["recipe=tiny"]]),
 ])
 def test_sweep_points_follow_hydra_multirun(overrides, points):
-    from launcher.cli import sweep_points
+    from launcher.submit import sweep_points
 
     assert sweep_points(overrides) == points
 

@@ -26,9 +26,9 @@ from launcher.config.layout import resolve_layout
 from launcher.deepspeed_config import build_deepspeed_config
 from launcher.runtime.checkpoint import build_state, save_checkpoint
 from launcher.runtime.data import TokenBatches, prepare_data
-from launcher.runtime.launch import init_distributed
+from launcher.runtime.distributed import StepAgreement, init_distributed
 from launcher.runtime.nonfinite import UpdateVeto
-from launcher.train import StepAgreement, build_engine, train_step
+from launcher.train import build_engine, train_step
 
 CASES = {
     "zero0": ["parallel.zero_stage=0", "batch.micro_batch_size=4"],

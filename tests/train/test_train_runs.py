@@ -56,7 +56,11 @@ def reference_run(overrides) -> tuple[list[float], list[float]]:
     batches = TokenBatches(prepare_data(cfg, layout), layout, seed=cfg.train.seed, dp_rank=0)
     model = build_model(cfg.model, seed=cfg.train.seed, vocab_size=layout.padded_vocab_size)
     o, s = cfg.optimizer, cfg.scheduler
-    opt = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay)
+    # No weight decay on the LLaMA's RMSNorm weights (its only 1-D tensors), as `launcher train` does
+    # (docs/optimizer.md): written out here, not taken from launcher.runtime.optimizer.
+    groups = [{"params": [p for p in model.parameters() if p.ndim >= 2], "weight_decay": o.weight_decay},
+              {"params": [p for p in model.parameters() if p.ndim < 2], "weight_decay": 0.0}]
+    opt = torch.optim.AdamW(groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps)
     losses, norms = [], []
     for step in range(cfg.train.steps):
         for group in opt.param_groups:

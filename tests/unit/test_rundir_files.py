@@ -146,7 +146,7 @@ FREEZE = """
 import json, resource, signal, sys
 from pathlib import Path
 from omegaconf import OmegaConf
-from launcher.runtime.launch import freeze_config
+from launcher.runtime.rundir import freeze_config
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG, as one on a full disk with ENOSPC
 if sys.argv[2] != "0":
     resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[2]), int(sys.argv[2])))
