@@ -110,11 +110,28 @@ def layers_in_stage(num_layers: int, pipeline_degree: int, stage: int) -> int:
     return num_layers // pipeline_degree + (1 if stage < num_layers % pipeline_degree else 0)
 
 
+def replicated_block_params(shape: ModelShape) -> int:
+    """Parameters of one block kept whole on every TP rank: the norms and the row-parallel biases (added once
+    after the all-reduce; launcher/parallel/tensor.py, and DeepSpeed AutoTP's LinearAllreduce). LLaMA: two
+    RMSNorm weights; BLOOM / GPT-2: two LayerNorms (weight + bias) + the two row-parallel biases."""
+    return (2 if shape.arch == "llama" else 6) * shape.hidden_size
+
+
 def stage_params(shape: ModelShape, st: Strategy, stage: int) -> float:
-    """Parameters one rank of pipeline stage `stage` holds (TP-sharded, before ZeRO): the stage's exact count
-    as DeepSpeed cuts the layers (launcher/plan/stages.py, what the runtime builds) divided by TP."""
+    """Parameters one TP rank of pipeline stage `stage` holds (before ZeRO), from the stage's exact count as
+    DeepSpeed cuts the layers (launcher/plan/stages.py, what the runtime builds).
+
+    TP shards only the blocks' matrices and column-parallel biases; the embedding, the final norm, the head (or
+    the tied embedding's copy) and every norm and row-parallel bias stay whole on each TP rank, so only the
+    sharded part of the stage's count is divided by TP (issue 11: BLOOM-176B's end stages hold the whole
+    3.6B-parameter embedding on every TP rank: 6.68B per rank, not 3.98B). The same count as host.rank_params
+    and `launcher train --dry-run` (params_tp_replicated).
+    """
     if st.pipeline_degree == 1 or shape.arch in PIPELINE_ARCHS:
-        return stage_param_counts(shape, st.padded_vocab_size, st.pipeline_degree, st.partition_method)[stage] / st.tensor_degree
+        args = (shape, st.padded_vocab_size, st.pipeline_degree, st.partition_method)
+        total = stage_param_counts(*args)[stage]
+        sharded = stage_blocks(*args)[stage] * (shape.params.per_layer - replicated_block_params(shape))
+        return total - sharded + sharded / st.tensor_degree
     # No pipeline implementation for the architecture (gpt): blocks spread evenly, as a plan only.
     p, t = st.pipeline_degree, st.tensor_degree
     h, pc = shape.hidden_size, shape.params
