@@ -188,12 +188,14 @@ def _performance_rows(s: dict) -> list[tuple[str, str, str]]:
     step = s["step_time_s"]
     stage = s["memory_peak_stage"]
     return [
-        ("memory: params", _gb(m["params"]), f"stage {stage} weights / TP x {2 if dt != 'fp32' else 4} B ({dt}); ZeRO {z}: {shard}"),
+        ("memory: params", _gb(m["params"]), f"stage {stage} weights (block matrices / TP; embedding, head, norms whole) x {2 if dt != 'fp32' else 4} B ({dt}); ZeRO {z}: {shard}"),
         ("memory: grads", _gb(m["grads"]), "same count x dtype bytes (+ fp32 accumulation buffer with BF16_Optimizer)"),
         ("memory: optimizer", _gb(m["optimizer"]), "fp32 master + Adam m, v = 12 B/param (ZeRO paper section 5, K = 12)"),
         ("memory: activations", _gb(m["activations"]),
-         f"{_gb(s['activation_bytes_per_layer'])} per block per micro-batch (saved tensors, plan/activations.py) x blocks "
-         f"x in-flight micro-batches (1F1B: first stage holds PP) + embedding/head/loss; recompute={s['recompute']}"),
+         f"{s['activation_bytes_per_layer'] / 1e6:,.1f} MB per block per micro-batch ("
+         + ("checkpointed: its input" if s["recompute"] == "full" else "its saved tensors")
+         + ", plan/activations.py) x blocks x in-flight micro-batches (1F1B: first stage holds PP) + embedding/head/"
+         + "fp32 loss" + (" + one block's full set while recomputed" if s["recompute"] == "full" else "")),
         ("memory: overhead", _gb(m["overhead"]), "stated allowance: 2 GB CUDA/NCCL/fragmentation + ZeRO buffers"),
         ("memory per GPU", f"{_gb(m['total'])} / {_gb(s['memory_capacity_bytes'])}",
          ("fits, " if s["fits"] else "DOES NOT FIT, ") + f"{_gb(abs(s['memory_headroom_bytes']))} "
