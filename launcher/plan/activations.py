@@ -58,8 +58,8 @@ Outside the blocks (first and last pipeline stage; both on a 1-stage run):
 Activation checkpointing (model.activation_checkpointing; the only recompute mode `launcher train` runs: whole
 blocks, transformers' gradient_checkpointing (non-reentrant) or DeepSpeed's reentrant checkpoint in the
 PipelineModule, one block per checkpoint):
-    kept per block       w h per token: the block's input (torch's _NoopSaveInputs, DeepSpeed's
-                         save_for_backward). Not divided by t: our DeepSpeed config asks for
+    kept per block       w h per token: the block's input (torch's _NoopSaveInputs; DeepSpeed's CheckpointFunction
+                         keeps it as ctx.deepspeed_saved_tensors). Not divided by t: our DeepSpeed config asks for
                          partition_activations under TP, but DeepSpeed reads that key only in
                          deepspeed.checkpointing.configure, which nothing calls, so every TP rank keeps the full
                          input (a departure from Megatron's 2sbh/t).
@@ -67,7 +67,11 @@ PipelineModule, one block per checkpoint):
 
 Parallelism:
     TP                   norms, residual stream and the column-parallel inputs stay replicated; everything
-                         inside attention and the MLP is divided by t (the formulas carry the split).
+                         inside attention and the MLP is divided by t (the formulas carry the split). Measured
+                         for our pipeline-grid TP (llama, bloom) and AutoTP (llama). DeepSpeed 0.19.8 AutoTP
+                         refuses GPT-2 ("AutoTP not supported for model ... container policy exists"), so a
+                         gpt TP run without a pipeline stops at start; its TP figure is the same split, unmeasured.
+                         The head and its logits are not split (our TP keeps the head replicated).
     Ulysses (llama)      every per-token term is per local token (s / u of them). Attention after the all-to-all
                          holds the full sequence for a / u heads, the same bytes per local token, plus what the
                          all-to-alls add (see ULYSSES below).

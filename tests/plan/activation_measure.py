@@ -4,11 +4,11 @@
 every tensor autograd saves, each storage once (a view saved twice, or the same input saved by q, k and v
 projections, is one storage), leaving out the parameters' storages (`exclude`: weights are model state,
 counted by launcher/plan/memory.py's model_state_bytes). What the hook sees is exactly what stays alive
-between forward and backward because of autograd, plus the inputs that activation checkpointing keeps:
-torch's non-reentrant checkpoint saves its positional tensor inputs through _NoopSaveInputs
-(torch/utils/checkpoint.py) and DeepSpeed's (reentrant) CheckpointFunction through ctx.save_for_backward,
-both outside their own inner hooks. Not seen: tensors a closure keeps (kwargs of a checkpointed call,
-e.g. the model-wide rotary cos/sin) and the transient buffers of backward itself (gradients).
+between forward and backward because of autograd, plus the positional inputs torch's non-reentrant checkpoint keeps (it saves them through _NoopSaveInputs,
+torch/utils/checkpoint.py, outside its own inner hooks). Not seen, so the callers measure them where they are
+kept: tensors a closure keeps (kwargs of a checkpointed call, e.g. the model-wide rotary cos/sin), the inputs
+DeepSpeed's CheckpointFunction keeps as a ctx attribute (ctx.deepspeed_saved_tensors), and the transient
+buffers of backward itself (gradients).
 """
 
 from __future__ import annotations
@@ -20,9 +20,10 @@ def param_storages(*modules) -> set:
     return {p.untyped_storage().data_ptr() for m in modules for p in m.parameters()}
 
 
-def saved_bytes(fn, exclude: set = frozenset()):
-    """(fn's result, bytes of the distinct non-parameter storages autograd saved while fn ran)."""
-    seen: dict = {}
+def saved_bytes(fn, exclude: set = frozenset(), seen: dict | None = None):
+    """(fn's result, bytes of the distinct non-parameter storages autograd saved while fn ran); `seen`
+    (data_ptr -> bytes) may carry storages measured elsewhere, counted once with the saved ones."""
+    seen = {} if seen is None else seen
 
     def pack(t):
         s = t.untyped_storage()

@@ -59,8 +59,7 @@ def measure_model(compose, arch: str, dtype: str, layers: int, checkpointing: bo
         model.model.rotary_emb.register_forward_hook(
             lambda mod, args, out: held.update({o.untyped_storage().data_ptr(): o.untyped_storage().nbytes() for o in out}))
     ids = torch.randint(0, cfg.model.vocab_size, (MICRO, SEQ), generator=torch.Generator().manual_seed(0))
-    loss, measured = saved_bytes(lambda: model(input_ids=ids, labels=ids).loss, param_storages(model))
-    measured += sum(held.values())
+    loss, measured = saved_bytes(lambda: model(input_ids=ids, labels=ids).loss, param_storages(model), held)
     loss.backward()  # the graph is complete and runs
     return cfg, layout, measured
 
@@ -84,3 +83,63 @@ def test_saved_bytes_match_planner(compose, arch, dtype, checkpointing):
           f"model {planned_total / three:.4f}")
     assert planned_block == pytest.approx(measured_block, rel=0.02)
     assert planned_total == pytest.approx(three, rel=0.02)
+
+
+# --- 2 CPU ranks: our pipeline-grid TP, DeepSpeed AutoTP, Ulysses SP (tests/plan/activation_worker.py) -----------
+RANK_CASES = [(mode, arch, dtype, ckpt)
+              for mode, archs in (("pipe", ("llama", "bloom")), ("autotp", ("llama",)), ("ulysses", ("llama",)))
+              for arch in archs for dtype in ("bf16", "fp32") for ckpt in (False, True)]
+
+
+def _case_name(mode, arch, dtype, ckpt, layers):
+    return f"{mode}-{arch}-{dtype}-{'ckpt' if ckpt else 'none'}-L{layers}"
+
+
+@pytest.fixture(scope="module")
+def rank_measurements(tmp_path_factory):
+    """One torchrun launch of 2 ranks measuring every RANK_CASES case at 1 and 3 blocks; {name: [rank0, rank1]}."""
+    import json
+    import os
+    import subprocess
+
+    from tests.conftest import REPO, venv_bin
+
+    tmp = tmp_path_factory.mktemp("activations")
+    cases = [{"name": _case_name(m, a, d, c, n), "mode": m, "arch": a, "dtype": d, "ckpt": c, "layers": n}
+             for (m, a, d, c) in RANK_CASES for n in (1, 3)]
+    (tmp / "cases.json").write_text(json.dumps(cases))
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([venv_bin("torchrun"), "--standalone", "--nproc_per_node", "2",
+                           str(REPO / "tests/plan/activation_worker.py"), str(tmp), str(tmp / "cases.json")],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    ranks = [json.loads((tmp / f"rank{r}.json").read_text()) for r in range(2)]
+    return {name: [ranks[0][name], ranks[1][name]] for name in ranks[0]}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode, arch, dtype, ckpt", RANK_CASES,
+                         ids=[_case_name(*c, "")[:-2] for c in RANK_CASES])
+def test_parallel_saved_bytes_match_planner(rank_measurements, mode, arch, dtype, ckpt):
+    shapes = {"llama": act.ActivationShape("llama", 128, 4, 2, 352, 256),
+              "bloom": act.ActivationShape("bloom", 128, 4, 4, 512, 256)}   # the worker's ARCH_OVERRIDES
+    m = shapes[arch]
+    tp = 2 if mode in ("pipe", "autotp") else 1
+    u = 2 if mode == "ulysses" else 1
+    recompute = "full" if ckpt else "none"
+    one = rank_measurements[_case_name(mode, arch, dtype, ckpt, 1)]
+    three = rank_measurements[_case_name(mode, arch, dtype, ckpt, 3)]
+    assert one[0] == one[1] and three[0] == three[1]   # both TP / SP ranks hold the same
+    measured_block = (three[0] - one[0]) / 2
+    tokens = SEQ * MICRO / u
+    if ckpt:
+        planned_block = tokens * act.checkpointed_block_bytes_per_token(m, dtype)
+    else:
+        planned_block = tokens * act.block_bytes_per_token(m, SEQ, dtype, tp, u)
+        if mode == "pipe":
+            planned_block += act.rotary_bytes(m, SEQ, dtype)   # each pipeline block computes its own cos/sin
+    planned_total = act.stage_saved_bytes(m, 3, SEQ, MICRO, dtype, recompute, tp, u, pipeline=mode == "pipe")
+    print(f"{mode} {arch} {dtype} {recompute}: block planned/measured {planned_block / measured_block:.4f}, "
+          f"stage {planned_total / three[0]:.4f}")
+    assert planned_block == pytest.approx(measured_block, rel=0.02)
+    assert planned_total == pytest.approx(three[0], rel=0.02)
