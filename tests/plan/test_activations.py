@@ -143,3 +143,17 @@ def test_parallel_saved_bytes_match_planner(rank_measurements, mode, arch, dtype
           f"stage {planned_total / three[0]:.4f}")
     assert planned_block == pytest.approx(measured_block, rel=0.02)
     assert planned_total == pytest.approx(three[0], rel=0.02)
+
+
+def test_plan_json_reports_activation_bytes_per_layer(compose):
+    """`launcher plan --json` carries the per-block figure beside the totals: llama2-70b checkpoints every block,
+    so a block keeps its bf16 input: s x b x h x 2 bytes (4096 x 1 x 8192 x 2 = 64 MiB)."""
+    from launcher.config.layout import resolve_layout
+    from launcher.plan.report import plan_summary
+
+    cfg = compose(["recipe=llama2-70b"])
+    layout = resolve_layout(cfg)
+    s = plan_summary(cfg, layout)
+    assert cfg.model.activation_checkpointing and layout.dtype == "bf16"
+    assert s["activation_bytes_per_layer"] == layout.seq_length * layout.micro_batch_size * cfg.model.hidden_size * 2
+    assert s["memory_per_gpu_bytes"]["activations"] > s["activation_bytes_per_layer"]
