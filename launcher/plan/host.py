@@ -40,7 +40,6 @@ from typing import Optional
 from launcher.config import hardware
 from launcher.plan.inputs import ModelShape, Strategy
 from launcher.plan.memory import model_state_bytes, stage_params, weight_bytes
-from launcher.plan.stages import PIPELINE_ARCHS, pipeline_layer_params, stage_bounds
 
 BUILD_ROWS = 256            # rows a seeded initialiser generates at a time (launcher/runtime/build.py)
 FP32_BYTES = 4
@@ -72,12 +71,6 @@ def build_path(st: Strategy) -> str:
     return "whole"
 
 
-# Parameters of one decoder block that tensor parallelism leaves whole on every TP rank, per hidden unit
-# (launcher/parallel/tensor.py shards the block's matrices and column-parallel biases): LLaMA its two RMSNorm
-# weights (2h); BLOOM/GPT two LayerNorms with bias (4h) + the row-parallel output biases of attention and MLP (2h).
-BLOCK_TP_REPLICATED_PER_HIDDEN = {"llama": 2, "bloom": 6, "gpt": 6}
-
-
 def whole_params(shape: ModelShape, st: Strategy) -> int:
     """The whole model's parameters with the TP-padded vocabulary (the embedding, and an untied head, padded)."""
     pad = (st.padded_vocab_size - shape.vocab_size) * shape.hidden_size
@@ -87,17 +80,9 @@ def whole_params(shape: ModelShape, st: Strategy) -> int:
 def rank_params(shape: ModelShape, st: Strategy, stage: int) -> float:
     """Parameters one TP rank of pipeline stage `stage` builds, as the runtime shards them: a block's matrices
     and column-parallel biases / TP, everything else whole -- the embedding and the head are replicated over
-    TP ranks (what `train --dry-run` counts as params_tp_replicated), unlike memory.py's stage_params."""
-    if st.pipeline_degree > 1 and shape.arch not in PIPELINE_ARCHS:
-        return stage_params(shape, st, stage)   # no pipeline implementation: the planner's even spread
-    t = st.tensor_degree
-    rep = BLOCK_TP_REPLICATED_PER_HIDDEN[shape.arch] * shape.hidden_size
-    if st.pipeline_degree == 1:
-        blocks = shape.num_layers * (shape.params.per_layer - rep)
-        return whole_params(shape, st) - blocks + blocks / t
-    b = stage_bounds(shape, st.padded_vocab_size, st.pipeline_degree, st.partition_method)
-    own = pipeline_layer_params(shape, st.padded_vocab_size)[b[stage]:b[stage + 1]]
-    return sum((n - rep) / t + rep if "Decoder" in name else n for name, n in own)
+    TP ranks (what `train --dry-run` counts as params_tp_replicated). The GPU plan counts the same
+    (memory.stage_params), so there is one rule."""
+    return stage_params(shape, st, stage)
 
 
 def _widest_row(shape: ModelShape, tp: int) -> int:

@@ -20,12 +20,13 @@ from launcher.config.errors import ConfigError
 from launcher.plan.params import ParamCount, count_params
 
 # Architectures whose attention runs through PyTorch SDPA (launcher/runtime/model.py, attn_implementation):
-# on GPUs that is a flash / memory-efficient kernel that never stores the a x s x s score matrices, which is
-# exactly what Korthikanti et al. 2022's selective recomputation removes (their 5as/h term). transformers'
-# Bloom computes ALiBi attention eagerly, so BLOOM stores the scores unless recomputed.
+# on GPUs that is a flash / memory-efficient kernel that never stores the a x s x s score matrices.
+# transformers' Bloom computes ALiBi attention eagerly, so BLOOM stores the scores (launcher/plan/activations.py).
 SDPA_ARCHS = frozenset({"llama", "gpt"})
 
-RECOMPUTE_MODES = ("none", "selective", "full")
+# What `launcher train` can run: model.activation_checkpointing off ("none") or on ("full": whole blocks).
+# Korthikanti et al.'s selective recomputation is not implemented by the runtime, so the planner does not offer it.
+RECOMPUTE_MODES = ("none", "full")
 
 
 @dataclass(frozen=True)
@@ -132,7 +133,7 @@ class Strategy:
     gpus_per_node: int
     dtype: str
     grad_accum_fp32: bool       # precision.grad_accum_dtype=fp32 (with bf16: DeepSpeed's BF16_Optimizer)
-    recompute: str              # "none", "selective" or "full"
+    recompute: str              # "none" or "full" (RECOMPUTE_MODES)
     offload_optimizer: bool = False
     offload_param: bool = False
     partition_method: str = "parameters"   # parallel.partition_method: how DeepSpeed cuts the pipeline (plan/stages.py)
@@ -150,10 +151,12 @@ def strategy(cfg, layout, recompute: Optional[str] = None) -> Strategy:
     """The Strategy of a composed config and its resolved layout.
 
     `model.activation_checkpointing` maps to full recomputation (DeepSpeed / transformers checkpoint whole
-    blocks); `recompute` overrides it (the search and the tests use "selective").
+    blocks); `recompute` overrides it with one of RECOMPUTE_MODES.
     """
     if recompute is None:
         recompute = "full" if cfg.model.activation_checkpointing else "none"
+    if recompute not in RECOMPUTE_MODES:
+        raise ValueError(f"recompute={recompute!r}: the runtime runs {RECOMPUTE_MODES}")
     return Strategy(
         tensor_degree=layout.tensor_degree, pipeline_degree=layout.pipeline_degree,
         sequence_degree=layout.sequence_degree, data_degree=layout.data_degree, zero_stage=layout.zero_stage,

@@ -21,24 +21,17 @@ gradients). The layers per stage are DeepSpeed's cut with parallel.partition_met
 the cut the runtime builds; BLOOM-176B: embedding + 5 blocks, 6, ..., 6, 5 blocks + embedding); norm weights are
 divided by TP with the matrices (they are replicated in reality: < 0.01% of a block).
 
-Activations per block (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
-Models", Table 2), s sequence, b micro batch, h hidden, a heads, t TP degree, 16-bit activations:
-
-    no recompute, no parallelism:        s b h (34 + 5 a s / h)
-    TP:                                   s b h (10 + 24/t + 5 a s / (h t))
-    TP + sequence parallelism:            s b h (34 + 5 a s / h) / t
-    selective recompute:                  the 5 a s / h term is dropped (attention scores recomputed)
-    full recompute:                       2 s b h per block (its input; / t with sequence parallelism)
-
-DeepSpeed AutoTP is Megatron-style TP without Megatron's sequence parallelism; our sequence_degree
-(Ulysses) splits the sequence of every term by the SP degree. Architectures that run SDPA (flash /
-memory-efficient kernels) never store the scores, so for them "none" costs what "selective" costs.
-Full recompute also needs one block's full activations while that block is recomputed (the working set).
+Activations (launcher/plan/activations.py: every term derived from the tensors the runtime's modules save for
+backward, held to a saved_tensors_hooks measurement by tests/plan/test_activations.py; Korthikanti et al.
+2022's Megatron-GPT count, 34 s b h + 5 a s^2 b per block, is what they depart from, and why, is written
+there). Per stage and rank: the stage's saved bytes for one micro-batch (its blocks, plus the embedding on the
+first stage and the final norm, head and fp32 log-softmax on the last) x the micro-batches in flight; with
+activation checkpointing the blocks keep only their inputs and one block's full set is live while it is
+recomputed (the working set); the last stage adds the transient gradient of the logits at the start of
+backward (fp32, plus its 16-bit cast).
 
 Under 1F1B (Narayanan et al. 2021, section 2.2.1) stage i holds the activations of min(PP - i, m)
-micro-batches: the first stage holds PP of them (Korthikanti et al. 2022, section 4.2.3). The last stage
-holds the logits: s b V / t elements at 2 (16-bit logits) + 4 (their fp32 copy for the loss, Korthikanti
-section 4.3) + 4 (its gradient during backward) = 10 bytes.
+micro-batches: the first stage holds PP of them (Korthikanti et al. 2022, section 4.2.3).
 
 Framework overhead (stated allowance, not measured): 2 GB for the CUDA context, cuBLAS/NCCL workspaces and
 allocator fragmentation, plus DeepSpeed's communication buffers: ZeRO 1/2 reduce bucket (our DeepSpeed
@@ -50,13 +43,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from launcher.plan import activations as act
 from launcher.plan.inputs import Hardware, ModelShape, Strategy
 from launcher.plan.params import param_group_numels
 from launcher.plan.stages import PIPELINE_ARCHS, stage_blocks, stage_param_counts
 
 FRAMEWORK_OVERHEAD_BYTES = 2e9
 REDUCE_BUCKET_ELEMENTS = 500_000_000   # launcher/deepspeed_config.py REDUCE_BUCKET_SIZE (raised for SP x ZeRO-3 there)
-LOGITS_BYTES_PER_ELEMENT = 2 + 4 + 4   # 16-bit logits + fp32 copy for the loss + its gradient
 
 
 def weight_bytes(dtype: str) -> int:
@@ -93,14 +86,23 @@ def model_state_bytes(n_params: float, data_degree: int, zero_stage: int, dtype:
     return {"params": params, "grads": grads, "optimizer": optimizer}
 
 
-def activation_bytes_per_layer(s: int, b: int, h: int, a: int, tp: int = 1, sequence_parallel: bool = False,
-                               recompute: str = "none", store_scores: bool = True, ulysses_degree: int = 1) -> float:
-    """Activation bytes one transformer block keeps for backward (Korthikanti et al. 2022, Table 2)."""
-    if recompute == "full":
-        return 2 * s * b * h / (tp if sequence_parallel else 1) / ulysses_degree
-    linear = s * b * h * (34 / tp if sequence_parallel else 10 + 24 / tp)
-    scores = 5 * a * s * s * b / tp if (recompute == "none" and store_scores) else 0.0
-    return (linear + scores) / ulysses_degree
+def activation_shape(shape: ModelShape, st: Strategy) -> act.ActivationShape:
+    return act.ActivationShape(arch=shape.arch, hidden_size=shape.hidden_size, num_heads=shape.num_heads,
+                               num_kv_heads=shape.num_kv_heads, intermediate_size=shape.intermediate_size,
+                               vocab_size=st.padded_vocab_size)
+
+
+def activation_bytes_per_layer(shape: ModelShape, st: Strategy) -> float:
+    """Bytes one block keeps for backward per micro-batch on one rank (launcher/plan/activations.py): its whole
+    saved set, or with activation checkpointing only its input. Pipeline blocks add their own rotary cos/sin."""
+    m = activation_shape(shape, st)
+    tokens = st.seq_length * st.micro_batch_size / st.sequence_degree
+    if st.recompute == "full":
+        return tokens * act.checkpointed_block_bytes_per_token(m, st.dtype)
+    per_block = tokens * act.block_bytes_per_token(m, st.seq_length, st.dtype, st.tensor_degree, st.sequence_degree)
+    if st.pipeline_degree > 1:
+        per_block += act.rotary_bytes(m, st.seq_length, st.dtype, st.sequence_degree)
+    return per_block
 
 
 def layers_in_stage(num_layers: int, pipeline_degree: int, stage: int) -> int:
@@ -108,11 +110,28 @@ def layers_in_stage(num_layers: int, pipeline_degree: int, stage: int) -> int:
     return num_layers // pipeline_degree + (1 if stage < num_layers % pipeline_degree else 0)
 
 
+def replicated_block_params(shape: ModelShape) -> int:
+    """Parameters of one block kept whole on every TP rank: the norms and the row-parallel biases (added once
+    after the all-reduce; launcher/parallel/tensor.py, and DeepSpeed AutoTP's LinearAllreduce). LLaMA: two
+    RMSNorm weights; BLOOM / GPT-2: two LayerNorms (weight + bias) + the two row-parallel biases."""
+    return (2 if shape.arch == "llama" else 6) * shape.hidden_size
+
+
 def stage_params(shape: ModelShape, st: Strategy, stage: int) -> float:
-    """Parameters one rank of pipeline stage `stage` holds (TP-sharded, before ZeRO): the stage's exact count
-    as DeepSpeed cuts the layers (launcher/plan/stages.py, what the runtime builds) divided by TP."""
+    """Parameters one TP rank of pipeline stage `stage` holds (before ZeRO), from the stage's exact count as
+    DeepSpeed cuts the layers (launcher/plan/stages.py, what the runtime builds).
+
+    TP shards only the blocks' matrices and column-parallel biases; the embedding, the final norm, the head (or
+    the tied embedding's copy) and every norm and row-parallel bias stay whole on each TP rank, so only the
+    sharded part of the stage's count is divided by TP (issue 11: BLOOM-176B's end stages hold the whole
+    3.6B-parameter embedding on every TP rank: 6.68B per rank, not 3.98B). The same count as host.rank_params
+    and `launcher train --dry-run` (params_tp_replicated).
+    """
     if st.pipeline_degree == 1 or shape.arch in PIPELINE_ARCHS:
-        return stage_param_counts(shape, st.padded_vocab_size, st.pipeline_degree, st.partition_method)[stage] / st.tensor_degree
+        args = (shape, st.padded_vocab_size, st.pipeline_degree, st.partition_method)
+        total = stage_param_counts(*args)[stage]
+        sharded = stage_blocks(*args)[stage] * (shape.params.per_layer - replicated_block_params(shape))
+        return total - sharded + sharded / st.tensor_degree
     # No pipeline implementation for the architecture (gpt): blocks spread evenly, as a plan only.
     p, t = st.pipeline_degree, st.tensor_degree
     h, pc = shape.hidden_size, shape.params
@@ -147,8 +166,8 @@ class StageMemory:
     params: float
     grads: float
     optimizer: float
-    activations: float   # blocks' activations + logits buffer
-    logits: float
+    activations: float   # saved tensors x in-flight micro-batches + recompute working set + loss-backward transient
+    logits: float        # of which the loss end: fp32 log-softmax + targets + the logits' gradient at backward
     overhead: float
 
     @property
@@ -181,16 +200,23 @@ class MemoryEstimate:
                 "overhead": m.overhead, "total": m.total}
 
 
-def _stage_memory(shape: ModelShape, st: Strategy, stage: int, per_layer_act: float, working_set: float) -> StageMemory:
+def _stage_memory(shape: ModelShape, st: Strategy, stage: int, working_set: float) -> StageMemory:
     n = stage_params(shape, st, stage)
     states = model_state_bytes(n, st.data_degree, st.zero_stage, st.dtype, st.grad_accum_fp32,
                                st.pipeline_degree, st.offload_optimizer, st.offload_param)
     blocks = blocks_in_stage(shape, st, stage)
-    acts = blocks * per_layer_act * in_flight_micro_batches(st, stage) + working_set
+    m = activation_shape(shape, st)
+    first, last = stage == 0, stage == st.pipeline_degree - 1
+    s, b, u = st.seq_length, st.micro_batch_size, st.sequence_degree
+    saved = act.stage_saved_bytes(m, blocks, s, b, st.dtype, st.recompute, st.tensor_degree, u,
+                                  first=first, last=last, pipeline=st.pipeline_degree > 1)
+    acts = saved * in_flight_micro_batches(st, stage) + (working_set if blocks else 0.0)
     logits = 0.0
-    if stage == st.pipeline_degree - 1:
-        logits = (st.seq_length * st.micro_batch_size * st.padded_vocab_size / st.tensor_degree / st.sequence_degree
-                  * LOGITS_BYTES_PER_ELEMENT)
+    if last:
+        # The head's vocabulary is not split by our TP (replicated head), so neither are its logits.
+        predicted = (s - 1) * b if st.pipeline_degree > 1 else s * b / u
+        logits = predicted * (4 * st.padded_vocab_size + act.INDEX_BYTES) + act.loss_backward_bytes(m, s, b, st.dtype, u)
+        acts += act.loss_backward_bytes(m, s, b, st.dtype, u)
     w = weight_bytes(st.dtype)
     if st.zero_stage == 3:
         buffers = 2 * shape.params.per_layer / st.tensor_degree * w
@@ -199,21 +225,22 @@ def _stage_memory(shape: ModelShape, st: Strategy, stage: int, per_layer_act: fl
     else:
         buffers = 0.0
     return StageMemory(stage=stage, params=states["params"], grads=states["grads"], optimizer=states["optimizer"],
-                       activations=acts + logits, logits=logits, overhead=FRAMEWORK_OVERHEAD_BYTES + buffers)
+                       activations=acts, logits=logits, overhead=FRAMEWORK_OVERHEAD_BYTES + buffers)
 
 
 def estimate_memory(shape: ModelShape, st: Strategy, hw: Hardware) -> MemoryEstimate:
     """Memory of every pipeline stage of one rank, and whether the worst one fits the GPU."""
-    args = dict(s=st.seq_length, b=st.micro_batch_size, h=shape.hidden_size, a=shape.num_heads,
-                tp=st.tensor_degree, store_scores=not shape.flash_attention, ulysses_degree=st.sequence_degree)
-    per_layer = activation_bytes_per_layer(recompute=st.recompute, **args)
     # Full recompute rebuilds one block's activations at a time in backward: that block's full set is live.
-    working_set = activation_bytes_per_layer(recompute="none", **args) if st.recompute == "full" else 0.0
+    working_set = 0.0
+    if st.recompute == "full":
+        m = activation_shape(shape, st)
+        working_set = (st.seq_length * st.micro_batch_size / st.sequence_degree
+                       * act.block_bytes_per_token(m, st.seq_length, st.dtype, st.tensor_degree, st.sequence_degree))
     # Stages other than the first and last differ only in in-flight micro-batches and block count, so the
     # first, the last and (for the block-count remainder) stage 1 bound them all; evaluating every stage
     # would cost O(PP) per candidate in --search for no new maximum.
     stages = sorted({0, min(1, st.pipeline_degree - 1), st.pipeline_degree - 1})
-    return MemoryEstimate(stages=tuple(_stage_memory(shape, st, i, per_layer, working_set) for i in stages),
+    return MemoryEstimate(stages=tuple(_stage_memory(shape, st, i, working_set) for i in stages),
                           capacity_bytes=hw.memory_bytes)
 
 

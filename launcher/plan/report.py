@@ -12,7 +12,7 @@ from launcher.config.layout import Layout
 from launcher.plan.flops import estimate_step_time
 from launcher.plan.host import estimate_host_memory, host_capacity, stages_by_node
 from launcher.plan.inputs import model_shape, resolve_hardware, strategy
-from launcher.plan.memory import estimate_memory
+from launcher.plan.memory import activation_bytes_per_layer, estimate_memory
 from launcher.plan.params import count_params, rough_params
 from launcher.plan.stages import PIPELINE_ARCHS, stage_blocks, stage_param_counts
 
@@ -141,10 +141,12 @@ def performance_summary(cfg, layout: Layout) -> dict:
             "recompute", "flops_per_token", "hardware_flops_per_token", "step_time_s", "step_time_breakdown_s",
             "tokens_per_s", "tflops_per_gpu", "hardware_tflops_per_gpu", "mfu", "peak_tflops", "compute_efficiency",
             "train_tokens", "train_days")
-    if hw is None:
-        return dict.fromkeys(keys)
     shape = model_shape(cfg.model)
     st = strategy(cfg, layout)
+    # Per block and micro-batch on one rank (launcher/plan/activations.py); needs no GPU numbers.
+    per_layer = {"activation_bytes_per_layer": int(activation_bytes_per_layer(shape, st))}
+    if hw is None:
+        return {**dict.fromkeys(keys), **per_layer}
     mem = estimate_memory(shape, st, hw)
     tokens = cfg.train.tokens or cfg.train.steps * layout.tokens_per_step
     t = estimate_step_time(shape, st, hw, tokens)
@@ -168,6 +170,7 @@ def performance_summary(cfg, layout: Layout) -> dict:
         "compute_efficiency": hw.compute_efficiency,
         "train_tokens": int(tokens),
         "train_days": t.train_days,
+        **per_layer,
     }
 
 
@@ -185,11 +188,14 @@ def _performance_rows(s: dict) -> list[tuple[str, str, str]]:
     step = s["step_time_s"]
     stage = s["memory_peak_stage"]
     return [
-        ("memory: params", _gb(m["params"]), f"stage {stage} weights / TP x {2 if dt != 'fp32' else 4} B ({dt}); ZeRO {z}: {shard}"),
+        ("memory: params", _gb(m["params"]), f"stage {stage} weights (block matrices / TP; embedding, head, norms whole) x {2 if dt != 'fp32' else 4} B ({dt}); ZeRO {z}: {shard}"),
         ("memory: grads", _gb(m["grads"]), "same count x dtype bytes (+ fp32 accumulation buffer with BF16_Optimizer)"),
         ("memory: optimizer", _gb(m["optimizer"]), "fp32 master + Adam m, v = 12 B/param (ZeRO paper section 5, K = 12)"),
         ("memory: activations", _gb(m["activations"]),
-         f"Korthikanti 2022 x in-flight micro-batches (1F1B: first stage holds PP) + logits; recompute={s['recompute']}"),
+         f"{s['activation_bytes_per_layer'] / 1e6:,.1f} MB per block per micro-batch ("
+         + ("checkpointed: its input" if s["recompute"] == "full" else "its saved tensors")
+         + ", plan/activations.py) x blocks x in-flight micro-batches (1F1B: first stage holds PP) + embedding/head/"
+         + "fp32 loss" + (" + one block's full set while recomputed" if s["recompute"] == "full" else "")),
         ("memory: overhead", _gb(m["overhead"]), "stated allowance: 2 GB CUDA/NCCL/fragmentation + ZeRO buffers"),
         ("memory per GPU", f"{_gb(m['total'])} / {_gb(s['memory_capacity_bytes'])}",
          ("fits, " if s["fits"] else "DOES NOT FIT, ") + f"{_gb(abs(s['memory_headroom_bytes']))} "

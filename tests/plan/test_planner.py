@@ -42,21 +42,6 @@ def test_bf16_optimizer_keeps_unsharded_fp32_grads():
     assert (b["params"], b["grads"], b["optimizer"]) == (2000, 6000, 1500)
 
 
-# Korthikanti et al. 2022, section 4 / Table 2, with a GPT-3 175B layer (Brown et al. 2020, Table 2.1):
-# s = 2048, h = 12288, a = 96, b = 1: s b h (34 + 5 a s / h) bytes with no parallelism.
-def test_activation_bytes_gpt3_layer():
-    s, h, a, b, t = 2048, 12288, 96, 1, 8
-    sbh = s * b * h
-    assert memory.activation_bytes_per_layer(s, b, h, a) == sbh * 34 + 5 * a * s * s * b  # = sbh(34 + 5as/h)
-    assert memory.activation_bytes_per_layer(s, b, h, a) / 2**30 == pytest.approx(sbh * (34 + 5 * a * s / h) / 2**30)
-    # 34 + 5 x 96 x 2048 / 12288 = 114 bytes per (s b h) element: 2,868,903,936 bytes = 2.67 GiB per layer.
-    assert memory.activation_bytes_per_layer(s, b, h, a) == 2048 * 12288 * 114
-    assert memory.activation_bytes_per_layer(s, b, h, a, tp=t) == pytest.approx(sbh * (10 + 24 / t + 5 * a * s / (h * t)))
-    assert memory.activation_bytes_per_layer(s, b, h, a, tp=t, sequence_parallel=True) == pytest.approx(sbh * 114 / t)
-    assert memory.activation_bytes_per_layer(s, b, h, a, tp=t, sequence_parallel=True, recompute="selective") == pytest.approx(sbh * 34 / t)
-    assert memory.activation_bytes_per_layer(s, b, h, a, recompute="full") == 2 * sbh
-
-
 # Narayanan et al. 2021, eq. 4: training time ~ 8 T P / (n X). GPT-3: 175B parameters, 300B tokens,
 # 1,024 A100 at 312 TFLOP/s peak, 34-35 days -> utilisation U = 8TP / (n x 312e12 x seconds) ~ 0.44.
 def test_gpt3_utilisation_from_eq4():

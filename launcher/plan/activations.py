@@ -1,0 +1,215 @@
+"""Activation bytes: what the runtime's modules save for backward, per block and per pipeline stage (no torch).
+
+Every term below is a tensor that autograd saves in the forward pass of the modules `launcher train` builds
+(transformers 5.x LlamaDecoderLayer / BloomBlock / GPT2Block, our pipeline wrappers in
+launcher/parallel/pipeline.py, our TP shards in launcher/parallel/tensor.py, Ulysses in
+launcher/parallel/sequence.py), read off with torch.autograd.graph.saved_tensors_hooks, each storage
+counted once, parameters excluded (tests/plan/activation_measure.py). tests/plan/test_activations.py
+holds these formulas to that measurement within 2% for every arch x dtype x checkpointing x TP/SP
+combination it builds.
+
+Notation, per token (one position of one sequence) of one micro-batch on one rank: h hidden, f ffn width,
+a heads, k KV heads, d = h / a head dim, V padded vocabulary, w bytes of the training dtype (bf16/fp16 2,
+fp32 4), t tensor degree (our pipeline-grid TP and DeepSpeed AutoTP shard the same linears), u Ulysses
+degree (a rank holds s / u tokens). A micro-batch has s b / u tokens on a rank.
+
+LLaMA block (modeling_llama.py), bytes per token:
+    2 x LlamaRMSNorm     4h (its input upcast to fp32: `hidden_states.to(torch.float32)`; in fp32 the block
+                         input itself) + 4 (fp32 rsqrt of the variance) + w h (the normalised input in the
+                         dtype, saved by `weight * x`) + w h (its output, saved by the next linears)
+    q, k, v after rotary w (h + 2 k d) / t   (SDPA's inputs; the pre-rotary projections are not kept: q * cos
+                         saves only cos, which needs no grad)
+    SDPA                 w h / t (output, also o_proj's input: the kernel writes (b, s, a, d), so
+                         transpose(1, 2).contiguous() is a no-op) + 4 a / t (fp32 logsumexp)
+    SwiGLU MLP           4 w f / t: gate output (SiLU's input), SiLU output and up output (the product's
+                         inputs), and the product (down_proj's input)
+    total                8h + 8 + 4wh + w (2h + 2kd + 4f) / t + 4a / t
+    bf16, MHA, t = 1:    8h + 8 + 8h + 4h + 8f + 4a = 20h + 8f + 4a + 8 (f = 8h/3: ~41.3 s b h; Korthikanti: 34)
+  plus rotary cos and sin, 2 s d w per micro-batch: once per model in transformers (LlamaModel computes them for
+  all layers), once per block in the pipeline (DecoderBlockPipe recomputes them from the hidden states).
+
+BLOOM block (modeling_bloom.py, eager attention with ALiBi), bytes per token:
+    2 x LayerNorm        w h (input) + 2 c (mean, rstd) + w h (output); c = 4 on CUDA (layer_norm_kernel.cu keeps
+                         the statistics in fp32), the input dtype on CPU (measured: 2 bytes each in bf16)
+    attention            3 w h / t (q, k: baddbmm's operands; v: bmm's) + w h / t (dense's input, the merged heads)
+    scores               4 a s / t (softmax's fp32 output, `softmax(..., dtype=torch.float32)`) + w a s / t (its cast
+                         back to the dtype, bmm's operand; the same storage in fp32, so 0 there)
+    MLP                  2 w f / t (BloomGelu's input, dense_4h_to_h's input)
+    total                4wh + 4c + (4wh + 2wf) / t + (4 + [w if w != 4]) a s / t
+
+GPT-2 block (modeling_gpt2.py, SDPA, dropout 0), bytes per token:
+    2 x LayerNorm        w h + 2 c + w h, as BLOOM
+    attention            3 w h / t (c_attn's output: q, k, v are views of one storage) + w h / t + 4 a / t (SDPA)
+    MLP                  4 w f / t: gelu_new (NewGELUActivation) is Python arithmetic, 0.5 x (1 + tanh(...)):
+                         it keeps x, tanh's output, 0.5 x and 1 + tanh; + w f / t (c_proj's input)
+    total                4wh + 4c + (4wh + 5wf + 4a) / t
+
+Outside the blocks (first and last pipeline stage; both on a 1-stage run):
+    embedding            8 per token (int64 input ids, F.embedding's indices); GPT-2 also 8 s per micro-batch
+                         (its position ids); BLOOM's word_embeddings_layernorm: w h + 2 c
+    final norm + head    LLaMA 4h + 4 + 2wh, GPT-2 / BLOOM 2wh + 2c (the head's input is the norm's output)
+    loss                 4V + 8 per predicted token: the fp32 log-softmax output (transformers' ForCausalLMLoss
+                         and our causal_lm_loss upcast the logits with .float()) and the int64 targets. Predicted
+                         tokens: transformers upcasts all s positions, the pipeline's causal_lm_loss s - 1.
+    loss backward        transient, not saved: the fp32 gradient of the logits (4V per token) and, in 16-bit, its
+                         cast back (w V), alive together while the saved tensors above still are. Counted in the
+                         last stage's peak; the hook cannot see it (stated from autograd's backward, not measured).
+
+Activation checkpointing (model.activation_checkpointing; the only recompute mode `launcher train` runs: whole
+blocks, transformers' gradient_checkpointing (non-reentrant) or DeepSpeed's reentrant checkpoint in the
+PipelineModule, one block per checkpoint):
+    kept per block       w h per token: the block's input (torch's _NoopSaveInputs; DeepSpeed's CheckpointFunction
+                         keeps it as ctx.deepspeed_saved_tensors). Not divided by t: our DeepSpeed config asks for
+                         partition_activations under TP, but DeepSpeed reads that key only in
+                         deepspeed.checkpointing.configure, which nothing calls, so every TP rank keeps the full
+                         input (a departure from Megatron's 2sbh/t).
+    working set          one block's full set (the formula above) while that block is recomputed in backward.
+
+Parallelism:
+    TP                   norms, residual stream and the column-parallel inputs stay replicated; everything
+                         inside attention and the MLP is divided by t (the formulas carry the split). Measured
+                         for our pipeline-grid TP (llama, bloom) and AutoTP (llama). DeepSpeed 0.19.8 AutoTP
+                         refuses GPT-2 ("AutoTP not supported for model ... container policy exists"), so a
+                         gpt TP run without a pipeline stops at start; its TP figure is the same split, unmeasured.
+                         The head and its logits are not split (our TP keeps the head replicated).
+    Ulysses (llama)      every per-token term is per local token (s / u of them). Attention after the all-to-all
+                         holds the full sequence for a / u heads, the same bytes per local token, plus what the
+                         all-to-alls add (see ULYSSES below).
+    pipeline (1F1B)      stage i holds min(PP - i, m) micro-batches in flight (Narayanan et al. 2021, section
+                         2.2.1); memory.py multiplies.
+
+Where this departs from Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer
+Models", section 4.1, Table 2: 34 s b h + 5 a s^2 b per GPT block): their count assumes Megatron's fused
+kernels: LayerNorm storing only its 16-bit input (2sbh, no fp32 upcast, no separate output copy), GELU
+storing its input only (8sbh), dropout masks (sbh each x 3; ours run without dropout), and a fused QKV
+whose input is shared; transformers' modules store more (RMSNorm's fp32 upcast, four ffn-wide tensors in
+SwiGLU and in gelu_new) and no masks; SDPA (flash / memory-efficient kernels on GPUs, the flash kernel on
+CPU) keeps the fp32 logsumexp (4 a bytes per token) instead of the scores; and their full recompute
+partitions the checkpoint over TP, which our runtime does not.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+LN_STATS_BYTES = 4          # LayerNorm mean / rstd per token on CUDA (fp32 accumulation type)
+RMS_STATS_BYTES = 4         # RMSNorm's fp32 rsqrt per token
+INDEX_BYTES = 8             # int64 token ids / targets
+LOGSUMEXP_BYTES = 4         # SDPA's fp32 logsumexp per head per token
+
+
+def dtype_bytes(dtype: str) -> int:
+    return 4 if dtype == "fp32" else 2
+
+
+@dataclass(frozen=True)
+class ActivationShape:
+    """The widths the formulas read (a view of inputs.ModelShape, so the tests can build it without a config)."""
+
+    arch: str
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    intermediate_size: int
+    vocab_size: int            # padded vocabulary (the head's width)
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+
+def block_bytes_per_token(m: ActivationShape, seq_length: int, dtype: str, tp: int = 1, ulysses: int = 1) -> float:
+    """Bytes one block saves for backward per local token (no checkpointing), derivation in the module docstring."""
+    h, f, a, k, d = m.hidden_size, m.intermediate_size, m.num_heads, m.num_kv_heads, m.head_dim
+    w, c, t = dtype_bytes(dtype), LN_STATS_BYTES, tp
+    if m.arch == "llama":
+        norms = 2 * (4 * h + RMS_STATS_BYTES + 2 * w * h)
+        if ulysses > 1:
+            attn = ulysses_attention_bytes_per_token(m, dtype)
+        else:
+            attn = (w * (h + 2 * k * d) + w * h + LOGSUMEXP_BYTES * a) / t
+        return norms + attn + 4 * w * f / t
+    if m.arch == "bloom":
+        scores = (4 + (w if w != 4 else 0)) * a * seq_length / t
+        return 4 * w * h + 4 * c + (4 * w * h + 2 * w * f) / t + scores
+    if m.arch == "gpt":
+        return 4 * w * h + 4 * c + (4 * w * h + 5 * w * f + LOGSUMEXP_BYTES * a) / t
+    raise ValueError(f"unknown arch {m.arch!r}")
+
+
+def ulysses_attention_bytes_per_token(m: ActivationShape, dtype: str) -> float:
+    """LLaMA attention under Ulysses (launcher/parallel/sequence.py), per local token: see ULYSSES."""
+    h, a, k, d = m.hidden_size, m.num_heads, m.num_kv_heads, m.head_dim
+    w = dtype_bytes(dtype)
+    # ULYSSES: SDPA keeps q, k, v after the first all-to-all (full sequence, a/u heads: per local token the
+    # same bytes as a/u heads x u tokens), with k, v already repeated to a heads for grouped-query attention
+    # (ulysses_attention's repeat_interleave), its output and fp32 logsumexp; o_proj's input is the second
+    # all-to-all's output, a storage of its own (w h).
+    kv = 2 * h if k != a else 2 * k * d
+    return w * (h + kv) + w * h + LOGSUMEXP_BYTES * a + w * h
+
+
+def checkpointed_block_bytes_per_token(m: ActivationShape, dtype: str) -> float:
+    """Bytes a checkpointed block keeps per local token between forward and its recompute: its input."""
+    return dtype_bytes(dtype) * m.hidden_size
+
+
+def rotary_bytes(m: ActivationShape, seq_length: int, dtype: str, ulysses: int = 1) -> float:
+    """LLaMA's rotary cos and sin for one micro-batch (shape (1, s, d) each, in the dtype); 0 for other archs."""
+    if m.arch != "llama":
+        return 0.0
+    return 2 * (seq_length // ulysses) * m.head_dim * dtype_bytes(dtype)
+
+
+def embedding_bytes(m: ActivationShape, seq_length: int, micro_batch: int, dtype: str, ulysses: int = 1) -> float:
+    """What the embedding end saves for one micro-batch: the ids, GPT-2's position ids, BLOOM's embedding LayerNorm."""
+    tokens = seq_length * micro_batch // ulysses
+    out = INDEX_BYTES * tokens
+    if m.arch == "gpt":
+        out += INDEX_BYTES * seq_length // ulysses
+    if m.arch == "bloom":
+        out += tokens * (dtype_bytes(dtype) * m.hidden_size + 2 * LN_STATS_BYTES)
+    return out
+
+
+def head_bytes(m: ActivationShape, seq_length: int, micro_batch: int, dtype: str, ulysses: int = 1,
+               pipeline: bool = False) -> float:
+    """What the head end saves for one micro-batch: final norm, head input, fp32 log-softmax and targets."""
+    w, h = dtype_bytes(dtype), m.hidden_size
+    tokens = seq_length * micro_batch // ulysses
+    if m.arch == "llama":
+        norm = 4 * h + RMS_STATS_BYTES + 2 * w * h
+    else:
+        norm = 2 * w * h + 2 * LN_STATS_BYTES
+    predicted = (seq_length - 1) * micro_batch if pipeline else tokens
+    return tokens * norm + predicted * (4 * m.vocab_size + INDEX_BYTES)
+
+
+def loss_backward_bytes(m: ActivationShape, seq_length: int, micro_batch: int, dtype: str, ulysses: int = 1) -> float:
+    """Transient gradient of the logits at the start of backward: fp32 (4V) plus its cast to a 16-bit dtype (wV)."""
+    w = dtype_bytes(dtype)
+    return seq_length * micro_batch / ulysses * m.vocab_size * (4 + (w if w != 4 else 0))
+
+
+def stage_saved_bytes(m: ActivationShape, blocks: int, seq_length: int, micro_batch: int, dtype: str,
+                      recompute: str = "none", tp: int = 1, ulysses: int = 1, first: bool = True,
+                      last: bool = True, pipeline: bool = False) -> float:
+    """Bytes one micro-batch leaves saved for backward on one rank of a stage holding `blocks` blocks
+    (and the embedding if `first`, the head and loss if `last`): what the tests measure."""
+    tokens = seq_length * micro_batch / ulysses
+    if recompute == "full":
+        per_block = tokens * checkpointed_block_bytes_per_token(m, dtype)
+    else:
+        per_block = tokens * block_bytes_per_token(m, seq_length, dtype, tp, ulysses)
+    rotary = rotary_bytes(m, seq_length, dtype, ulysses)
+    # The pipeline's blocks each compute their own cos/sin (kept unless the block is checkpointed); the
+    # transformers model computes them once for all layers.
+    if pipeline:
+        per_block += rotary if recompute != "full" else 0.0
+        rotary = 0.0
+    total = blocks * per_block + (rotary if blocks else 0.0)
+    if first:
+        total += embedding_bytes(m, seq_length, micro_batch, dtype, ulysses)
+    if last:
+        total += head_bytes(m, seq_length, micro_batch, dtype, ulysses, pipeline)
+    return total

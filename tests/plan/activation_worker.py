@@ -1,0 +1,153 @@
+"""torchrun worker for test_activations.py's multi-rank cases (not collected: no test_ prefix).
+
+`torchrun --nproc_per_node 2 tests/plan/activation_worker.py OUT_DIR CASES.json`. Each case is
+{"name", "mode", "arch", "dtype", "ckpt", "layers"}; every rank builds the modules the runtime builds for that
+mode, runs one forward of one micro-batch under the saved-tensor hook (tests/plan/activation_measure.py),
+runs backward, and writes {name: bytes} to OUT_DIR/rank<r>.json. Modes:
+    pipe    the pipeline's layers as launcher.parallel.pipeline.layer_specs builds them on the pipeline grid's
+            TP group (ColumnParallel/RowParallel shards, launcher/parallel/tensor.py), materialised with the
+            seeded init, run in order as PipelineModule.forward runs them (one stage holding every layer),
+            blocks checkpointed with DeepSpeed's checkpoint (PipelineModule's activation_checkpoint_func)
+    autotp  the transformers model under deepspeed.initialize with tensor_parallel.autotp_size = 2
+    ulysses launcher.parallel.sequence's model and loss with sequence_degree 2
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from tests.plan.activation_measure import param_storages, saved_bytes
+
+SEQ, MICRO, RANKS = 256, 2, 2
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+ARCH_OVERRIDES = {
+    "llama": ["model.arch=llama", "model.num_key_value_heads=2", "model.intermediate_size=352"],
+    "gpt": ["model.arch=gpt", "model.num_key_value_heads=null", "model.intermediate_size=null"],
+    "bloom": ["model.arch=bloom", "model.num_key_value_heads=null", "model.intermediate_size=null"],
+}
+BASE = ["recipe=tiny", "model.hidden_size=128", "model.num_attention_heads=4", "model.vocab_size=256",
+        f"data.seq_length={SEQ}", f"batch.micro_batch_size={MICRO}", "cluster=cpu", "cluster.nodes=1",
+        f"cluster.gpus_per_node={RANKS}", "parallel.zero_stage=0"]
+
+
+def overrides(case) -> list:
+    degree = "parallel.sequence_degree" if case["mode"] == "ulysses" else "parallel.tensor_degree"
+    return BASE + ARCH_OVERRIDES[case["arch"]] + [
+        f"precision={case['dtype']}", f"model.num_hidden_layers={case['layers']}", f"{degree}={RANKS}",
+        f"batch.global_batch_size={MICRO}", f"model.activation_checkpointing={str(case['ckpt']).lower()}"]
+
+
+def ids_for(cfg):
+    return torch.randint(0, cfg.model.vocab_size, (MICRO, SEQ), generator=torch.Generator().manual_seed(0))
+
+
+def run_pipe(case, cfg, layout, held):
+    from deepspeed.runtime.activation_checkpointing import checkpointing
+
+    from launcher.parallel.pipeline import causal_lm_loss, layer_specs
+    from launcher.parallel.tensor import TensorParallel
+    from launcher.runtime.build import SeededInit, init_rules, meta_model
+    from launcher.runtime.model import attn_implementation
+
+    tp = TensorParallel(dist.new_group(list(range(RANKS))), dist.get_rank(), RANKS)
+    full = meta_model(cfg.model, vocab_size=layout.padded_vocab_size)
+    specs = layer_specs(full, cfg.model.arch, attn_implementation(cfg.model.arch), False, tp,
+                        SeededInit(cfg.train.seed, init_rules(full)))
+    layers = torch.nn.ModuleList([spec.build() for spec in specs]).to(DTYPES[case["dtype"]])
+    ids = ids_for(cfg)
+
+    def forward():
+        x = ids
+        for layer in layers:
+            if case["ckpt"] and "DecoderBlockPipe" in type(layer).__name__:
+                x = checkpointing.checkpoint(layer, x)
+                # DeepSpeed's CheckpointFunction keeps its inputs as a ctx attribute (save_args_for_backward sets
+                # ctx.deepspeed_saved_tensors), not through save_for_backward, so the hook cannot see them: read
+                # them off the node autograd holds (the ctx is the grad_fn).
+                held.update({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                             for t in x.grad_fn.deepspeed_saved_tensors})
+            else:
+                x = layer(x)
+        return causal_lm_loss(x, ids)
+
+    return layers, forward, lambda loss: loss.backward()
+
+
+def run_autotp(case, cfg, layout, held):
+    import deepspeed
+
+    from launcher.deepspeed_config import build_deepspeed_config
+    from launcher.runtime.model import build_model
+    from launcher.train import maybe_apply_activation_checkpointing
+
+    model = build_model(cfg.model, seed=cfg.train.seed, vocab_size=layout.padded_vocab_size)
+    maybe_apply_activation_checkpointing(cfg, model)
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                      config=build_deepspeed_config(cfg, layout))
+    ids = ids_for(cfg)
+    return engine.module, lambda: engine(input_ids=ids, labels=ids).loss, engine.backward
+
+
+_SP = {}
+
+
+def run_ulysses(case, cfg, layout, held):
+    from launcher.parallel.sequence import build_sequence_parallel_model, sequence_parallel_loss, setup_sequence_parallel
+    from launcher.train import maybe_apply_activation_checkpointing
+
+    if not _SP:
+        _SP["mpu"] = setup_sequence_parallel(RANKS)
+    model = build_sequence_parallel_model(cfg.model, cfg.train.seed, layout.padded_vocab_size).to(DTYPES[case["dtype"]])
+    maybe_apply_activation_checkpointing(cfg, model)
+    model.train()
+    ids = ids_for(cfg)
+    return model, lambda: sequence_parallel_loss(model, ids, dist.get_rank(), RANKS), lambda loss: loss.backward()
+
+
+def measure(case) -> int:
+    from launcher.config.compose import compose
+    from launcher.config.layout import resolve_layout
+
+    cfg = compose(overrides(case))
+    layout = resolve_layout(cfg)
+    held = {}   # storages kept outside autograd's saved tensors, measured where they are kept
+    run = {"pipe": run_pipe, "autotp": run_autotp, "ulysses": run_ulysses}[case["mode"]]
+    module, forward, backward = run(case, cfg, layout, held)
+    module.train()
+    if case["ckpt"] and case["mode"] != "pipe" and case["arch"] == "llama":
+        # cos/sin reach checkpointed blocks as keyword arguments, kept by the checkpoint's closure (the hook
+        # cannot see them): measured at their source, as in test_activations.py.
+        module.model.rotary_emb.register_forward_hook(
+            lambda m, a, out: held.update({o.untyped_storage().data_ptr(): o.untyped_storage().nbytes() for o in out}))
+    loss, n = saved_bytes(forward, param_storages(module), held)   # held and saved storages, each once
+    backward(loss)  # the graph is complete and runs
+    return n
+
+
+def main():
+    import deepspeed
+
+    from launcher.runtime.launch import avoid_shm_comm_build
+
+    out_dir, cases = Path(sys.argv[1]), json.loads(Path(sys.argv[2]).read_text())
+    avoid_shm_comm_build("cpu")
+    deepspeed.init_distributed(dist_backend="gloo")
+    torch.set_num_threads(1)
+    # Ulysses last: its attention registration and groups are process-wide.
+    cases.sort(key=lambda c: c["mode"] == "ulysses")
+    results = {}
+    for c in cases:
+        try:
+            results[c["name"]] = measure(c)
+        except AssertionError as e:  # DeepSpeed refusing a model (AutoTP has no policy for it): reported, not hidden
+            results[c["name"]] = {"error": str(e)}
+    (out_dir / f"rank{dist.get_rank()}.json").write_text(json.dumps(results))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,159 @@
+"""Issue 14, part 1: the planner's activation bytes equal what the runtime's modules save for backward.
+
+The reference is a measurement (tests/plan/activation_measure.py: saved_tensors_hooks over a forward pass,
+storages de-duplicated, parameters excluded) of the very model `launcher train` builds
+(launcher.runtime.model.build_model, cast to the training dtype as DeepSpeed's bf16/fp16 engines do,
+checkpointed as train.maybe_apply_activation_checkpointing does). Nothing expected here comes from the
+planner: the planner's formulas (launcher/plan/activations.py) are held to within 2% of the measurement.
+Per block = (measured at 3 blocks - measured at 1 block) / 2, so the block formula is held on its own and
+not hidden behind the logits.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from launcher.plan import activations as act  # noqa: E402
+from tests.plan.activation_measure import param_storages, saved_bytes  # noqa: E402
+
+SEQ, MICRO = 256, 2
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+ARCHS = {
+    # hidden 128, 4 heads (d = 32); llama with grouped-query attention (2 KV heads) and a SwiGLU width.
+    "llama": ["model.arch=llama", "model.num_key_value_heads=2", "model.intermediate_size=352"],
+    "gpt": ["model.arch=gpt", "model.num_key_value_heads=null", "model.intermediate_size=null"],
+    "bloom": ["model.arch=bloom", "model.num_key_value_heads=null", "model.intermediate_size=null"],
+}
+BASE = ["recipe=tiny", "model.hidden_size=128", "model.num_attention_heads=4", "model.vocab_size=256",
+        f"data.seq_length={SEQ}", f"batch.micro_batch_size={MICRO}", "batch.global_batch_size=4"]
+
+
+def activation_shape(cfg, layout) -> act.ActivationShape:
+    from launcher.plan.inputs import model_shape
+
+    s = model_shape(cfg.model)
+    return act.ActivationShape(arch=s.arch, hidden_size=s.hidden_size, num_heads=s.num_heads,
+                               num_kv_heads=s.num_kv_heads, intermediate_size=s.intermediate_size,
+                               vocab_size=layout.padded_vocab_size)
+
+
+def measure_model(compose, arch: str, dtype: str, layers: int, checkpointing: bool):
+    from launcher.config.layout import resolve_layout
+    from launcher.runtime.model import build_model
+
+    cfg = compose(BASE + ARCHS[arch] + [f"precision={dtype}", f"model.num_hidden_layers={layers}",
+                                        f"model.activation_checkpointing={str(checkpointing).lower()}"])
+    layout = resolve_layout(cfg)
+    model = build_model(cfg.model, seed=0, vocab_size=layout.padded_vocab_size).to(DTYPES[dtype])
+    if checkpointing:
+        from launcher.train import maybe_apply_activation_checkpointing
+
+        maybe_apply_activation_checkpointing(cfg, model)
+    model.train()
+    held = {}
+    if checkpointing and arch == "llama":
+        # Under checkpointing the rotary cos/sin reach each block as keyword arguments, which torch's checkpoint
+        # keeps in its closure (not through autograd, so the hook misses them): measured at their source.
+        model.model.rotary_emb.register_forward_hook(
+            lambda mod, args, out: held.update({o.untyped_storage().data_ptr(): o.untyped_storage().nbytes() for o in out}))
+    ids = torch.randint(0, cfg.model.vocab_size, (MICRO, SEQ), generator=torch.Generator().manual_seed(0))
+    loss, measured = saved_bytes(lambda: model(input_ids=ids, labels=ids).loss, param_storages(model), held)
+    loss.backward()  # the graph is complete and runs
+    return cfg, layout, measured
+
+
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["no-ckpt", "ckpt"])
+@pytest.mark.parametrize("dtype", sorted(DTYPES))
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_saved_bytes_match_planner(compose, arch, dtype, checkpointing):
+    cfg, layout, one = measure_model(compose, arch, dtype, 1, checkpointing)
+    _, _, three = measure_model(compose, arch, dtype, 3, checkpointing)
+    m = activation_shape(cfg, layout)
+    recompute = "full" if checkpointing else "none"
+    tokens = SEQ * MICRO
+    measured_block = (three - one) / 2
+    if checkpointing:
+        planned_block = tokens * act.checkpointed_block_bytes_per_token(m, dtype)
+    else:
+        planned_block = tokens * act.block_bytes_per_token(m, SEQ, dtype)
+    planned_total = act.stage_saved_bytes(m, 3, SEQ, MICRO, dtype, recompute)
+    print(f"{arch} {dtype} {recompute}: block planned/measured {planned_block / measured_block:.4f}, "
+          f"model {planned_total / three:.4f}")
+    assert planned_block == pytest.approx(measured_block, rel=0.02)
+    assert planned_total == pytest.approx(three, rel=0.02)
+
+
+# --- 2 CPU ranks: our pipeline-grid TP, DeepSpeed AutoTP, Ulysses SP (tests/plan/activation_worker.py) -----------
+RANK_CASES = [(mode, arch, dtype, ckpt)
+              for mode, archs in (("pipe", ("llama", "bloom")), ("autotp", ("llama",)), ("ulysses", ("llama",)))
+              for arch in archs for dtype in ("bf16", "fp32") for ckpt in (False, True)]
+
+
+def _case_name(mode, arch, dtype, ckpt, layers):
+    return f"{mode}-{arch}-{dtype}-{'ckpt' if ckpt else 'none'}-L{layers}"
+
+
+@pytest.fixture(scope="module")
+def rank_measurements(tmp_path_factory):
+    """One torchrun launch of 2 ranks measuring every RANK_CASES case at 1 and 3 blocks; {name: [rank0, rank1]}."""
+    import json
+    import os
+    import subprocess
+
+    from tests.conftest import REPO, venv_bin
+
+    tmp = tmp_path_factory.mktemp("activations")
+    cases = [{"name": _case_name(m, a, d, c, n), "mode": m, "arch": a, "dtype": d, "ckpt": c, "layers": n}
+             for (m, a, d, c) in RANK_CASES for n in (1, 3)]
+    (tmp / "cases.json").write_text(json.dumps(cases))
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([venv_bin("torchrun"), "--standalone", "--nproc_per_node", "2",
+                           str(REPO / "tests/plan/activation_worker.py"), str(tmp), str(tmp / "cases.json")],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    ranks = [json.loads((tmp / f"rank{r}.json").read_text()) for r in range(2)]
+    return {name: [ranks[0][name], ranks[1][name]] for name in ranks[0]}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode, arch, dtype, ckpt", RANK_CASES,
+                         ids=[_case_name(*c, "")[:-2] for c in RANK_CASES])
+def test_parallel_saved_bytes_match_planner(rank_measurements, mode, arch, dtype, ckpt):
+    shapes = {"llama": act.ActivationShape("llama", 128, 4, 2, 352, 256),
+              "bloom": act.ActivationShape("bloom", 128, 4, 4, 512, 256)}   # the worker's ARCH_OVERRIDES
+    m = shapes[arch]
+    tp = 2 if mode in ("pipe", "autotp") else 1
+    u = 2 if mode == "ulysses" else 1
+    recompute = "full" if ckpt else "none"
+    one = rank_measurements[_case_name(mode, arch, dtype, ckpt, 1)]
+    three = rank_measurements[_case_name(mode, arch, dtype, ckpt, 3)]
+    assert one[0] == one[1] and three[0] == three[1]   # both TP / SP ranks hold the same
+    measured_block = (three[0] - one[0]) / 2
+    tokens = SEQ * MICRO / u
+    if ckpt:
+        planned_block = tokens * act.checkpointed_block_bytes_per_token(m, dtype)
+    else:
+        planned_block = tokens * act.block_bytes_per_token(m, SEQ, dtype, tp, u)
+        if mode == "pipe":
+            planned_block += act.rotary_bytes(m, SEQ, dtype)   # each pipeline block computes its own cos/sin
+    planned_total = act.stage_saved_bytes(m, 3, SEQ, MICRO, dtype, recompute, tp, u, pipeline=mode == "pipe")
+    print(f"{mode} {arch} {dtype} {recompute}: block planned/measured {planned_block / measured_block:.4f}, "
+          f"stage {planned_total / three[0]:.4f}")
+    assert planned_block == pytest.approx(measured_block, rel=0.02)
+    assert planned_total == pytest.approx(three[0], rel=0.02)
+
+
+def test_plan_json_reports_activation_bytes_per_layer(compose):
+    """`launcher plan --json` carries the per-block figure beside the totals: llama2-70b checkpoints every block,
+    so a block keeps its bf16 input: s x b x h x 2 bytes (4096 x 1 x 8192 x 2 = 64 MiB)."""
+    from launcher.config.layout import resolve_layout
+    from launcher.plan.report import plan_summary
+
+    cfg = compose(["recipe=llama2-70b"])
+    layout = resolve_layout(cfg)
+    s = plan_summary(cfg, layout)
+    assert cfg.model.activation_checkpointing and layout.dtype == "bf16"
+    assert s["activation_bytes_per_layer"] == layout.seq_length * layout.micro_batch_size * cfg.model.hidden_size * 2
+    assert s["memory_per_gpu_bytes"]["activations"] > s["activation_bytes_per_layer"]
