@@ -23,7 +23,7 @@ from types import SimpleNamespace as NS
 
 from launcher.config.compose import compose
 from launcher.config.layout import resolve_layout
-from launcher.plan.flops import estimate_step_time
+from launcher.plan.steptime import estimate_step_time
 from launcher.plan.inputs import Hardware, Strategy, model_shape, resolve_hardware, strategy
 from launcher.plan.search import search_layouts
 

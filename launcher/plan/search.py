@@ -6,7 +6,7 @@ batch), recompute (off / full, the two the launcher can run: model.activation_ch
 batch, sequence length, precision, cluster and model stay as configured; Ulysses SP stays as configured.
 
 Validity is decided by the one set of rules, `resolve_layout` (config/layout.py), run on a plain copy of
-the config with the candidate's values; memory and time by memory.py and flops.py. Ranked by estimated
+the config with the candidate's values; memory and time by memory.py and steptime.py (per operator). Ranked by estimated
 tokens/s; ties go to the layout with more memory headroom.
 """
 
@@ -19,9 +19,9 @@ from omegaconf import OmegaConf
 
 from launcher.config.errors import ConfigError
 from launcher.config.layout import Layout, resolve_layout
-from launcher.plan.flops import StepTime, estimate_step_time
 from launcher.plan.inputs import Hardware, ModelShape, Strategy, model_shape, resolve_hardware, strategy
 from launcher.plan.memory import MemoryEstimate, estimate_memory
+from launcher.plan.steptime import StepTime, estimate_step_time
 
 
 @dataclass(frozen=True)
