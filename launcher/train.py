@@ -28,7 +28,7 @@ from launcher.runtime.data import TokenBatches, prepare_data
 from launcher.runtime.durable import write_atomic
 from launcher.runtime.launch import EXIT_NONFINITE, PREEMPTED_FILE, PreemptionFlag, init_distributed, run_dir_of
 from launcher.runtime.state_bytes import measure_model_state_bytes
-from launcher.runtime.metrics import (STATE_BYTES_FILE, MetricsSink, Throughput, current_rss_bytes,
+from launcher.runtime.metrics import (STATE_BYTES_FILE, MetricsSink, Throughput, current_rss_bytes, format_summary,
                                       peak_memory_bytes, plot_loss, truncate_metrics)
 from launcher.runtime.model import build_model
 from launcher.runtime.nonfinite import UpdateVeto
@@ -270,9 +270,10 @@ def format_line(rec: dict) -> str:
     mfu = "MFU n/a" if rec["mfu"] is None else f"MFU {rec['mfu']:.1%}"
     gn = "n/a" if rec["grad_norm"] is None else f"{rec['grad_norm']:.3f}"
     skipped = "  SKIPPED (no update)" if rec.get("skipped") else ""
+    plan = f" (plan {rec['predicted_step_time_s'] * 1e3:.0f})" if rec.get("predicted_step_time_s") else ""
     return (f"step {rec['step']:>6}  loss {rec['loss']:.4f}  lr {rec['lr']:.2e}  gnorm {gn}  "
             f"{rec['tokens_per_s']:,.0f} tok/s ({rec['tokens_per_s_per_rank']:,.0f}/rank)  "
-            f"{rec['tflops_per_rank'] * 1e3:.2f} GFLOP/s/rank  {mfu}  step {rec['step_time_s'] * 1e3:.0f} ms  "
+            f"{rec['tflops_per_rank'] * 1e3:.2f} GFLOP/s/rank  {mfu}  step {rec['step_time_s'] * 1e3:.0f} ms{plan}  "
             f"data {rec['data_wait_s'] * 1e3:.1f} ms  mem {rec['peak_memory_bytes'] / 2**20:,.0f} MiB{skipped}")
 
 
@@ -437,6 +438,9 @@ def run(cfg) -> int:
         return 0
     # The artifacts need no other rank: they exit now instead of idling in a collective with a timeout.
     if is_main:
+        summary = throughput.summary(step, peak_memory_bytes(layout.device))  # measured beside the plan
+        sink.log(summary)
+        say(format_summary(summary), markup=False)
         (run_dir / PREEMPTED_FILE).unlink(missing_ok=True)
         plot = plot_loss(run_dir)
         say(f"loss curve {plot}")
