@@ -1,0 +1,95 @@
+"""Predicted vs measured step time for recipe=tiny on this machine's CPU ranks, after `launcher calibrate`.
+
+    flock /tmp/heavy.lock .venv/bin/python bench/steptime/run.py            # ~10 min on 2 cores
+    flock /tmp/heavy.lock .venv/bin/python bench/steptime/run.py --no-calibrate   # reuse bench/steptime/profile.yaml
+
+1. `launcher calibrate cluster=cpu cluster.gpus_per_node=2 --out bench/steptime/profile.yaml` (and a 4-rank profile,
+   profile-4.yaml, for TP2 x PP2, whose 4 ranks share the 2 cores: the collectives are measured at that world size).
+2. For each layout, `launcher train recipe=tiny cluster.profile=... <layout> train.steps=STEPS` (no checkpoints,
+   no eval, no export), and read the run's end-of-run summary record from metrics.jsonl: the median measured step
+   time after 2 warm-up steps beside the plan's prediction (launcher/runtime/metrics.py Throughput.summary).
+Writes results.json here; results.md is written by hand from it (with the machine described).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).parent
+LAUNCHER = str(Path(sys.executable).parent / "launcher")
+
+LAYOUTS = {
+    "DP2 ZeRO-0": (2, ["parallel.zero_stage=0"]),
+    "DP2 ZeRO-1": (2, ["parallel.zero_stage=1"]),
+    "DP2 ZeRO-2": (2, ["parallel.zero_stage=2"]),
+    "DP2 ZeRO-3": (2, ["parallel.zero_stage=3"]),
+    "TP2": (2, ["parallel.tensor_degree=2", "parallel.zero_stage=1"]),
+    "PP2": (2, ["parallel.pipeline_degree=2", "parallel.zero_stage=1"]),
+    "SP2": (2, ["parallel.sequence_degree=2", "parallel.zero_stage=1"]),
+    "TP2 x PP2": (4, ["parallel.tensor_degree=2", "parallel.pipeline_degree=2", "parallel.zero_stage=1"]),
+}
+
+
+def calibrate(ranks: int) -> Path:
+    out = HERE / ("profile.yaml" if ranks == 2 else f"profile-{ranks}.yaml")
+    subprocess.run([LAUNCHER, "calibrate", "cluster=cpu", f"cluster.gpus_per_node={ranks}", "--out", str(out)],
+                   cwd=REPO, check=True)
+    return out
+
+
+def train(name: str, ranks: int, extra: list[str], profile: Path, steps: int, runs: Path) -> dict:
+    args = [LAUNCHER, "train", "recipe=tiny", f"cluster.gpus_per_node={ranks}", f"cluster.profile={profile}",
+            f"runs_dir={runs}", f"run_name=bench-{name.replace(' ', '').lower()}", f"train.steps={steps}",
+            "scheduler.warmup_steps=2", "logging.log_every=1", "logging.progress_bar=false", "train.eval_every=0",
+            "checkpoint.save_every=0", "checkpoint.export_hf=false", *extra]
+    started = time.perf_counter()
+    proc = subprocess.run(args, cwd=REPO, capture_output=True, text=True)
+    if proc.returncode != 0:
+        return {"layout": name, "error": proc.stderr[-2000:], "command": " ".join(args[1:])}
+    records = [json.loads(l) for l in (runs / f"bench-{name.replace(' ', '').lower()}" / "metrics.jsonl").read_text().splitlines()]
+    summary = next(r for r in records if r.get("kind") == "summary")
+    steps_s = [r["step_time_s"] for r in records if r.get("kind") == "train"]
+    return {"layout": name, "ranks": ranks, "command": "launcher " + " ".join(args[1:]).replace(str(runs), "RUNS"),
+            "measured_s": summary["step_time_s"], "predicted_s": summary["predicted_step_time_s"],
+            "ratio": summary["step_time_over_predicted"], "step_times_s": steps_s, "wall_s": time.perf_counter() - started,
+            "load_avg_after": os.getloadavg()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--no-calibrate", action="store_true")
+    ap.add_argument("--steps", type=int, default=14)
+    ap.add_argument("--only", nargs="*", default=None)
+    args = ap.parse_args()
+    import torch
+
+    profiles = {2: HERE / "profile.yaml", 4: HERE / "profile-4.yaml"}
+    if not args.no_calibrate:
+        profiles = {r: calibrate(r) for r in (2, 4)}
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, (ranks, extra) in LAYOUTS.items():
+            if args.only and name not in args.only:
+                continue
+            r = train(name, ranks, extra, profiles[ranks].relative_to(REPO), args.steps, Path(tmp))
+            print(json.dumps({k: v for k, v in r.items() if k != "step_times_s"}), flush=True)
+            results.append(r)
+    machine = {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+               "torch": torch.__version__, "load_avg_at_end": os.getloadavg()}
+    old = json.loads((HERE / "results.json").read_text()) if (HERE / "results.json").exists() and args.only else {}
+    merged = {r["layout"]: r for r in old.get("results", [])} | {r["layout"]: r for r in results}
+    (HERE / "results.json").write_text(json.dumps({"machine": machine, "steps": args.steps,
+                                                   "results": list(merged.values())}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
