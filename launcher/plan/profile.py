@@ -50,7 +50,7 @@ class Profile:
     inter: Link
     host_memory_gb: Optional[float] = None
     compute_slots: Optional[int] = None
-    source: str = ""
+    source: str = ""        # where the numbers come from (printed in the plan's step-time row)
     # Measured rate tables ({dtype: [[smallest side or sequence length, TFLOP/s], ...]}, from `launcher
     # calibrate`): where present the model interpolates them (log-linear in the size, clamped at the ends)
     # instead of the saturation curve. On CPUs the rate is not a saturation curve at all: it falls again
