@@ -38,7 +38,8 @@ One micro-batch on one rank (n = b s / sp tokens outside attention; t = TP, sp =
                             last backward; ZeRO 2: reduce-scattered in every micro-batch's backward; ZeRO 1/2 then
                             all-gather the updated weights; ZeRO 3: per micro-batch all-gather forward,
                             all-gather backward and reduce-scatter (all-reduce under SP, deepspeed_config.py
-                            says why) (Rajbhandari et al. 2020, section 7). With overlap_comm (on for GPUs in
+                            says why) (Rajbhandari et al. 2020, section 7), the gathers one per module with
+                            weights, each paying the link latency. With overlap_comm (on for GPUs in
                             our DeepSpeed config) the traffic of a micro-batch hides behind its backward (ZeRO
                             3: its forward + backward, prefetched) and only the excess is exposed; the pipeline
                             engine and ZeRO 0 reduce after the flush, exposed; on CPU ranks (overlap_comm off)
@@ -357,7 +358,10 @@ def estimate_step_time(shape: ModelShape, st: Strategy, hw: Hardware, train_toke
             exposed = m * max(0.0, per_mb - hide) + gather_s(par_b, r, link)
         else:
             reduce = all_reduce_s(grad_b, r, link) if sp > 1 else gather_s(grad_b, r, link)
-            per_mb = 2 * gather_s(par_b, r, link) + reduce
+            # DeepSpeed ZeRO-3 fetches parameters module by module (stage3 parameter coordinator): one all-gather
+            # per module with weights, forward and again backward, each paying the link latency.
+            modules = _weight_modules(shape, blocks_in_stage(shape, st, stage), stage, p)
+            per_mb = 2 * gather_s(par_b, r, link) + reduce + 2 * (modules - 1) * link.latency_s
             hide = x["compute"] if overlap else 0.0
             exposed = m * max(0.0, per_mb - hide)
         dp_exposed.append(exposed)
@@ -384,6 +388,13 @@ def estimate_step_time(shape: ModelShape, st: Strategy, hw: Hardware, train_toke
         train_tokens=tokens, train_days=tokens / tokens_per_s / 86400 if tokens else 0.0,
         gemm_s=m * c.gemm * stretch, attention_s=m * c.attention * stretch, memory_bound_s=m * c.memory * stretch,
         sp_comm_s=m * c.sp, recompute_s=m * slow["recompute"], optimizer_s=opt[i_tail], profile=prof.name)
+
+
+def _weight_modules(shape: ModelShape, blocks: int, stage: int, p: int) -> int:
+    """Modules holding weights on a stage: per block LLaMA's q, k, v, o, gate, up, down and 2 norms (9), GPT's and
+    BLOOM's qkv, dense, fc, proj and 2 LayerNorms (6); the embedding on the first stage, final norm and head on the last."""
+    per_block = 9 if shape.arch == "llama" else 6
+    return blocks * per_block + (stage == 0) + 2 * (stage == p - 1)
 
 
 def _overlap_comm(hw: Hardware) -> bool:

@@ -183,3 +183,16 @@ def test_builtin_profiles_drive_the_plan():
     assert sum(bd.values()) == pytest.approx(s["step_time_s"], rel=1e-9)
     assert "built-in a100-80gb" in s["profile"]
     assert 0.2 < s["mfu"] < 0.75
+
+
+def test_zero3_gathers_per_module_on_cpu_ranks():
+    # DP2 ZeRO-3, one micro-batch, no overlap (CPU): all-gather the fp32 weights forward and backward, reduce-
+    # scatter the gradients, and every module with weights (4 blocks x 9 + embedding + final norm + head = 39)
+    # fetched by its own all-gather, forward and backward: 2 x (39 - 1) more latencies than the 2 whole-buffer ones.
+    lat, bus = 1e-3, 1.0
+    _, shape, st = setup("parallel.zero_stage=3")
+    N = count_params(compose(["recipe=tiny"]).model).total
+    t = steptime.estimate_step_time(shape, st, hardware(ideal(intra=Link(lat, bus)), device="cpu"))
+    one = lat + 0.5 * 4 * N / (bus * 1e9)
+    assert st.grad_accum_steps == 1
+    assert t.dp_comm_exposed_s == pytest.approx(3 * one + 2 * 38 * lat, rel=1e-9)
