@@ -23,8 +23,8 @@ One micro-batch on one rank (n = b s / sp tokens outside attention; t = TP, sp =
                             backward moves twice the forward bytes (reads the saved input and the incoming
                             gradient, writes the outgoing one).
     TP (Megatron)           per block 2 all-reduces of n h w forward and 2 backward (Shoeybi et al. 2019,
-                            fig. 3), + 2 with full recompute; the vocab-parallel embedding 1 forward, the
-                            head 1 backward, the cross-entropy 3 small ones. all-reduce of B bytes over r ranks:
+                            fig. 3), + 2 with full recompute; the embedding, head and loss are replicated on
+                            the TP ranks (as the runtime builds them). all-reduce of B bytes over r ranks:
                             latency + 2 (r - 1)/r B / bus bandwidth (ring; NCCL-tests' busbw convention).
     Ulysses SP              4 all-to-alls (q, k, v, output) forward and 4 backward per block, (sp-1)/sp of
                             each tensor crosses the link (Jacobs et al. 2023, section 3.1).
@@ -226,16 +226,17 @@ def block_costs(shape: ModelShape, st: Strategy, prof: Profile, links: dict) -> 
 
 def end_costs(shape: ModelShape, st: Strategy, prof: Profile, links: dict) -> tuple[Cost, Cost]:
     """(first stage, last stage) extra cost per micro-batch: embedding; final norm, head and loss."""
-    t, sp, b, s = st.tensor_degree, st.sequence_degree, st.micro_batch_size, st.seq_length
+    sp, b, s = st.sequence_degree, st.micro_batch_size, st.seq_length
     h, w = shape.hidden_size, weight_bytes(st.dtype)
     n = b * s / sp
-    v = st.padded_vocab_size / t
+    # The runtime's TP shards the blocks only: the embedding, final norm and head stay replicated on every TP
+    # rank (launcher/parallel/tensor.py docstring; DeepSpeed AutoTP likewise replaces the blocks' linears), so
+    # each TP rank computes the whole head and loss, and no vocab-parallel collective is charged.
+    v = st.padded_vocab_size
     rate = gemm_rate(prof, st.dtype)
     first = Cost()
     # lookup: read the rows, write the hidden states; backward: zero the dense (V/t, h) gradient, index_add n rows
     first.memory += memory_s(2 * n * h * w, 1, prof) + memory_s(v * h * w + 3 * n * h * w, 2, prof)
-    if t > 1:
-        first.tp += all_reduce_s(n * h * w, t, links["tp"])   # vocab-parallel embedding sums the partial lookups
     last = Cost()
     nb, nk = _norm_bytes(n * h, shape.arch, w)
     last.memory += memory_s(3 * nb, 3 * nk, prof)              # final norm, forward + backward
@@ -244,8 +245,6 @@ def end_costs(shape: ModelShape, st: Strategy, prof: Profile, links: dict) -> tu
     # backward reads and writes the fp32 logits and casts back
     logits = n * v
     last.memory += memory_s(logits * (w + F32 * 5), 5, prof) + memory_s(logits * (F32 * 3 + w), 4, prof)
-    if t > 1:
-        last.tp += 3 * all_reduce_s(n * F32, t, links["tp"]) + all_reduce_s(n * h * w, t, links["tp"])
     return first, last
 
 
