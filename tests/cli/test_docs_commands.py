@@ -45,13 +45,6 @@ EXCEPTIONS = {
     "slurm/local/start.sh [STATE_DIR]": "installs and starts SLURM (apt-get, root): the session fixture of tests/slurm/conftest.py",
     "export SLURM_CONF=/tmp/launcher-slurm/slurm.conf": "shell setup for the local cluster: tests/slurm/slurm_helpers.py cluster_env",
     "slurm/local/stop.sh [STATE_DIR] [--purge]": "stops the local SLURM: the session fixture of tests/slurm/conftest.py",
-    "launcher calibrate cluster=cpu cluster.gpus_per_node=2 --out profiles/this-box.yaml":
-        "starts 2 ranks and measures for ~30 s: tests/train/test_calibrate.py (calibrate, then plan with the profile)",
-    "launcher plan recipe=tiny cluster.profile=profiles/this-box.yaml":
-        "needs the profile the line above writes: tests/train/test_calibrate.py; the docs' plan with the committed "
-        "bench/steptime/profile.yaml runs here",
-    "launcher train recipe=tiny cluster.profile=profiles/this-box.yaml":
-        "200 steps; the predicted-beside-measured records: bench/steptime/run.py and tests/train/test_calibrate.py",
 }
 
 
