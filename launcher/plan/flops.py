@@ -59,3 +59,11 @@ def narayanan_eq3_flops_per_step(batch: int, seq: int, layers: int, hidden: int,
 def narayanan_eq4_training_seconds(tokens: float, params: float, gpus: int, tflops_per_gpu: float) -> float:
     """Narayanan et al. 2021, eq. 4: end-to-end training time ~ 8 T P / (n X), with recompute."""
     return 8 * tokens * params / (gpus * tflops_per_gpu * 1e12)
+
+
+def estimate_step_time(shape, st, hw, train_tokens=None):
+    """The step time lives in launcher/plan/steptime.py (per operator); this name is kept for callers written
+    against the single-efficiency model it replaced (bench/published/compare.py)."""
+    from launcher.plan.steptime import estimate_step_time as per_operator
+
+    return per_operator(shape, st, hw, train_tokens)
