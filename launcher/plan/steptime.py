@@ -328,7 +328,7 @@ def estimate_step_time(shape: ModelShape, st: Strategy, hw: Hardware, train_toke
         neighbours = (stage > 0) + (stage < p - 1)
         compute = c.compute * stretch
         stages.append({"cost": c, "compute": compute, "pp": 2 * neighbours * p2p, "time": compute + c.tp + c.sp + 2 * neighbours * p2p,
-                       "recompute": bf.total * blocks_in_stage(shape, st, stage) * stretch if full else 0.0})
+                       "recompute": bf.compute * blocks_in_stage(shape, st, stage) * stretch if full else 0.0})
     slow = max(stages, key=lambda x: x["time"])
     pipeline_s = sum(x["time"] for x in stages) + (m - 1) * slow["time"]
 
