@@ -11,6 +11,7 @@
     launcher submit [overrides] [--dry-run]     validate, write the job dir, sbatch (or print the script)
     launcher submit -m [sweep overrides]        one job per point of a Hydra sweep (a=1,2 b=x,y: 4 jobs)
     launcher export CKPT OUT              a checkpoint -> a transformers directory
+    launcher calibrate [overrides] --out PATH   measure this machine (cluster.gpus_per_node ranks) -> a profile YAML
     launcher plan|show|train|submit [overrides] --cfg job|hydra|all [-p KEY] | --info   Hydra's flags: the
                                           composed YAML / the search path, chosen options and groups; nothing else runs
 
@@ -374,6 +375,15 @@ def cmd_export(args) -> int:
     return 0
 
 
+def cmd_calibrate(args) -> int:
+    from launcher.config.compose import compose
+    from launcher.runtime.calibrate import calibrate
+
+    path = calibrate(compose(args.overrides), args.out)
+    _console().print(f"wrote {path} (use it: cluster.profile={path})", markup=False)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="launcher", description="Validated LLM pretraining layouts on DeepSpeed + SLURM.")
     parser.add_argument("--debug", action="store_true", help="show Python tracebacks for errors")
@@ -410,6 +420,9 @@ def build_parser() -> argparse.ArgumentParser:
     submit = add("submit", cmd_submit, "validate, write the job dir (frozen config, DeepSpeed JSON, sbatch script) and sbatch it")
     submit.add_argument("--dry-run", action="store_true", help="print the sbatch script; write and submit nothing")
     submit.add_argument("-m", "--multirun", action="store_true", help="Hydra sweep: one job per point (a=1,2 b=x,y -> 4 jobs)")
+    cal = add("calibrate", cmd_calibrate, "measure this machine (GEMM, attention, memory, collectives on "
+              "cluster.gpus_per_node local ranks) and write a hardware profile for cluster.profile=PATH")
+    cal.add_argument("--out", required=True, help="where to write the profile YAML")
     export = sub.add_parser("export", help="write a transformers directory from a checkpoint",
                             description="write a transformers directory (safetensors, config, tokenizer) from a checkpoint of any ZeRO stage")
     export.add_argument("checkpoint", help="<run_dir>/checkpoints/latest, a checkpoints dir or a step_* dir")

@@ -33,7 +33,8 @@ from launcher.runtime.preemption import PreemptionFlag
 from launcher.runtime.rundir import run_dir_of
 from launcher.runtime.state_bytes import MEASURE_STATE_AT_STEP, measure_model_state_bytes, record_state_bytes
 from launcher.runtime.metrics import (METRICS_FILE, SUMMARY_FILE, IntervalLoss, MetricsSink, Throughput,
-                                      current_rss_bytes, divert_library_logs, format_summary, gather_peak_memory,
+                                      current_rss_bytes, divert_library_logs, format_summary, format_versus_plan,
+                                      gather_peak_memory,
                                       peak_memory_bytes, plot_loss, truncate_metrics, write_summary)
 from launcher.runtime.model import build_model
 from launcher.runtime.nonfinite import UpdateVeto, nonfinite_action
@@ -214,9 +215,10 @@ def format_line(rec: dict) -> str:
     skipped = "  SKIPPED (no update)" if rec.get("skipped") else ""
     n = rec["loss_interval_steps"]
     mean_of = f" (mean of {n} steps)" if n > 1 else ""
+    plan = f" (plan {rec['predicted_step_time_s'] * 1e3:.0f})" if rec.get("predicted_step_time_s") else ""
     return (f"step {rec['step']:>6}  loss {rec['loss']:.4f}{mean_of}  lr {rec['lr']:.2e}  gnorm {gn}  "
             f"{rec['tokens_per_s']:,.0f} tok/s ({rec['tokens_per_s_per_rank']:,.0f}/rank)  "
-            f"{rec['tflops_per_rank'] * 1e3:.2f} GFLOP/s/rank  {mfu}  step {rec['step_time_s'] * 1e3:.0f} ms  "
+            f"{rec['tflops_per_rank'] * 1e3:.2f} GFLOP/s/rank  {mfu}  step {rec['step_time_s'] * 1e3:.0f} ms{plan}  "
             f"data {rec['data_wait_s'] * 1e3:.1f} ms  peak mem {max(rec['peak_memory_bytes_per_rank']) / 2**20:,.0f} MiB "
             f"(largest rank){skipped}")
 
@@ -401,9 +403,11 @@ def run(cfg) -> int:
                    "run_dir": str(run_dir), "checkpoint": str(ckpt_root / ckpt.tag_for(step)), "export": export,
                    "metrics": str(run_dir / METRICS_FILE), "summary": str(run_dir / SUMMARY_FILE),
                    "library_log": str(library_log)}
+        summary |= throughput.versus_plan(peak_memory_bytes(layout.device))  # measured beside the plan
         sink.log(summary)
         write_summary(run_dir, summary)
         say(format_summary(summary), markup=False)
+        say(format_versus_plan(summary), markup=False)
 
     if skipped_steps or overflow_steps:
         say(f"skipped updates: {len(skipped_steps)} non-finite step(s) in this run {skipped_steps[-10:]}, "

@@ -7,8 +7,9 @@ apart: it is the same for `launcher plan` with or without --search).
 Published runs (sources in PUBLISHED): Narayanan et al. 2021 Table 1 (all rows: A100, seq 2048, vocab
 51,200, full recompute, micro batch 1 assumed: the table does not give it), BLOOM-176B (BigScience 2022,
 ~150 TFLOP/s per A100 hardware FLOPs, Megatron-DeepSpeed logs), LLaMA-65B (Touvron et al. 2023, 380
-tokens/s/GPU; their TP/PP are unpublished, our recipe's layout is used). The 1T row of Table 1 is the
-one the A100 compute efficiency was calibrated on (launcher/config/hardware.py): not a held-out check.
+tokens/s/GPU; their TP/PP are unpublished, our recipe's layout is used). The 1T row of Table 1 was the
+calibration point of the old single compute efficiency; the per-operator model (launcher/plan/steptime.py)
+with the built-in, cited profiles fits nothing to it (the `calibration` column is kept for comparison).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from types import SimpleNamespace as NS
 
 from launcher.config.compose import compose
 from launcher.config.layout import resolve_layout
-from launcher.plan.flops import estimate_step_time
+from launcher.plan.steptime import estimate_step_time
 from launcher.plan.inputs import Hardware, Strategy, model_shape, resolve_hardware, strategy
 from launcher.plan.search import search_layouts
 

@@ -21,41 +21,23 @@ class GpuSpec:
     intra_node_gbps: float  # NVLink, per GPU, one direction
     inter_node_gbps: float  # network, per GPU, one direction
     source: str
-    # Fraction of the dense peak that a large transformer layer (GEMMs + attention + element-wise ops)
-    # sustains on this GPU when nothing else is in the way; the planner's step-time model divides the
-    # hardware FLOPs by peak x compute_efficiency. The calibration is documented below (A100_EFFICIENCY, HOPPER_EFFICIENCY).
-    compute_efficiency: float = 0.0
     # Host (CPU) RAM of the node class this GPU ships in (the DGX system), in GB; the planner's host-memory check
     # (launcher/plan/host.py) plans against it unless cluster.host_memory_gb says what the site's nodes have.
     host_memory_gb: Optional[float] = None
     host_source: str = ""
 
 
-# Compute efficiency, calibrated (each value's source beside it):
-# - A100: 0.62. Calibrated on ONE published run, Narayanan et al. 2021 ("Efficient Large-Scale Language
-#   Model Training on GPU Clusters Using Megatron-LM"), Table 1, the 1T-parameter row: 3,072 A100, TP 8,
-#   PP 64, batch 3,072, 163 TFLOP/s per GPU (52% of peak) with full recompute. Our step-time model
-#   (launcher/plan/flops.py) reproduces that row with 0.62; the other rows of that table, BLOOM and
-#   LLaMA are held out and compared in bench/plan/ (predicted vs published).
-# - H100 / H200: 0.50, not calibrated on a run we reproduce: Llama 3 405B reports 38-43% end-to-end MFU
-#   on 16K H100 in bf16 (Dubey et al. 2024, "The Llama 3 Herd of Models", Table 4); H100's bf16 peak
-#   outgrows its memory bandwidth more than A100's did, so the kernel efficiency is set lower than A100's
-#   and above that end-to-end MFU.
-# There is no config key for it: to correct a cluster, override cluster.peak_tflops (time scales with
-# peak x efficiency, so a lower measured peak has the same effect).
-A100_EFFICIENCY = 0.62
-HOPPER_EFFICIENCY = 0.50
-# An unknown GPU (cluster.peak_tflops given) gets the Hopper value: the lower, more cautious of the two.
-DEFAULT_EFFICIENCY = HOPPER_EFFICIENCY
+# What a GPU sustains per operator (GEMM, attention, memory-bound, links) is its profile, not a catalog
+# number: launcher/plan/profile.py (built-in, cited) or a file from `launcher calibrate`.
 
 # A100 SXM: NVIDIA A100 Tensor Core GPU datasheet (2021): bf16/fp16 312, tf32 156, fp32 19.5 TFLOP/s dense;
 # NVLink 3 600 GB/s total = 300 GB/s per direction; DGX A100 has 8x 200 Gb/s HDR InfiniBand = 25 GB/s per GPU.
 _A100 = dict(peak_tflops={"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5},
-             intra_node_gbps=300.0, inter_node_gbps=25.0, compute_efficiency=A100_EFFICIENCY)
+             intra_node_gbps=300.0, inter_node_gbps=25.0)
 # H100 SXM5: NVIDIA H100 datasheet: bf16/fp16 989.4, tf32 494.7, fp32 66.9 TFLOP/s dense (the sheet's
 # 1979 is with sparsity); NVLink 4 900 GB/s total = 450 per direction; DGX H100 8x 400 Gb/s NDR = 50 GB/s per GPU.
 _H100 = dict(peak_tflops={"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9},
-             intra_node_gbps=450.0, inter_node_gbps=50.0, compute_efficiency=HOPPER_EFFICIENCY)
+             intra_node_gbps=450.0, inter_node_gbps=50.0)
 
 # Host RAM per node, the DGX system each GPU ships in ("System Memory" in NVIDIA's datasheets). 1 TB = 1000 GB
 # here: the sheets' "2TB" is 2 TiB of DIMMs, and the OS and page cache take part of it, so the round decimal

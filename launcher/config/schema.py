@@ -177,6 +177,8 @@ class ClusterConfig:
     """Per-GPU intra-node bandwidth in GB/s (NVLink); null = from the catalog. Range: > 0, finite, or null."""
     inter_node_gbps: Optional[float] = None
     """Per-GPU inter-node bandwidth in GB/s (InfiniBand/RoCE); null = from the catalog. Range: > 0, finite, or null."""
+    profile: Optional[str] = None
+    """A hardware profile written by `launcher calibrate --out PATH` (YAML, versioned): the measured GEMM, attention, memory and link rates that `launcher plan`, `--search`, `train` and `submit` predict step time from; null = the built-in profile of cluster.gpu (launcher/plan/profile.py), none for gpu=cpu. A relative path is read from the current directory."""
     partition: Optional[str] = None
     """SLURM partition (sbatch --partition)."""
     account: Optional[str] = None

@@ -6,7 +6,7 @@ cluster's hardware numbers and each candidate's strategy are copied once into
 these small dataclasses and every formula in memory.py / flops.py reads them.
 
     ModelShape  the network: widths, counts and the exact parameter split (params.py)
-    Hardware    the GPU: peak for the training dtype, memory, links, compute efficiency
+    Hardware    the GPU: peak for the training dtype, memory, links, and its rate profile (profile.py)
     Strategy    one layout: TP/PP/SP/DP degrees, ZeRO stage, batch, precision, recompute, offload
 """
 
@@ -18,6 +18,7 @@ from typing import Optional
 from launcher.config import hardware
 from launcher.config.errors import ConfigError
 from launcher.plan.params import ParamCount, count_params
+from launcher.plan.profile import BUILTIN, Profile, generic_profile, load_profile, scaled
 
 # Architectures whose attention runs through PyTorch SDPA (launcher/runtime/model.py, attn_implementation):
 # on GPUs that is a flash / memory-efficient kernel that never stores the a x s x s score matrices.
@@ -67,8 +68,9 @@ class Hardware:
     memory_bytes: float
     intra_node_gbps: float
     inter_node_gbps: float
-    compute_efficiency: float
     source: str
+    profile: Profile            # the per-operator rates the step-time model reads (launcher/plan/profile.py)
+    device: str = "cuda"        # "cpu" for CPU ranks planned from a `launcher calibrate` profile
 
 
 def _dtype_peak(spec: hardware.GpuSpec, dtype: str) -> float:
@@ -78,14 +80,23 @@ def _dtype_peak(spec: hardware.GpuSpec, dtype: str) -> float:
 
 
 def resolve_hardware(cluster_cfg, dtype: str) -> Optional[Hardware]:
-    """The GPU numbers the planner uses: the catalog entry, each value overridable from cluster.*.
+    """The GPU numbers the planner uses: the catalog entry and its built-in profile, each value overridable from
+    cluster.*, or the profile file `cluster.profile` names (written by `launcher calibrate`).
 
-    None for CPU ranks (no peak to plan against). An unknown GPU must bring its own peak
+    None for CPU ranks without a profile (no rates to plan against). An unknown GPU must bring its own peak
     (layout.py refuses it otherwise), memory and bandwidths: we never guess them.
     """
     c = cluster_cfg
+    path = getattr(c, "profile", None)
+    measured = load_profile(path) if path else None
     if c.gpu.lower() == hardware.CPU:
-        return None
+        if measured is None:
+            return None
+        # CPU ranks: the "accelerator memory" is the node's RAM shared by its ranks.
+        host = c.host_memory_gb or measured.host_memory_gb or 0.0
+        return Hardware(name="cpu", peak_tflops=0.0, memory_bytes=host * 1e9 / max(1, c.gpus_per_node),
+                        intra_node_gbps=measured.intra.bus_gbps, inter_node_gbps=measured.inter.bus_gbps,
+                        source=measured.source, profile=measured, device="cpu")
     spec = hardware.lookup(c.gpu)
     if spec is None:
         for key in ("peak_tflops", "memory_gb", "intra_node_gbps", "inter_node_gbps"):
@@ -96,23 +107,26 @@ def resolve_hardware(cluster_cfg, dtype: str) -> Optional[Hardware]:
                     "needs its peak, memory and link bandwidths from you",
                     "give cluster.peak_tflops (dense, training dtype), cluster.memory_gb, cluster.intra_node_gbps and "
                     "cluster.inter_node_gbps (GB/s per GPU, one direction), or use a catalog name")
+        prof = measured or generic_profile(c.gpu, float(c.peak_tflops), float(c.intra_node_gbps), float(c.inter_node_gbps))
         return Hardware(name=c.gpu, peak_tflops=float(c.peak_tflops), memory_bytes=float(c.memory_gb) * 1e9,
                         intra_node_gbps=float(c.intra_node_gbps), inter_node_gbps=float(c.inter_node_gbps),
-                        compute_efficiency=hardware.DEFAULT_EFFICIENCY,
-                        source="user-given cluster.* values; compute efficiency hardware.DEFAULT_EFFICIENCY")
+                        source="user-given cluster.* values; " + prof.source, profile=prof)
 
     def pick(key, default):
         value = getattr(c, key)
         return float(value) if value is not None else default
 
+    peak = _dtype_peak(spec, dtype)
+    prof = measured or scaled(BUILTIN[spec.name], compute=pick("peak_tflops", peak) / peak,
+                              intra_gbps=c.intra_node_gbps, inter_gbps=c.inter_node_gbps)
     return Hardware(
         name=spec.name,
-        peak_tflops=pick("peak_tflops", _dtype_peak(spec, dtype)),
+        peak_tflops=pick("peak_tflops", peak),
         memory_bytes=pick("memory_gb", spec.memory_gb) * 1e9,
         intra_node_gbps=pick("intra_node_gbps", spec.intra_node_gbps),
         inter_node_gbps=pick("inter_node_gbps", spec.inter_node_gbps),
-        compute_efficiency=spec.compute_efficiency,
         source=spec.source,
+        profile=prof,
     )
 
 

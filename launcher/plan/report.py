@@ -9,12 +9,12 @@ from typing import Optional
 
 from launcher.config.errors import ConfigError
 from launcher.config.layout import Layout
-from launcher.plan.flops import estimate_step_time
 from launcher.plan.host import estimate_host_memory, host_capacity, stages_by_node
 from launcher.plan.inputs import model_shape, resolve_hardware, strategy
 from launcher.plan.memory import activation_bytes_per_layer, estimate_memory
 from launcher.plan.params import count_params, rough_params
 from launcher.plan.stages import PIPELINE_ARCHS, stage_blocks, stage_param_counts
+from launcher.plan.steptime import estimate_step_time
 
 
 def plan_summary(cfg, layout: Layout) -> dict:
@@ -135,11 +135,11 @@ def check_memory(cfg, layout: Layout) -> Optional[str]:
 
 
 def performance_summary(cfg, layout: Layout) -> dict:
-    """Memory per GPU, FLOPs, step time, throughput, MFU and days (null for CPU ranks: no peak to plan against)."""
+    """Memory per GPU, FLOPs, step time, throughput, MFU and days (null for CPU ranks without cluster.profile)."""
     hw = resolve_hardware(cfg.cluster, layout.dtype)
     keys = ("memory_per_gpu_bytes", "memory_capacity_bytes", "memory_headroom_bytes", "fits", "memory_peak_stage",
             "recompute", "flops_per_token", "hardware_flops_per_token", "step_time_s", "step_time_breakdown_s",
-            "tokens_per_s", "tflops_per_gpu", "hardware_tflops_per_gpu", "mfu", "peak_tflops", "compute_efficiency",
+            "tokens_per_s", "tflops_per_gpu", "hardware_tflops_per_gpu", "mfu", "peak_tflops", "profile",
             "train_tokens", "train_days")
     shape = model_shape(cfg.model)
     st = strategy(cfg, layout)
@@ -160,18 +160,23 @@ def performance_summary(cfg, layout: Layout) -> dict:
         "flops_per_token": t.flops_per_token,
         "hardware_flops_per_token": t.hardware_flops_per_token,
         "step_time_s": t.step_time_s,
-        "step_time_breakdown_s": {"compute": t.compute_s, "bubble": t.bubble_s, "tp_comm": t.tp_comm_s,
-                                  "pp_comm": t.pp_comm_s, "dp_comm_exposed": t.dp_comm_exposed_s},
+        "step_time_breakdown_s": t.breakdown(),
+        "recompute_s": t.recompute_s,
         "tokens_per_s": t.tokens_per_s,
         "tflops_per_gpu": t.tflops_per_gpu,
         "hardware_tflops_per_gpu": t.hardware_tflops_per_gpu,
-        "mfu": t.mfu,
-        "peak_tflops": hw.peak_tflops,
-        "compute_efficiency": hw.compute_efficiency,
+        "mfu": t.mfu if hw.device == "cuda" else None,
+        "peak_tflops": hw.peak_tflops if hw.device == "cuda" else None,
+        "profile": hw.profile.source,
         "train_tokens": int(tokens),
         "train_days": t.train_days,
         **per_layer,
     }
+
+
+def _s(x: float) -> str:
+    """Seconds, with the precision a CPU-rank step (milliseconds) and a GPU-cluster step (seconds) both need."""
+    return f"{x:.3g} s" if x < 1 else f"{x:,.2f} s"
 
 
 def _gb(x: float) -> str:
@@ -180,7 +185,8 @@ def _gb(x: float) -> str:
 
 def _performance_rows(s: dict) -> list[tuple[str, str, str]]:
     if s["fits"] is None:
-        return [("memory / step time", "n/a", "CPU ranks: no GPU peak or memory to plan against")]
+        return [("memory / step time", "n/a", "CPU ranks: no rates to plan against (`launcher calibrate` writes a "
+                 "profile; cluster.profile=PATH uses it)")]
     m = s["memory_per_gpu_bytes"]
     z, dt = s["zero_stage"], s["precision"]
     shard = {0: "unsharded", 1: "optimizer / DP", 2: "grads + optimizer / DP", 3: "all / DP"}[z]
@@ -202,13 +208,16 @@ def _performance_rows(s: dict) -> list[tuple[str, str, str]]:
          + ("free" if s["fits"] else "short") + f" (worst stage: {stage})"),
         ("FLOPs per token", f"{s['flops_per_token'] / 1e9:,.1f} GFLOP",
          f"6N + 12 L H Q T (PaLM app. B); with recompute {s['hardware_flops_per_token'] / 1e9:,.1f} (Narayanan eq. 3)"),
-        ("step time", f"{step:,.2f} s",
-         f"compute {bd['compute']:.2f} + bubble {bd['bubble']:.2f} + TP {bd['tp_comm']:.2f} + PP {bd['pp_comm']:.2f} "
-         f"+ DP {bd['dp_comm_exposed']:.2f} (at {s['compute_efficiency']:.0%} of {s['peak_tflops']:g} TFLOP/s)"),
+        ("step time", _s(step),
+         f"GEMM {_s(bd['gemm'])} + attention {_s(bd['attention'])} + element-wise {_s(bd['memory_bound'])} + "
+         f"optimizer {_s(bd['optimizer'])} + TP {_s(bd['tp_comm'])} + SP {_s(bd['sp_comm'])} + PP {_s(bd['pp_comm'])} + "
+         f"bubble {_s(bd['bubble'])} + DP/ZeRO exposed {_s(bd['dp_comm_exposed'])}"
+         + (f" (recompute {_s(s['recompute_s'])} inside)" if s["recompute_s"] else "") + f"; rates: {s['profile']}"),
         ("tokens / s", f"{s['tokens_per_s']:,.0f}", f"tokens per step / step time; {s['tokens_per_s'] / s['world_size']:,.0f} per GPU"),
         ("TFLOP/s per GPU", f"{s['tflops_per_gpu']:.1f} model / {s['hardware_tflops_per_gpu']:.1f} hardware",
          "FLOPs per token x tokens/s / world; hardware counts recompute (Megatron's and BLOOM's convention)"),
-        ("MFU", f"{s['mfu']:.1%}", "model TFLOP/s per GPU / dense peak"),
+        ("MFU", "n/a" if s["mfu"] is None else f"{s['mfu']:.1%}",
+         "CPU ranks: no dense peak" if s["mfu"] is None else "model TFLOP/s per GPU / dense peak"),
         ("training time", f"{s['train_days']:,.1f} days", f"train.tokens {s['train_tokens']:,} / tokens per s"),
     ]
 

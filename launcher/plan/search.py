@@ -11,7 +11,7 @@ micro batch are only a starting point: they need not be a valid layout themselve
 Validity is decided by the rules `launcher train` and `submit` apply before any rank starts
 (submit.validate_before_start): `resolve_layout` (config/layout.py), `check_supported` (config/supported.py) and
 the host-memory check (plan/report.py), run on a plain copy of the config with the candidate's values; GPU
-memory (every term, stricter than train's model-states refusal) and time by memory.py and flops.py. The loops
+memory (every term, stricter than train's model-states refusal) by memory.py and time by steptime.py (per operator). The loops
 skip the combinations those rules refuse outright (ZeRO 2-3 with a pipeline, AutoTP with ZeRO-3, SP with TP
 or PP) before calling them, which keeps a 405B model on 16,384 GPUs well under 2 s (bench/plan); every
 candidate that is kept still passes through all of them. Ranked by estimated tokens/s; ties go to the layout
@@ -28,9 +28,9 @@ from omegaconf import OmegaConf
 from launcher.config.errors import ConfigError
 from launcher.config.layout import Layout, resolve_layout
 from launcher.config.supported import PIPELINE_ARCHS, check_supported
-from launcher.plan.flops import StepTime, estimate_step_time
 from launcher.plan.inputs import Hardware, ModelShape, Strategy, model_shape, resolve_hardware, strategy
 from launcher.plan.memory import MemoryEstimate, estimate_memory
+from launcher.plan.steptime import StepTime, estimate_step_time
 from launcher.plan.host import TOKEN_ID_BYTES, estimate_host_memory, host_capacity
 
 

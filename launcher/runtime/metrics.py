@@ -18,6 +18,7 @@ import json
 import math
 import os
 import resource
+import statistics
 from pathlib import Path
 from typing import Optional
 
@@ -42,21 +43,71 @@ def peak_tflops(cfg, layout) -> Optional[float]:
     return spec.peak_tflops.get(layout.dtype) if spec else None
 
 
+def planned(cfg, layout) -> dict:
+    """The plan's predictions for this run: step time (launcher/plan/steptime.py, from the cluster's profile) and
+    peak memory per rank (launcher/plan/memory.py). Empty for CPU ranks without cluster.profile (no rates)."""
+    from launcher.plan.inputs import model_shape, resolve_hardware, strategy
+    from launcher.plan.memory import estimate_memory
+    from launcher.plan.steptime import estimate_step_time
+
+    hw = resolve_hardware(cfg.cluster, layout.dtype)
+    if hw is None:
+        return {}
+    shape, st = model_shape(cfg.model), strategy(cfg, layout)
+    return {"predicted_step_time_s": estimate_step_time(shape, st, hw).step_time_s,
+            "predicted_peak_memory_bytes": int(estimate_memory(shape, st, hw).peak.total)}
+
+
+# Steps left out of the end-of-run comparison: the first ones pay one-time costs (allocator growth, lazy
+# initialisation, DeepSpeed's first-step bookkeeping) the plan does not model.
+WARMUP_STEPS = 2
+
+
 class Throughput:
-    """Turns a step time into tokens/s, TFLOP/s per rank and MFU (formulas in the module docstring)."""
+    """Turns a step time into tokens/s, TFLOP/s per rank and MFU (formulas in the module docstring), and sets it
+    beside the plan's predicted step time and peak memory (`planned`)."""
 
     def __init__(self, cfg, layout):
         self.tokens_per_step = layout.tokens_per_step
         self.world = layout.world_size
         self.flops_per_token = model_flops_per_token(cfg.model, layout.seq_length)
         self.peak = peak_tflops(cfg, layout)
+        self.plan = planned(cfg, layout)
+        self.step_times: list[float] = []
 
     def __call__(self, step_time_s: float) -> dict:
+        self.step_times.append(step_time_s)
         tokens_s = self.tokens_per_step / step_time_s
         per_rank = tokens_s / self.world
         tflops = self.flops_per_token * per_rank / 1e12
-        return {"tokens_per_s": tokens_s, "tokens_per_s_per_rank": per_rank, "tflops_per_rank": tflops,
-                "mfu": tflops / self.peak if self.peak else None}
+        out = {"tokens_per_s": tokens_s, "tokens_per_s_per_rank": per_rank, "tflops_per_rank": tflops,
+               "mfu": tflops / self.peak if self.peak else None}
+        if self.plan:
+            out |= self.plan | {"step_time_over_predicted": step_time_s / self.plan["predicted_step_time_s"]}
+        return out
+
+    def versus_plan(self, peak_memory_bytes: int) -> dict:
+        """The end-of-run summary's fields: the median measured step time (after WARMUP_STEPS) and this rank's peak
+        memory beside the plan's predictions (null where the plan has none)."""
+        timed = self.step_times[WARMUP_STEPS:] or self.step_times
+        measured = statistics.median(timed) if timed else None
+        pred = self.plan.get("predicted_step_time_s")
+        pmem = self.plan.get("predicted_peak_memory_bytes")
+        return {"steps_timed": len(timed), "step_time_s": measured, "predicted_step_time_s": pred,
+                "step_time_over_predicted": measured / pred if measured and pred else None,
+                "peak_memory_bytes": peak_memory_bytes, "predicted_peak_memory_bytes": pmem,
+                "peak_memory_over_predicted": peak_memory_bytes / pmem if pmem else None}
+
+
+def format_versus_plan(rec: dict) -> str:
+    """One line: measured vs planned step time and peak memory."""
+    if rec["predicted_step_time_s"] is None:
+        return (f"median step {rec['step_time_s'] * 1e3:,.0f} ms over {rec['steps_timed']} steps (no plan prediction: "
+                "CPU ranks without cluster.profile; `launcher calibrate` writes one)")
+    return (f"median step {rec['step_time_s'] * 1e3:,.0f} ms over {rec['steps_timed']} steps, planned "
+            f"{rec['predicted_step_time_s'] * 1e3:,.0f} ms (x{rec['step_time_over_predicted']:.2f}); peak memory "
+            f"{rec['peak_memory_bytes'] / 2**20:,.0f} MiB, planned {rec['predicted_peak_memory_bytes'] / 2**20:,.0f} MiB "
+            f"(x{rec['peak_memory_over_predicted']:.2f}; on CPU ranks the measured figure is the process's peak RSS)")
 
 
 def peak_memory_bytes(device: str) -> int:

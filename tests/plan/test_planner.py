@@ -130,6 +130,6 @@ def test_search_returns_valid_fitting_layouts_and_beats_the_recipe(recipe):
         assert c.memory.peak.total <= hw.memory_bytes
     speeds = [c.time.tokens_per_s for c in ranked]
     assert speeds == sorted(speeds, reverse=True)
-    from launcher.plan.flops import estimate_step_time
+    from launcher.plan.steptime import estimate_step_time
     own = estimate_step_time(shape, strategy(cfg, resolve_layout(cfg)), hw)
     assert ranked[0].time.tokens_per_s >= own.tokens_per_s

@@ -1,0 +1,244 @@
+"""Hardware profiles: the rates the per-operator step-time model (launcher/plan/steptime.py) reads (no torch).
+
+A profile says how fast one accelerator (or one CPU rank) runs each kind of operator:
+
+    gemm_tflops[dtype]      plateau rate of a large dense GEMM, TFLOP/s
+    gemm_half_dim[dtype]    the GEMM's smallest dimension (M, N or K) at which it runs at half the plateau:
+                            rate(M, N, K) = plateau x d / (d + gemm_half_dim), d = min(M, N, K)
+    attention_tflops[dtype] plateau rate of causal fused attention (SDPA / flash), forward + backward,
+                            counted in causal FLOPs (half the square)
+    attention_half_seq[dt]  sequence length at which attention runs at half its plateau
+    memory_gbps             attainable memory bandwidth for element-wise operators (GB/s, read + write)
+    kernel_overhead_s       fixed cost of one operator (kernel launch on a GPU, dispatch + autograd on a CPU)
+    intra / inter           collective link inside / across nodes: latency_s per collective call and
+                            bus_gbps, the NCCL-tests "bus bandwidth" (a ring all-reduce of B bytes on n ranks
+                            takes latency + 2 (n-1)/n B / bus bandwidth)
+    host_memory_gb          RAM per node; compute_slots: ranks per node that compute at once (CPU cores for
+                            CPU ranks; None for GPUs, one per GPU)
+
+The built-in GPU profiles cite every constant below. `launcher calibrate` writes the same fields,
+measured, to a YAML file (PROFILE_VERSION); `cluster.profile=PATH` selects it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from launcher.config.errors import ConfigError
+
+PROFILE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Link:
+    latency_s: float
+    bus_gbps: float
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    gemm_tflops: dict
+    gemm_half_dim: dict
+    attention_tflops: dict
+    attention_half_seq: dict
+    memory_gbps: float
+    kernel_overhead_s: float
+    intra: Link
+    inter: Link
+    host_memory_gb: Optional[float] = None
+    compute_slots: Optional[int] = None
+    source: str = ""        # where the numbers come from (printed in the plan's step-time row)
+    # Measured rate tables ({dtype: [[smallest side or sequence length, TFLOP/s], ...]}, from `launcher
+    # calibrate`): where present the model interpolates them (log-linear in the size, clamped at the ends)
+    # instead of the saturation curve. On CPUs the rate is not a saturation curve at all: it falls again
+    # once the operands leave the caches.
+    gemm_table: dict = field(default_factory=dict)
+    attention_table: dict = field(default_factory=dict)
+
+    def gemm_table_for(self, dtype: str) -> Optional[list]:
+        return _table(self.gemm_table, dtype)
+
+    def attention_table_for(self, dtype: str) -> Optional[list]:
+        return _table(self.attention_table, dtype)
+
+    def gemm_rate(self, dtype: str) -> tuple[float, float]:
+        """(plateau FLOP/s, half-rate dimension) of GEMMs in `dtype`."""
+        return (_by_dtype(self.gemm_tflops, dtype, self.name, "gemm_tflops") * 1e12,
+                _by_dtype(self.gemm_half_dim, dtype, self.name, "gemm_half_dim"))
+
+    def attention_rate(self, dtype: str) -> tuple[float, float]:
+        """(plateau FLOP/s, half-rate sequence length) of causal attention in `dtype`."""
+        return (_by_dtype(self.attention_tflops, dtype, self.name, "attention_tflops") * 1e12,
+                _by_dtype(self.attention_half_seq, dtype, self.name, "attention_half_seq"))
+
+
+def _by_dtype(table: dict, dtype: str, name: str, key: str) -> float:
+    # fp32 training runs its matmuls in TF32 on Ampere and later (inputs.py _dtype_peak says why); a CPU
+    # profile measures fp32 itself. bf16 and fp16 share the tensor-core rate.
+    for d in (dtype, "tf32" if dtype == "fp32" else None, "bf16" if dtype == "fp16" else None, "fp16" if dtype == "bf16" else None, "any"):
+        if d and d in table:
+            return float(table[d])
+    raise ConfigError("cluster.profile", name, f"profile {name} has no {key} for dtype {dtype} (it has {sorted(table)})",
+                      f"re-run `launcher calibrate precision={dtype}` or pick a precision the profile measured")
+
+
+def _table(tables: dict, dtype: str) -> Optional[list]:
+    for d in (dtype, "tf32" if dtype == "fp32" else None, "bf16" if dtype == "fp16" else None):
+        if d and tables.get(d):
+            return sorted((float(x), float(r) * 1e12) for x, r in tables[d])
+    return None
+
+
+def interpolate(table: list, x: float) -> float:
+    """Rate at size x from a sorted [(size, rate)] table: log-linear between points, clamped outside."""
+    import math
+
+    if x <= table[0][0]:
+        return table[0][1]
+    for (x0, r0), (x1, r1) in zip(table, table[1:]):
+        if x <= x1:
+            f = (math.log(x) - math.log(x0)) / (math.log(x1) - math.log(x0))
+            return r0 + f * (r1 - r0)
+    return table[-1][1]
+
+
+# ---- Built-in profiles: every constant with its source. -------------------------------------------------------
+#
+# GEMM plateau: cuBLAS on large square bf16 GEMMs. A100: ~250-280 of 312 TFLOP/s (Anthony et al. 2024, "The Case
+# for Co-Designing Model Architectures with Hardware", arXiv:2401.14489, fig. 3 and 5: GEMM throughput vs size on
+# A100; NVIDIA "Matrix Multiplication Background User's Guide", Deep Learning Performance docs, fig. 2/3, same
+# range). H100 SXM: ~ 700-760 of 989 TFLOP/s (Anthony et al. 2024, H100 figures; NVIDIA's cuBLAS 12 release
+# blog "New cuBLAS 12.0 Features and Matrix Multiplication Performance on H100" shows ~ 750 at large sizes).
+# We take 0.85 x peak on A100 and 0.75 x peak on H100/H200 (same Hopper compute).
+# gemm_half_dim = 128: the same figures show a GEMM whose smallest dimension is 128 reaching about half the
+# plateau and 1024+ within ~10% of it (tile quantization: a 128 x 256 CTA tile needs that many rows to fill
+# the SMs; NVIDIA guide section "Tile quantization"). Read off the figures, not fitted to any training run.
+# Attention: FlashAttention-2 (Dao 2023, arXiv:2307.08691) fig. 4 (A100, causal, head dim 128, fwd+bwd):
+# ~ 100 TFLOP/s at seq 512 rising to ~ 175-190 at 8k-16k; fig. 7 (H100): up to ~ 335 fwd+bwd. Plateau
+# 190 / 335 with half-rate at seq 256 reproduces those curves within ~10% (512 -> 127, 2k -> 169, 16k -> 187
+# on A100). H200 uses the H100 numbers (same SMs and clocks).
+# Memory bandwidth: datasheets (A100 40GB 1,555 GB/s, 80GB 2,039; H100 SXM 3,350; H200 4,800) x 0.85, the
+# fraction BabelStream-style copy kernels reach on HBM (Deakin et al., BabelStream results on A100/H100:
+# 85-92%); a stated round number.
+# Kernel overhead: ~ 5 us per launch on an idle GPU (the CUDA launch latency NVIDIA quotes for
+# cudaLaunchKernel, ~ 3-5 us; training loops without CUDA graphs see this per operator when the GPU runs
+# ahead of nothing); used only where kernels are tiny.
+# Links (NCCL bus bandwidth, nccl-tests all_reduce_perf at 1 GB): DGX A100 NVLink 3 ~ 230 GB/s of the 300 per
+# direction; DGX H100 NVLink 4 ~ 360-480 (we take 360 without NVLS); inter-node HDR 200 Gb/s per GPU ~ 22 GB/s
+# (A100), NDR 400 Gb/s ~ 45 GB/s (H100/H200), both ~ 90% of line rate (NVIDIA DGX SuperPOD reference
+# architecture, nccl-tests figures). Latency: ~ 10 us for an intra-node all-reduce, ~ 20 us across nodes
+# (NCCL's own tuning model, src/graph/tuning.cc, baseLat + hwLat for Ring/Simple: 6.8 + ~ 1-2 us per hop).
+
+_NVLINK_LAT, _IB_LAT = 10e-6, 20e-6
+
+
+def _gpu(name, peak_bf16, gemm_frac, attn, hbm_gbps, intra_bus, inter_bus, host_gb, note):
+    return Profile(
+        name=name,
+        gemm_tflops={"bf16": peak_bf16 * gemm_frac, "fp16": peak_bf16 * gemm_frac, "tf32": peak_bf16 / 2 * gemm_frac},
+        gemm_half_dim={"any": 128.0},
+        attention_tflops={"bf16": attn, "fp16": attn, "tf32": attn / 2},
+        attention_half_seq={"any": 256.0},
+        memory_gbps=hbm_gbps * 0.85,
+        kernel_overhead_s=5e-6,
+        intra=Link(_NVLINK_LAT, intra_bus),
+        inter=Link(_IB_LAT, inter_bus),
+        host_memory_gb=host_gb,
+        source=f"built-in {name} profile (launcher/plan/profile.py): {note}",
+    )
+
+
+BUILTIN: dict[str, Profile] = {
+    "a100-40gb": _gpu("a100-40gb", 312.0, 0.85, 190.0, 1555.0, 230.0, 22.0, 1000.0, "A100 SXM4 40GB datasheet + cited benchmarks"),
+    "a100-80gb": _gpu("a100-80gb", 312.0, 0.85, 190.0, 2039.0, 230.0, 22.0, 2000.0, "A100 SXM4 80GB datasheet + cited benchmarks"),
+    "h100-80gb": _gpu("h100-80gb", 989.4, 0.75, 335.0, 3350.0, 360.0, 45.0, 2000.0, "H100 SXM5 datasheet + cited benchmarks"),
+    "h200": _gpu("h200", 989.4, 0.75, 335.0, 4800.0, 360.0, 45.0, 2000.0, "H200 SXM datasheet + cited benchmarks (H100 compute)"),
+}
+
+
+def generic_profile(name: str, peak_tflops: float, intra_gbps: float, inter_gbps: float) -> Profile:
+    """A GPU outside the catalog, from the user's cluster.* numbers: H100's ratios (GEMM 0.75 x peak, attention
+    0.34 x peak, 2.9 bytes of memory bandwidth per 1,000 FLOPs) stand in for what we do not know."""
+    return Profile(
+        name=name, gemm_tflops={"any": peak_tflops * 0.75}, gemm_half_dim={"any": 128.0},
+        attention_tflops={"any": peak_tflops * 335.0 / 989.4}, attention_half_seq={"any": 256.0},
+        memory_gbps=peak_tflops * 3350.0 * 0.85 / 989.4, kernel_overhead_s=5e-6,
+        intra=Link(_NVLINK_LAT, intra_gbps * 0.8), inter=Link(_IB_LAT, inter_gbps * 0.9),
+        source=f"{name}: H100 ratios applied to cluster.peak_tflops / intra_node_gbps / inter_node_gbps "
+               "(launcher/plan/profile.py generic_profile); run `launcher calibrate` for measured rates")
+
+
+def scaled(p: Profile, compute: float = 1.0, intra_gbps: Optional[float] = None, inter_gbps: Optional[float] = None) -> Profile:
+    """The profile with its compute rates times `compute` (cluster.peak_tflops over the catalog peak) and the
+    links' bandwidth replaced by cluster.intra_node_gbps / inter_node_gbps where the user gives them (0.8 / 0.9
+    of the per-direction figure reach the bus, as for the built-ins)."""
+    from dataclasses import replace
+
+    return replace(
+        p, gemm_tflops={k: v * compute for k, v in p.gemm_tflops.items()},
+        attention_tflops={k: v * compute for k, v in p.attention_tflops.items()},
+        intra=p.intra if intra_gbps is None else Link(p.intra.latency_s, intra_gbps * 0.8),
+        inter=p.inter if inter_gbps is None else Link(p.inter.latency_s, inter_gbps * 0.9))
+
+
+# ---- YAML files written by `launcher calibrate`. -----------------------------------------------------------------
+
+_REQUIRED = ("name", "gemm_tflops", "gemm_half_dim", "attention_tflops", "attention_half_seq", "memory_gbps",
+             "kernel_overhead_s", "intra", "inter")
+
+
+def profile_to_dict(p: Profile, measured: Optional[dict] = None) -> dict:
+    """The YAML document of a profile: version first, the fitted rates, then the raw measurements."""
+    out = {"version": PROFILE_VERSION, **asdict(p)}
+    if measured:
+        out["measurements"] = measured
+    return out
+
+
+def load_profile(path: str) -> Profile:
+    """Read and validate a profile written by `launcher calibrate`; ConfigError on cluster.profile otherwise."""
+    import yaml
+
+    key = "cluster.profile"
+    fix = "run `launcher calibrate cluster=... --out PATH` and pass that PATH"
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise ConfigError(key, path, f"no profile file at {p.resolve()}", fix)
+    try:
+        doc = yaml.safe_load(p.read_text())
+    except (yaml.YAMLError, UnicodeDecodeError, OSError) as err:
+        raise ConfigError(key, path, f"is not a readable YAML profile ({type(err).__name__}: {str(err)[:200]})", fix)
+    if not isinstance(doc, dict):
+        raise ConfigError(key, path, "is not a YAML mapping (a profile is one)", fix)
+    version = doc.get("version")
+    if version != PROFILE_VERSION:
+        raise ConfigError(key, path, f"has profile version {version!r}; this launcher reads version {PROFILE_VERSION}",
+                          "re-run `launcher calibrate` with this launcher to write a current profile")
+    missing = [k for k in _REQUIRED if k not in doc]
+    if missing:
+        raise ConfigError(key, path, f"lacks {', '.join(missing)} (a version-{PROFILE_VERSION} profile has {', '.join(_REQUIRED)})", fix)
+    try:
+        prof = Profile(
+            name=str(doc["name"]), gemm_tflops={str(k): float(v) for k, v in doc["gemm_tflops"].items()},
+            gemm_half_dim={str(k): float(v) for k, v in doc["gemm_half_dim"].items()},
+            attention_tflops={str(k): float(v) for k, v in doc["attention_tflops"].items()},
+            attention_half_seq={str(k): float(v) for k, v in doc["attention_half_seq"].items()}, memory_gbps=float(doc["memory_gbps"]),
+            kernel_overhead_s=float(doc["kernel_overhead_s"]),
+            intra=Link(float(doc["intra"]["latency_s"]), float(doc["intra"]["bus_gbps"])),
+            inter=Link(float(doc["inter"]["latency_s"]), float(doc["inter"]["bus_gbps"])),
+            host_memory_gb=None if doc.get("host_memory_gb") is None else float(doc["host_memory_gb"]),
+            compute_slots=None if doc.get("compute_slots") is None else int(doc["compute_slots"]),
+            gemm_table={str(k): [[float(a), float(b)] for a, b in v] for k, v in (doc.get("gemm_table") or {}).items()},
+            attention_table={str(k): [[float(a), float(b)] for a, b in v] for k, v in (doc.get("attention_table") or {}).items()},
+            source=f"{p} ({doc.get('source', 'launcher calibrate')})")
+    except (TypeError, ValueError, KeyError, AttributeError) as err:
+        raise ConfigError(key, path, f"has a malformed field ({type(err).__name__}: {err})", fix)
+    rates = [*prof.gemm_tflops.values(), *prof.attention_tflops.values(), prof.memory_gbps, prof.intra.bus_gbps,
+             prof.inter.bus_gbps]
+    if not prof.gemm_tflops or not prof.attention_tflops or any(not (r > 0) for r in rates) \
+            or any(v < 0 for v in (*prof.gemm_half_dim.values(), *prof.attention_half_seq.values())):
+        raise ConfigError(key, path, "has a rate that is not positive (every TFLOP/s and GB/s must be > 0)", fix)
+    return prof

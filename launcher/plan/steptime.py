@@ -1,0 +1,401 @@
+"""Per-operator step time: every operator of one micro-batch on one rank of each pipeline stage (no torch).
+
+The one step-time formula of the planner (`launcher plan`, `--search`, and the prediction `launcher train`
+records beside its measured step). Rates come from a hardware profile (launcher/plan/profile.py: the
+built-in, cited A100/H100/H200 ones, or a file `launcher calibrate` measured).
+
+One micro-batch on one rank (n = b s / sp tokens outside attention; t = TP, sp = Ulysses degree):
+
+    GEMM (M, N, K)          time = max(2MNK / (plateau x d / (d + d_half)), (MK + KN + MN) w / BW) + overhead
+                            d = min(M, N, K): a skinny GEMM (few tokens, a thin TP shard) fills fewer tiles
+                            (NVIDIA "Matrix Multiplication Background", tile and wave quantization); the max()
+                            is the roofline (Williams et al. 2009) in the GEMM's arithmetic intensity.
+                            Each forward GEMM X[M,K] W[K,N] has two backward GEMMs of the same FLOPs: the
+                            input gradient dY[M,N] W^T (M, K, N) and the weight gradient X^T dY (K, N, M),
+                            contracting over the tokens.
+    attention (fused)       causal FLOPs: forward 4 b s^2 (a / (t sp)) d / 2 (QK^T and PV, half the square),
+                            backward 2.5 x forward (FlashAttention-2, Dao 2023, section 3.1: five matmuls
+                            against two); rate = plateau x s / (s + s_half) (FA2 fig. 4/7: short sequences
+                            leave the tiles idle). BLOOM's eager ALiBi attention is two batched GEMMs and an
+                            fp32 softmax over the b a s^2 scores instead.
+    element-wise operators  norms, activations, residual adds, rotary, softmax, loss, embedding lookup and
+                            its gradient: bytes read + written / memory bandwidth + one overhead per kernel;
+                            backward moves twice the forward bytes (reads the saved input and the incoming
+                            gradient, writes the outgoing one).
+    TP (Megatron)           per block 2 all-reduces of n h w forward and 2 backward (Shoeybi et al. 2019,
+                            fig. 3), + 2 with full recompute; the embedding, head and loss are replicated on
+                            the TP ranks (as the runtime builds them). all-reduce of B bytes over r ranks:
+                            latency + 2 (r - 1)/r B / bus bandwidth (ring; NCCL-tests' busbw convention).
+    Ulysses SP              4 all-to-alls (q, k, v, output) forward and 4 backward per block, (sp-1)/sp of
+                            each tensor crosses the link (Jacobs et al. 2023, section 3.1).
+    recompute (full)        the forward of every block again before its backward.
+    PP 1F1B                 stage s takes T_s per micro-batch (its blocks, plus the embedding on the first
+                            stage and the final norm, head and loss on the last, plus its point-to-point
+                            sends/receives); a step is  sum_s T_s + (m - 1) max_s T_s : fill and drain cross
+                            every stage once, the steady state goes at the slowest stage (Narayanan et al.
+                            2021, section 2.2; with equal stages this is (m + p - 1) T, bubble (p-1)/m).
+    DP / ZeRO (r = dp x sp) ZeRO 0/1: gradients all-reduced (0) or reduce-scattered (1) once per step after the
+                            last backward; ZeRO 2: reduce-scattered in every micro-batch's backward; ZeRO 1/2 then
+                            all-gather the updated weights; ZeRO 3: per micro-batch all-gather forward,
+                            all-gather backward and reduce-scatter (all-reduce under SP, deepspeed_config.py
+                            says why) (Rajbhandari et al. 2020, section 7), the gathers one per module with
+                            weights, each paying the link latency. With overlap_comm (on for GPUs in
+                            our DeepSpeed config) the traffic of a micro-batch hides behind its backward (ZeRO
+                            3: its forward + backward, prefetched) and only the excess is exposed; the pipeline
+                            engine and ZeRO 0 reduce after the flush, exposed; on CPU ranks (overlap_comm off)
+                            everything is exposed.
+    optimizer               AdamW over this rank's shard at memory bandwidth: fp32 master, m, v read and
+                            written, the gradient read (and the norm's extra read), the low-precision weights
+                            written: (4 + 4 + 4) x 2 + 4 + 4 (+ 2 for a 16-bit copy) bytes per parameter.
+    CPU ranks               when a node runs more ranks than the profile's compute_slots (cores), compute
+                            stretches by ranks / slots.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+from launcher.plan.flops import flops_per_token, recompute_flops_per_token
+from launcher.plan.inputs import Hardware, ModelShape, Strategy
+from launcher.plan.memory import REDUCE_BUCKET_ELEMENTS, blocks_in_stage, stage_params, weight_bytes
+from launcher.plan.profile import Link, Profile, interpolate
+
+F32 = 4
+ATTN_BWD_OVER_FWD = 2.5  # FlashAttention-2 section 3.1: backward does 5 matmuls, forward 2
+
+
+# ---- primitives ---------------------------------------------------------------------------------------------------
+
+def gemm_s(m: float, n: float, k: float, w: int, prof: Profile, rate: tuple, batch: float = 1.0) -> float:
+    """One (batched) GEMM [m, k] x [k, n]: the roofline of its FLOPs at the shape's rate and its bytes.
+    `rate`: (plateau FLOP/s, half-rate dimension) from Profile.gemm_rate, or a measured table (calibrate)."""
+    d = min(m, n, k)
+    flops = 2.0 * m * n * k * batch
+    compute = flops / (interpolate(rate, d) if isinstance(rate, list) else rate[0] * d / (d + rate[1]))
+    memory = (m * k + k * n + m * n) * w * batch / (prof.memory_gbps * 1e9)
+    return max(compute, memory) + prof.kernel_overhead_s
+
+
+def attention_fwd_flops(b: float, s: float, heads: float, d: float) -> float:
+    """Causal attention forward FLOPs: QK^T and PV, 2 x 2 b s^2 heads d, half of the square computed."""
+    return 4.0 * b * s * s * heads * d / 2
+
+
+def attention_s(b: float, s: float, heads: float, d: float, prof: Profile, rate: tuple) -> tuple[float, float]:
+    """(forward, backward) seconds of fused causal attention; the profile's rate (plateau, half-rate sequence)
+    counts forward + backward."""
+    fwd = attention_fwd_flops(b, s, heads, d)
+    r = interpolate(rate, s) if isinstance(rate, list) else rate[0] * s / (s + rate[1])
+    total = fwd * (1 + ATTN_BWD_OVER_FWD) / r
+    return total / (1 + ATTN_BWD_OVER_FWD) + prof.kernel_overhead_s, total * ATTN_BWD_OVER_FWD / (1 + ATTN_BWD_OVER_FWD) + prof.kernel_overhead_s
+
+
+def memory_s(nbytes: float, kernels: int, prof: Profile) -> float:
+    """Element-wise operators: bytes at memory bandwidth + a fixed cost per kernel."""
+    return nbytes / (prof.memory_gbps * 1e9) + kernels * prof.kernel_overhead_s
+
+
+def all_reduce_s(nbytes: float, ranks: int, link: Link) -> float:
+    """Ring all-reduce: latency + 2 (r-1)/r x bytes / bus bandwidth (Patarasuk & Yuan 2009; NCCL-tests busbw)."""
+    if ranks <= 1:
+        return 0.0
+    return link.latency_s + 2 * (ranks - 1) / ranks * nbytes / (link.bus_gbps * 1e9)
+
+
+def gather_s(nbytes: float, ranks: int, link: Link) -> float:
+    """All-gather, reduce-scatter or all-to-all of a `nbytes` buffer: latency + (r-1)/r x bytes / bus bandwidth."""
+    if ranks <= 1:
+        return 0.0
+    return link.latency_s + (ranks - 1) / ranks * nbytes / (link.bus_gbps * 1e9)
+
+
+def p2p_s(nbytes: float, link: Link) -> float:
+    return link.latency_s + nbytes / (link.bus_gbps * 1e9)
+
+
+def gemm_rate(prof: Profile, dtype: str):
+    """The measured table when the profile has one, else (plateau, half-rate dimension)."""
+    return prof.gemm_table_for(dtype) or prof.gemm_rate(dtype)
+
+
+# ---- one block ----------------------------------------------------------------------------------------------------
+
+@dataclass
+class Cost:
+    """Seconds by kind, for one pass of something (a block's forward, a stage's micro-batch, ...)."""
+    gemm: float = 0.0
+    attention: float = 0.0
+    memory: float = 0.0
+    tp: float = 0.0
+    sp: float = 0.0
+
+    @property
+    def compute(self) -> float:
+        return self.gemm + self.attention + self.memory
+
+    @property
+    def total(self) -> float:
+        return self.compute + self.tp + self.sp
+
+    def __add__(self, o: "Cost") -> "Cost":
+        return Cost(self.gemm + o.gemm, self.attention + o.attention, self.memory + o.memory, self.tp + o.tp, self.sp + o.sp)
+
+    def __mul__(self, k: float) -> "Cost":
+        return Cost(self.gemm * k, self.attention * k, self.memory * k, self.tp * k, self.sp * k)
+
+
+def _norm_bytes(x: float, arch: str, w: int) -> tuple[float, int]:
+    """(bytes, kernels) of one forward norm over x elements.
+
+    LLaMA's RMSNorm runs in fp32 in eager ops (transformers LlamaRMSNorm: to(fp32), pow, mean, + eps, rsqrt, mul,
+    to(dtype), mul weight: each kernel reads and writes its tensor); LayerNorm (GPT, BLOOM) is one fused kernel
+    reading and writing x."""
+    if arch == "llama":
+        casts = 0 if w == F32 else 2
+        return x * (F32 * 8 + w * (2 + 2 * casts)), 6 + casts
+    return 2 * x * w, 1
+
+
+def block_costs(shape: ModelShape, st: Strategy, prof: Profile, links: dict) -> tuple[Cost, Cost]:
+    """(forward, backward) cost of one transformer block for one micro-batch on one rank."""
+    t, sp, b, s = st.tensor_degree, st.sequence_degree, st.micro_batch_size, st.seq_length
+    h, a, kv, d, f = shape.hidden_size, shape.num_heads, shape.num_kv_heads, shape.head_dim, shape.intermediate_size
+    w = weight_bytes(st.dtype)
+    rate = gemm_rate(prof, st.dtype)
+    n = b * s / sp                   # tokens this rank holds outside attention
+    x = n * h                        # elements of one hidden-state tensor
+    fwd, bwd = Cost(), Cost()
+
+    def gemm(m_, n_, k_, batch=1.0):
+        fwd.gemm += gemm_s(m_, n_, k_, w, prof, rate, batch)
+        bwd.gemm += gemm_s(m_, k_, n_, w, prof, rate, batch) + gemm_s(k_, n_, m_, w, prof, rate, batch)
+
+    def mem(nbytes, kernels):
+        fwd.memory += memory_s(nbytes, kernels, prof)
+        bwd.memory += memory_s(2 * nbytes, 2 * kernels, prof)
+
+    norm_b, norm_k = _norm_bytes(x, shape.arch, w)
+    q_el, kv_el = n * a * d / t, n * kv * d / t
+    # attention block
+    mem(norm_b, norm_k)
+    if shape.arch == "llama":
+        gemm(n, a * d / t, h)                    # q_proj
+        gemm(n, kv * d / t, h)                   # k_proj
+        gemm(n, kv * d / t, h)                   # v_proj
+        mem(9 * (q_el + kv_el) * w, 10)          # rotary: q cos + rotate_half(q) sin, same for k (5 kernels each)
+    else:
+        gemm(n, (a + 2 * kv) * d / t, h)         # fused qkv (GPT c_attn, BLOOM query_key_value)
+    if sp > 1:
+        # Ulysses: q, k, v scattered by heads / gathered by sequence before attention, the output back after
+        a2a = gather_s((q_el + 2 * kv_el) * w, sp, links["sp"]) + gather_s(q_el * w, sp, links["sp"])
+        fwd.sp += a2a
+        bwd.sp += a2a
+    heads = a / (t * sp)
+    if shape.flash_attention:
+        af, ab = attention_s(b, s, heads, d, prof, prof.attention_table_for(st.dtype) or prof.attention_rate(st.dtype))
+        fwd.attention += af
+        bwd.attention += ab
+    else:
+        # eager (BLOOM, ALiBi): scores = baddbmm(alibi, q, k^T), fp32 softmax, probs @ v; the scores are b heads s^2
+        scores = b * heads * s * s
+        gemm(s, s, d, batch=b * heads)
+        gemm(s, d, s, batch=b * heads)
+        mem(scores * (w + F32 + F32 + w) + scores * w, 4)   # baddbmm alibi add, upcast, softmax, downcast
+    mem(2 * q_el * w, 1)                          # attention output (b, a, s, d) -> (b, s, a d) contiguous copy
+    gemm(n, h, a * d / t)                         # o_proj / dense
+    mem(3 * x * w, 1)                             # residual add
+    # MLP
+    mem(norm_b, norm_k)
+    if shape.arch == "llama":
+        gemm(n, f / t, h)                         # gate_proj
+        gemm(n, f / t, h)                         # up_proj
+        mem(5 * n * f / t * w, 2)                 # silu(gate) * up
+    else:
+        gemm(n, f / t, h)                         # fc / dense_h_to_4h
+        mem(8 * 2 * n * f / t * w, 8)             # tanh-GELU in eager ops (GPT2 gelu_new, bloom_gelu): ~8 kernels
+    gemm(n, h, f / t)                             # down_proj / c_proj / dense_4h_to_h
+    mem(3 * x * w, 1)                             # residual add
+    if t > 1:
+        ar = all_reduce_s(x * w, t, links["tp"])
+        fwd.tp += 2 * ar
+        bwd.tp += 2 * ar
+    return fwd, bwd
+
+
+def end_costs(shape: ModelShape, st: Strategy, prof: Profile, links: dict) -> tuple[Cost, Cost]:
+    """(first stage, last stage) extra cost per micro-batch: embedding; final norm, head and loss."""
+    sp, b, s = st.sequence_degree, st.micro_batch_size, st.seq_length
+    h, w = shape.hidden_size, weight_bytes(st.dtype)
+    n = b * s / sp
+    # The runtime's TP shards the blocks only: the embedding, final norm and head stay replicated on every TP
+    # rank (launcher/parallel/tensor.py docstring; DeepSpeed AutoTP likewise replaces the blocks' linears), so
+    # each TP rank computes the whole head and loss, and no vocab-parallel collective is charged.
+    v = st.padded_vocab_size
+    rate = gemm_rate(prof, st.dtype)
+    first = Cost()
+    # lookup: read the rows, write the hidden states; backward: zero the dense (V/t, h) gradient, index_add n rows
+    first.memory += memory_s(2 * n * h * w, 1, prof) + memory_s(v * h * w + 3 * n * h * w, 2, prof)
+    last = Cost()
+    nb, nk = _norm_bytes(n * h, shape.arch, w)
+    last.memory += memory_s(3 * nb, 3 * nk, prof)              # final norm, forward + backward
+    last.gemm += (gemm_s(n, v, h, w, prof, rate) + gemm_s(n, h, v, w, prof, rate) + gemm_s(h, v, n, w, prof, rate))
+    # cross-entropy on fp32 logits (transformers upcasts): cast, max, exp-sum, log-softmax written, gathered;
+    # backward reads and writes the fp32 logits and casts back
+    logits = n * v
+    last.memory += memory_s(logits * (w + F32 * 5), 5, prof) + memory_s(logits * (F32 * 3 + w), 4, prof)
+    return first, last
+
+
+# ---- the step -----------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class StepTime:
+    step_time_s: float
+    compute_s: float        # GEMMs + attention + element-wise + optimizer of the slowest stage, m micro-batches
+    bubble_s: float         # pipeline fill and drain: the step's pipeline time minus m x the slowest stage
+    tp_comm_s: float
+    pp_comm_s: float
+    dp_comm_exposed_s: float
+    tokens_per_s: float
+    flops_per_token: float
+    hardware_flops_per_token: float
+    tflops_per_gpu: float            # model FLOPs
+    hardware_tflops_per_gpu: float   # with recompute
+    mfu: float
+    train_tokens: float
+    train_days: float
+    gemm_s: float = 0.0
+    attention_s: float = 0.0
+    memory_bound_s: float = 0.0
+    sp_comm_s: float = 0.0
+    recompute_s: float = 0.0
+    optimizer_s: float = 0.0
+    profile: str = ""
+
+    def breakdown(self) -> dict:
+        """Seconds per step by term; they add up to step_time_s (recompute is inside gemm/attention/memory_bound)."""
+        return {"gemm": self.gemm_s, "attention": self.attention_s, "memory_bound": self.memory_bound_s,
+                "optimizer": self.optimizer_s, "tp_comm": self.tp_comm_s,
+                "sp_comm": self.sp_comm_s, "pp_comm": self.pp_comm_s, "bubble": self.bubble_s,
+                "dp_comm_exposed": self.dp_comm_exposed_s}
+
+
+def _links(st: Strategy, prof: Profile) -> dict:
+    g = st.gpus_per_node
+    t, sp, p = st.tensor_degree, st.sequence_degree, st.pipeline_degree
+
+    def link(span):
+        return prof.intra if span <= g else prof.inter
+    return {"tp": link(t), "sp": link(t * sp), "pp": link(t * sp * p), "dp": link(st.world_size)}
+
+
+def _optimizer_s(params: float, st: Strategy, prof: Profile, tensors: int) -> float:
+    """AdamW over `params` at memory bandwidth (module docstring), plus zeroing the gradients."""
+    w = weight_bytes(st.dtype)
+    per_param = 2 * 3 * F32 + 2 * F32 + (w if w != F32 else 0) + (F32 if st.grad_accum_fp32 else w)
+    return memory_s(params * per_param, 15 * tensors, prof)
+
+
+def estimate_step_time(shape: ModelShape, st: Strategy, hw: Hardware, train_tokens: Optional[float] = None) -> StepTime:
+    """Step time, its breakdown, throughput, TFLOP/s per GPU, MFU and training days for one layout."""
+    prof = hw.profile
+    t, p, sp, d = st.tensor_degree, st.pipeline_degree, st.sequence_degree, st.data_degree
+    m, s = st.grad_accum_steps, st.seq_length
+    w = weight_bytes(st.dtype)
+    world = st.world_size
+    links = _links(st, prof)
+    ranks_here = min(world, st.gpus_per_node)
+    stretch = max(1.0, ranks_here / prof.compute_slots) if prof.compute_slots else 1.0
+
+    bf, bb = block_costs(shape, st, prof, links)
+    first, last = end_costs(shape, st, prof, links)
+    full = st.recompute == "full"
+    per_block = bf + bb + (bf if full else Cost())
+    if st.recompute == "selective":
+        per_block = per_block + Cost(attention=bf.attention)  # Korthikanti et al. 2022: the attention core again
+    act_bytes = st.micro_batch_size * s / sp * shape.hidden_size * w / t  # pipe_partitioned: scattered over TP
+    p2p = p2p_s(act_bytes, links["pp"]) if p > 1 else 0.0
+
+    stages = []
+    for stage in range(p):
+        c = per_block * blocks_in_stage(shape, st, stage)
+        if stage == 0:
+            c = c + first
+        if stage == p - 1:
+            c = c + last
+        neighbours = (stage > 0) + (stage < p - 1)
+        compute = c.compute * stretch
+        stages.append({"cost": c, "compute": compute, "pp": 2 * neighbours * p2p, "time": compute + c.tp + c.sp + 2 * neighbours * p2p,
+                       "recompute": bf.compute * blocks_in_stage(shape, st, stage) * stretch if full else 0.0})
+    slow = max(stages, key=lambda x: x["time"])
+    pipeline_s = sum(x["time"] for x in stages) + (m - 1) * slow["time"]
+
+    # Data parallel traffic and the optimizer, per stage; the step waits for the slowest stage.
+    r = d * sp                      # DeepSpeed's data-parallel group under Ulysses is dp x sp
+    overlap = _overlap_comm(hw)
+    dp_exposed, opt = [], []
+    for stage, x in enumerate(stages):
+        params = stage_params(shape, st, stage)
+        grad_b = params * (F32 if st.grad_accum_fp32 else w)
+        par_b = params * w
+        buckets = max(1, math.ceil(params / REDUCE_BUCKET_ELEMENTS))
+        bwd_window = (bb.total * blocks_in_stage(shape, st, stage)) * stretch
+        link = links["dp"]
+        if r <= 1:
+            exposed = 0.0
+        elif st.zero_stage == 0:
+            exposed = all_reduce_s(grad_b, r, link) + (buckets - 1) * link.latency_s
+        elif st.zero_stage == 1:
+            comm = gather_s(grad_b, r, link) + (buckets - 1) * link.latency_s
+            hide = bwd_window if overlap and p == 1 else 0.0
+            exposed = max(0.0, comm - hide) + gather_s(par_b, r, link)
+        elif st.zero_stage == 2:
+            per_mb = gather_s(grad_b, r, link) + (buckets - 1) * link.latency_s
+            hide = bwd_window if overlap else 0.0
+            exposed = m * max(0.0, per_mb - hide) + gather_s(par_b, r, link)
+        else:
+            reduce = all_reduce_s(grad_b, r, link) if sp > 1 else gather_s(grad_b, r, link)
+            # DeepSpeed ZeRO-3 fetches parameters module by module (stage3 parameter coordinator): one all-gather
+            # per module with weights, forward and again backward, each paying the link latency.
+            modules = _weight_modules(shape, blocks_in_stage(shape, st, stage), stage, p)
+            per_mb = 2 * gather_s(par_b, r, link) + reduce + 2 * (modules - 1) * link.latency_s
+            hide = x["compute"] if overlap else 0.0
+            exposed = m * max(0.0, per_mb - hide)
+        dp_exposed.append(exposed)
+        shard = params / (r if st.zero_stage >= 1 else 1)
+        tensors = 1 if st.zero_stage in (1, 2) else 9 * max(1, blocks_in_stage(shape, st, stage)) + 3
+        opt.append(_optimizer_s(shard, st, prof, tensors) * stretch)
+    tail = max(e + o for e, o in zip(dp_exposed, opt))
+    i_tail = max(range(p), key=lambda i: dp_exposed[i] + opt[i])
+    step = pipeline_s + tail
+
+    c = slow["cost"]
+    f_model = flops_per_token(shape, s)
+    f_hw = f_model + recompute_flops_per_token(shape, s, st.recompute)
+    tokens_per_s = st.tokens_per_step / step
+    tflops = f_model * tokens_per_s / world / 1e12
+    hw_tflops = f_hw * tokens_per_s / world / 1e12
+    tokens = float(train_tokens) if train_tokens else 0.0
+    compute_s = m * slow["compute"] + opt[i_tail]
+    return StepTime(
+        step_time_s=step, compute_s=compute_s, bubble_s=pipeline_s - m * slow["time"],
+        tp_comm_s=m * c.tp, pp_comm_s=m * slow["pp"], dp_comm_exposed_s=dp_exposed[i_tail],
+        tokens_per_s=tokens_per_s, flops_per_token=f_model, hardware_flops_per_token=f_hw,
+        tflops_per_gpu=tflops, hardware_tflops_per_gpu=hw_tflops, mfu=tflops / hw.peak_tflops if hw.peak_tflops else 0.0,
+        train_tokens=tokens, train_days=tokens / tokens_per_s / 86400 if tokens else 0.0,
+        gemm_s=m * c.gemm * stretch, attention_s=m * c.attention * stretch, memory_bound_s=m * c.memory * stretch,
+        sp_comm_s=m * c.sp, recompute_s=m * slow["recompute"], optimizer_s=opt[i_tail], profile=prof.name)
+
+
+def _weight_modules(shape: ModelShape, blocks: int, stage: int, p: int) -> int:
+    """Modules holding weights on a stage: per block LLaMA's q, k, v, o, gate, up, down and 2 norms (9), GPT's and
+    BLOOM's qkv, dense, fc, proj and 2 LayerNorms (6); the embedding on the first stage, final norm and head on the last."""
+    per_block = 9 if shape.arch == "llama" else 6
+    return blocks * per_block + (stage == 0) + 2 * (stage == p - 1)
+
+
+def _overlap_comm(hw: Hardware) -> bool:
+    """DeepSpeed's overlap_comm as launcher/deepspeed_config.py sets it: on for GPUs, off for CPU ranks."""
+    return hw.device == "cuda"

@@ -1,0 +1,253 @@
+"""`launcher calibrate`: measure this machine and write a hardware profile (launcher/plan/profile.py).
+
+    launcher calibrate cluster=cpu cluster.gpus_per_node=2 --out profiles/this-box.yaml
+
+Starts cluster.gpus_per_node ranks with torchrun (gloo on CPU ranks, NCCL on GPUs), the way `launcher train`
+starts them (same OMP_NUM_THREADS per rank), and on every rank at once, so that the ranks share the
+memory bus and cores as they will in training, measures:
+
+    GEMM rate          GEMMs whose smallest side d is 32..512 (GPU: 256..8192), square and tall-skinny, in fp32
+                       and bf16; fitted to rate = P d / (d + d_half) (1/rate = 1/P + (d_half / P) / d, least squares)
+    attention rate     causal SDPA forward + backward, head dim 64, sequence 64..1024 (GPU: to 4096); same fit
+    memory bandwidth   a 64 MiB copy (read + write)
+    kernel overhead    a chain of tiny autograd ops, forward + backward, seconds per op
+    collectives        all-reduce of 4 KiB .. 16 MiB over all ranks: latency + 2 (r-1)/r B / bus bandwidth,
+                       least squares in B (the same form steptime.py charges)
+    host memory        /proc/meminfo MemTotal; compute slots: cores / threads per rank (CPU ranks)
+
+Rank 0 writes the raw measurements to a JSON file; the parent fits them and writes the versioned YAML.
+Every fit is to microbenchmarks of this machine, never to training runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+GEMM_SIDES = (32, 64, 128, 256, 512)
+ATTN_SEQS_CPU = (64, 128, 256, 512, 1024)
+ATTN_SEQS_GPU = (256, 512, 1024, 2048, 4096)
+ALLREDUCE_BYTES = (4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20)
+
+
+# ---- the parent: start the ranks, fit, write -----------------------------------------------------------------------
+
+def calibrate(cfg, out: str, console=None) -> Path:
+    """Run the measurement on cluster.gpus_per_node local ranks and write the profile YAML to `out`."""
+    import yaml
+
+    from launcher.config import hardware
+    from launcher.plan.profile import PROFILE_VERSION, Link, Profile, profile_to_dict
+
+    nproc = int(cfg.cluster.gpus_per_node)
+    device = "cpu" if cfg.cluster.gpu.lower() == hardware.CPU else "cuda"
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="launcher-calibrate-") as tmp:
+        raw_path = Path(tmp) / "raw.json"
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        # What launcher/runtime/launch.py gives each rank: the cores split between the local ranks.
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
+               "-m", "launcher.runtime.calibrate", str(raw_path), device]
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        if proc.returncode != 0 or not raw_path.exists():
+            raise RuntimeError(f"calibration ranks failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+        raw = json.loads(raw_path.read_text())
+    gemm = {d: fit_saturation(points) for d, points in raw["gemm"].items()}
+    attn = {d: fit_saturation(points) for d, points in raw["attention"].items()}
+    lat, bus = fit_alpha_beta(raw["all_reduce"], raw["world"])
+    link = Link(lat, bus)
+    threads = int(env["OMP_NUM_THREADS"])
+    name = f"{device}-{raw['hostname']}"
+    prof = Profile(
+        name=name, gemm_tflops={d: p / 1e12 for d, (p, _) in gemm.items()},
+        gemm_half_dim={d: half for d, (_, half) in gemm.items()},
+        attention_tflops={d: p / 1e12 for d, (p, _) in attn.items()},
+        attention_half_seq={d: half for d, (_, half) in attn.items()},
+        memory_gbps=raw["memory_gbps"], kernel_overhead_s=raw["kernel_overhead_s"],
+        # One node measured: the inter-node link is unknown here, so it is taken equal to the local one (stated).
+        intra=link, inter=link, host_memory_gb=raw["host_memory_gb"],
+        compute_slots=max(1, (raw["cores"] // threads)) if device == "cpu" else None,
+        gemm_table={d: _median_by_size(points) for d, points in raw["gemm"].items()},
+        attention_table={d: _median_by_size(points) for d, points in raw["attention"].items()},
+        source=(f"launcher calibrate on {raw['hostname']}, {raw['world']} {device} ranks, {raw['backend']}, "
+                f"{threads} thread(s) per rank, torch {raw['torch']}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"))
+    doc = profile_to_dict(prof, measured={k: raw[k] for k in ("gemm", "attention", "all_reduce", "world", "backend",
+                                                              "device_name", "cores", "seconds")})
+    doc["measurements"]["note"] = ("gemm: [side, FLOP/s]; attention: [seq, causal FLOP/s fwd+bwd]; all_reduce: [bytes, "
+                                   "seconds]; inter = intra (one node measured)")
+    assert doc["version"] == PROFILE_VERSION
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"# hardware profile, version {PROFILE_VERSION}: written by `launcher calibrate` in "
+                    f"{time.perf_counter() - started:.0f} s; read by cluster.profile=PATH\n"
+                    + yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def _median_by_size(points) -> list:
+    """[[size, median TFLOP/s over the shapes of that size], ...]"""
+    sizes = sorted({x for x, _ in points})
+    return [[x, statistics.median(r for y, r in points if y == x) / 1e12] for x in sizes]
+
+
+def fit_saturation(points) -> tuple[float, float]:
+    """(plateau, half) of rate = P x / (x + half), from least squares of 1/rate = 1/P + (half/P) / x."""
+    xs = [1.0 / x for x, _ in points]
+    ys = [1.0 / r for _, r in points]
+    slope, intercept = _least_squares(xs, ys)
+    if intercept <= 0:  # still rising at the largest size: the largest measured rate is the plateau, half 0
+        return max(r for _, r in points), 0.0
+    return 1.0 / intercept, max(0.0, slope / intercept)
+
+
+def fit_alpha_beta(points, world: int) -> tuple[float, float]:
+    """(latency s, bus GB/s) of t = latency + 2 (r-1)/r B / bus, least squares in B."""
+    if world <= 1:
+        return 0.0, 1e6
+    factor = 2 * (world - 1) / world
+    slope, intercept = _least_squares([factor * b for b, _ in points], [t for _, t in points])
+    return max(0.0, intercept), (1.0 / slope / 1e9) if slope > 0 else 1e6
+
+
+def _least_squares(xs, ys) -> tuple[float, float]:
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx else 0.0
+    return slope, my - slope * mx
+
+
+# ---- the ranks: measure ----------------------------------------------------------------------------------------------
+
+def _timer(device):
+    import torch
+
+    def sync():
+        if device == "cuda":
+            torch.cuda.synchronize()
+    return sync
+
+
+def _median_time(fn, sync, repeats: int, budget_s: float = 0.5) -> float:
+    fn()
+    sync()
+    times = []
+    deadline = time.perf_counter() + budget_s
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t0)
+        if time.perf_counter() > deadline and len(times) >= 3:
+            break
+    return statistics.median(times)
+
+
+def _worker(raw_path: str, device: str) -> None:
+    import socket
+
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    backend = "nccl" if device == "cuda" else "gloo"
+    dist.init_process_group(backend)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    dev = torch.device(device)
+    # Both training dtypes every time (a profile serves any precision=...): fp32 (TF32 matmuls on GPUs, as
+    # inputs.py plans them) and bf16.
+    dtypes = (("fp32", torch.float32), ("bf16", torch.bfloat16))
+    if device == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+    sync = _timer(device)
+    started = time.perf_counter()
+    out: dict = {"world": world, "backend": backend, "torch": torch.__version__, "hostname": socket.gethostname(),
+                 "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1),
+                 "device_name": torch.cuda.get_device_name() if device == "cuda" else "cpu"}
+
+    # GEMMs: every rank at once (a barrier before each shape), as the ranks of a training step share the node.
+    # Each side d three ways, the shapes of a block's GEMMs: square, tokens x d x d (forward and input
+    # gradient: many tokens, a thin weight) and d x d x tokens (weight gradient: contracting over tokens).
+    out["gemm"], out["attention"] = {}, {}
+    tokens = 2048 if device == "cpu" else 16384
+    for dname, tdtype in dtypes:
+        out["gemm"][dname] = []
+        for d in GEMM_SIDES if device == "cpu" else (256, 512, 1024, 2048, 4096, 8192):
+            for m, n, k in ((d, d, d), (tokens, d, d), (d, d, tokens)):
+                a = torch.randn(m, k, device=dev, dtype=tdtype)
+                b = torch.randn(k, n, device=dev, dtype=tdtype)
+                dist.barrier()
+                t = _median_time(lambda: torch.mm(a, b), sync, 20)
+                out["gemm"][dname].append([d, 2.0 * m * n * k / t])
+
+        # Causal SDPA forward + backward, counted in causal FLOPs (launcher/plan/steptime.py attention_fwd_flops).
+        heads, hd = (4, 64) if device == "cpu" else (16, 128)
+        out["attention"][dname] = []
+        for s in ATTN_SEQS_CPU if device == "cpu" else ATTN_SEQS_GPU:
+            q, k, v = (torch.randn(1, heads, s, hd, device=dev, dtype=tdtype, requires_grad=True) for _ in range(3))
+            g = torch.randn(1, heads, s, hd, device=dev, dtype=tdtype)
+
+            def step():
+                F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(g)
+            dist.barrier()
+            t = _median_time(step, sync, 10)
+            out["attention"][dname].append([s, 4.0 * s * s * heads * hd / 2 * 3.5 / t])
+
+    # Memory bandwidth: a 64 MiB copy reads and writes 64 MiB each.
+    n = (64 << 20) // 4
+    src = torch.ones(n, device=dev, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    dist.barrier()
+    t = _median_time(lambda: dst.copy_(src), sync, 10)
+    out["memory_gbps"] = 2 * n * 4 / t / 1e9
+
+    # Per-operator overhead: 100 tiny ops forward and their 100 backward nodes.
+    x = torch.ones(8, device=dev, requires_grad=True)
+
+    def chain():
+        y = x
+        for _ in range(100):
+            y = y * 1.0001
+        y.sum().backward()
+    dist.barrier()
+    out["kernel_overhead_s"] = _median_time(chain, sync, 10) / 200
+
+    # All-reduce over every rank (the local world): latency + bytes / bandwidth.
+    out["all_reduce"] = []
+    for nbytes in ALLREDUCE_BYTES:
+        buf = torch.ones(nbytes // 4, device=dev, dtype=torch.float32)
+        dist.barrier()
+        t = _median_time(lambda: dist.all_reduce(buf), sync, 10)
+        tt = torch.tensor([t], dtype=torch.float64, device=dev)
+        dist.all_reduce(tt, op=dist.ReduceOp.MAX)   # the slowest rank's time is the collective's
+        out["all_reduce"].append([nbytes, float(tt.item())])
+
+    out["host_memory_gb"] = _host_memory_gb()
+    out["seconds"] = time.perf_counter() - started
+    if rank == 0:
+        Path(raw_path).write_text(json.dumps(out))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _host_memory_gb() -> float:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024 / 1e9
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
+
+
+if __name__ == "__main__":
+    _worker(*sys.argv[1:3])

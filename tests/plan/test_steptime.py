@@ -1,0 +1,197 @@
+"""The per-operator step-time model (launcher/plan/steptime.py) against hand-derived cases.
+
+Each expected value is written from the formula's derivation (module docstring) with a profile that makes
+every term but the one under test free, not printed by the code under test.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from launcher.config.compose import compose
+from launcher.config.errors import ConfigError
+from launcher.config.layout import resolve_layout
+from launcher.plan import steptime
+from launcher.plan.inputs import Hardware, model_shape, strategy
+from launcher.plan.params import count_params
+from launcher.plan.profile import PROFILE_VERSION, Link, Profile, load_profile, profile_to_dict
+
+FREE = Link(0.0, 1e12)     # a link with no latency and 1e21 B/s
+P = 1e12                   # 1 TFLOP/s GEMM plateau
+
+
+def ideal(**kw) -> Profile:
+    """Only GEMMs cost (plateau P, no shape penalty); attention, memory, kernels and links are free."""
+    base = dict(name="ideal", gemm_tflops={"any": P / 1e12}, gemm_half_dim={"any": 0.0}, attention_tflops={"any": 1e12},
+                attention_half_seq={"any": 0.0}, memory_gbps=1e12, kernel_overhead_s=0.0, intra=FREE, inter=FREE)
+    return Profile(**{**base, **kw})
+
+
+def hardware(prof: Profile, device: str = "cuda") -> Hardware:
+    return Hardware(name="test", peak_tflops=1.0, memory_bytes=1e12, intra_node_gbps=1.0, inter_node_gbps=1.0,
+                    source="test", profile=prof, device=device)
+
+
+def setup(*overrides):
+    cfg = compose(["recipe=tiny", *overrides])
+    layout = resolve_layout(cfg)
+    return cfg, model_shape(cfg.model), strategy(cfg, layout)
+
+
+def test_gemm_saturation_and_roofline():
+    prof = ideal(gemm_half_dim={"any": 128.0}, memory_gbps=1.0)
+    rate = prof.gemm_rate("fp32")
+    # smallest side 128 = the half-rate dimension: half the plateau. Bytes (3 x 128^2 x 4) at 1 GB/s take 0.2 ms,
+    # the FLOPs (2 x 128^3 at 0.5 TFLOP/s) 8.4 us: memory-bound, so the roofline's max picks the bytes.
+    assert steptime.gemm_s(128, 128, 128, 4, prof, rate) == pytest.approx(3 * 128 * 128 * 4 / 1e9)
+    fast_mem = dataclasses.replace(prof, memory_gbps=1e9)
+    assert steptime.gemm_s(128, 128, 128, 4, fast_mem, rate) == pytest.approx(2 * 128 ** 3 / (P / 2))
+    # side 384: 384 / (384 + 128) = 3/4 of the plateau
+    assert steptime.gemm_s(4096, 384, 1024, 2, fast_mem, rate) == pytest.approx(2 * 4096 * 384 * 1024 / (0.75 * P))
+
+
+def test_collectives_latency_plus_ring_bytes():
+    link = Link(1e-3, 10.0)  # 1 ms, 10 GB/s
+    assert steptime.all_reduce_s(1e9, 2, link) == pytest.approx(1e-3 + 2 * (1 / 2) * 1e9 / 1e10)
+    assert steptime.all_reduce_s(1e9, 8, link) == pytest.approx(1e-3 + 2 * (7 / 8) * 0.1)
+    assert steptime.gather_s(1e9, 4, link) == pytest.approx(1e-3 + (3 / 4) * 0.1)
+    assert steptime.all_reduce_s(1e9, 1, link) == 0.0
+
+
+def test_attention_causal_flops_and_sequence_curve():
+    prof = ideal(attention_tflops={"any": 1.0}, attention_half_seq={"any": 1024.0})
+    # b=2, s=1024, 4 heads, d=64: forward 4 b s^2 heads d / 2 FLOPs; fwd + bwd = 3.5 x that; s = s_half: half rate
+    fwd_flops = 4 * 2 * 1024 ** 2 * 4 * 64 / 2
+    f, b = steptime.attention_s(2, 1024, 4, 64, prof, prof.attention_rate("bf16"))
+    assert f + b == pytest.approx(3.5 * fwd_flops / (0.5e12))
+    assert b / f == pytest.approx(2.5)
+
+
+def _block_gemm_flops(h, f, n):
+    # LLaMA block with a = kv heads, per micro-batch: q, k, v, o are h x h, gate, up, down are h x f; forward 2 n
+    # per weight element, each backward GEMM (input and weight gradient) the same again.
+    return 3 * 2 * n * (4 * h * h + 3 * h * f)
+
+
+def test_one_rank_step_is_its_gemms_when_only_gemms_cost():
+    cfg, shape, st = setup("cluster.gpus_per_node=1", "batch.global_batch_size=8")
+    n = st.micro_batch_size * st.seq_length
+    h, f, v, L = 128, 352, 2048, 4
+    head = 3 * 2 * n * h * v
+    t = steptime.estimate_step_time(shape, st, hardware(ideal()))
+    assert st.grad_accum_steps == 1 and st.data_degree == 1
+    assert t.step_time_s == pytest.approx((L * _block_gemm_flops(h, f, n) + head) / P, rel=1e-9)
+    assert t.gemm_s == pytest.approx(t.step_time_s)
+
+
+def test_recompute_full_adds_one_forward_of_every_block():
+    _, shape, st = setup("cluster.gpus_per_node=1", "batch.global_batch_size=8", "model.activation_checkpointing=true")
+    n = st.micro_batch_size * st.seq_length
+    h, f, v, L = 128, 352, 2048, 4
+    t = steptime.estimate_step_time(shape, st, hardware(ideal()))
+    assert st.recompute == "full"
+    fwd = 2 * n * (4 * h * h + 3 * h * f)
+    assert t.step_time_s == pytest.approx((L * (_block_gemm_flops(h, f, n) + fwd) + 3 * 2 * n * h * v) / P, rel=1e-9)
+    assert t.recompute_s == pytest.approx(L * fwd / P)
+
+
+def test_1f1b_with_uneven_stages():
+    # PP2, blocks cut 2 + 2 (partition by type), 4 micro-batches: stage 0 = 2 blocks, stage 1 = 2 blocks + the head.
+    # 1F1B: T0 + T1 + (m - 1) max(T0, T1)  (fill/drain cross each stage once, the slowest paces the rest).
+    _, shape, st = setup("cluster.gpus_per_node=2", "parallel.pipeline_degree=2", "parallel.partition_method=type:DecoderBlock",
+                         "batch.micro_batch_size=2", "batch.global_batch_size=8", "parallel.zero_stage=0")
+    assert st.grad_accum_steps == 4
+    n = 2 * st.seq_length
+    block = _block_gemm_flops(128, 352, n) / P
+    head = 3 * 2 * n * 128 * 2048 / P
+    t0, t1 = 2 * block, 2 * block + head
+    t = steptime.estimate_step_time(shape, st, hardware(ideal()))
+    assert t.step_time_s == pytest.approx(t0 + t1 + 3 * t1, rel=1e-9)
+    assert t.bubble_s == pytest.approx(t0, rel=1e-9)   # (sum_s T_s + (m-1) T_max) - m T_max = T0
+
+
+def test_tensor_parallel_all_reduces():
+    # TP2 on one micro-batch: 2 all-reduces forward + 2 backward per block of n h w bytes; the embedding, head and
+    # loss are replicated on the TP ranks (launcher/parallel/tensor.py), so nothing else.
+    lat, bus = 1e-4, 1.0
+    _, shape, st = setup("cluster.gpus_per_node=2", "parallel.tensor_degree=2", "batch.global_batch_size=8",
+                         "parallel.zero_stage=0")
+    n, w = 8 * st.seq_length, 4
+    ar = lat + 2 * (1 / 2) * n * 128 * w / (bus * 1e9)
+    t = steptime.estimate_step_time(shape, st, hardware(ideal(intra=Link(lat, bus))))
+    assert t.tp_comm_s == pytest.approx(4 * 4 * ar, rel=1e-9)
+
+
+def test_zero1_on_cpu_ranks_exposes_reduce_scatter_and_allgather():
+    # DP2 ZeRO-1 on CPU ranks (overlap_comm off): gradients reduce-scattered once per step, then the updated
+    # fp32 weights all-gathered: (L + 1/2 x 4 N / B) twice, N = every parameter.
+    lat, bus = 1e-3, 1.0
+    _, shape, st = setup("parallel.zero_stage=1")
+    N = count_params(compose(["recipe=tiny"]).model).total
+    t = steptime.estimate_step_time(shape, st, hardware(ideal(intra=Link(lat, bus)), device="cpu"))
+    assert st.data_degree == 2
+    assert t.dp_comm_exposed_s == pytest.approx(2 * (lat + 0.5 * 4 * N / (bus * 1e9)), rel=1e-9)
+
+
+def test_zero2_on_gpu_hides_reduce_scatter_behind_backward():
+    # overlap_comm (GPU): the per-micro-batch reduce-scatter hides behind that micro-batch's backward; a fast
+    # link leaves only the final all-gather of the fp32 weights: L + 1/2 x 4 N / B.
+    lat, bus = 1e-6, 1e6
+    _, shape, st = setup("parallel.zero_stage=2")
+    N = count_params(compose(["recipe=tiny"]).model).total
+    t = steptime.estimate_step_time(shape, st, hardware(ideal(intra=Link(lat, bus))))
+    assert t.dp_comm_exposed_s == pytest.approx(lat + 0.5 * 4 * N / (bus * 1e9), rel=1e-9)
+
+
+def test_oversubscribed_cpu_node_stretches_compute():
+    _, shape, st = setup("cluster.gpus_per_node=4", "parallel.tensor_degree=2", "parallel.zero_stage=1")
+    one = steptime.estimate_step_time(shape, st, hardware(ideal(compute_slots=4), "cpu"))
+    two = steptime.estimate_step_time(shape, st, hardware(ideal(compute_slots=2), "cpu"))
+    assert two.gemm_s == pytest.approx(2 * one.gemm_s)
+
+
+def test_profile_file_round_trip_and_refusals(tmp_path):
+    import yaml
+
+    prof = ideal(host_memory_gb=24.0, compute_slots=2)
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(profile_to_dict(prof)))
+    back = load_profile(str(path))
+    assert back.gemm_tflops == prof.gemm_tflops and back.intra == prof.intra and back.compute_slots == 2
+    doc = profile_to_dict(prof) | {"version": PROFILE_VERSION + 1}
+    path.write_text(yaml.safe_dump(doc))
+    with pytest.raises(ConfigError, match="cluster.profile.*version"):
+        load_profile(str(path))
+    doc = profile_to_dict(prof)
+    del doc["memory_gbps"]
+    path.write_text(yaml.safe_dump(doc))
+    with pytest.raises(ConfigError, match="lacks memory_gbps"):
+        load_profile(str(path))
+    with pytest.raises(ConfigError, match="no profile file"):
+        load_profile(str(tmp_path / "missing.yaml"))
+
+
+def test_builtin_profiles_drive_the_plan():
+    from launcher.plan.report import plan_summary
+
+    cfg = compose(["recipe=llama-7b"])
+    s = plan_summary(cfg, resolve_layout(cfg))
+    bd = s["step_time_breakdown_s"]
+    assert sum(bd.values()) == pytest.approx(s["step_time_s"], rel=1e-9)
+    assert "built-in a100-80gb" in s["profile"]
+    assert 0.2 < s["mfu"] < 0.75
+
+
+def test_zero3_gathers_per_module_on_cpu_ranks():
+    # DP2 ZeRO-3, one micro-batch, no overlap (CPU): all-gather the fp32 weights forward and backward, reduce-
+    # scatter the gradients, and every module with weights (4 blocks x 9 + embedding + final norm + head = 39)
+    # fetched by its own all-gather, forward and backward: 2 x (39 - 1) more latencies than the 2 whole-buffer ones.
+    lat, bus = 1e-3, 1.0
+    _, shape, st = setup("parallel.zero_stage=3")
+    N = count_params(compose(["recipe=tiny"]).model).total
+    t = steptime.estimate_step_time(shape, st, hardware(ideal(intra=Link(lat, bus)), device="cpu"))
+    one = lat + 0.5 * 4 * N / (bus * 1e9)
+    assert st.grad_accum_steps == 1
+    assert t.dp_comm_exposed_s == pytest.approx(3 * one + 2 * 38 * lat, rel=1e-9)

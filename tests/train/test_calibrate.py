@@ -1,0 +1,39 @@
+"""`launcher calibrate` on 2 real CPU ranks (torchrun, gloo) writes a profile that `launcher plan` then uses."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.slow
+
+
+def test_calibrate_two_cpu_ranks_then_plan(tmp_path, capsys):
+    from launcher.cli import main
+    from launcher.plan.profile import PROFILE_VERSION, load_profile
+
+    out = tmp_path / "profiles" / "box.yaml"
+    assert main(["calibrate", "cluster=cpu", "cluster.gpus_per_node=2", "--out", str(out)]) == 0
+    doc = yaml.safe_load(out.read_text())
+    assert doc["version"] == PROFILE_VERSION
+    raw = doc["measurements"]
+    assert raw["world"] == 2 and raw["backend"] == "gloo"
+    # Every measured rate is a real, positive number; all-reduce time grows with the bytes (16 MiB vs 4 KiB).
+    for dtype in ("fp32", "bf16"):
+        assert all(r > 0 for _, r in raw["gemm"][dtype]) and all(r > 0 for _, r in raw["attention"][dtype])
+    times = dict((b, t) for b, t in raw["all_reduce"])
+    assert times[16 << 20] > times[4 << 10] > 0
+    prof = load_profile(str(out))
+    assert prof.compute_slots >= 1 and prof.memory_gbps > 0 and prof.intra.bus_gbps > 0
+    capsys.readouterr()
+
+    assert main(["plan", "recipe=tiny", f"cluster.profile={out}", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["step_time_s"] > 0 and str(out) in plan["profile"]
+    assert sum(plan["step_time_breakdown_s"].values()) == pytest.approx(plan["step_time_s"], rel=1e-9)
+    # The profile's own numbers reach the plan: the exposed ZeRO-2 traffic on 2 CPU ranks (no overlap) is
+    # at least one all-gather of the fp32 weights at the measured link.
+    n = plan["params_total"]
+    assert plan["step_time_breakdown_s"]["dp_comm_exposed"] >= prof.intra.latency_s + 0.5 * 4 * n / (prof.intra.bus_gbps * 1e9)

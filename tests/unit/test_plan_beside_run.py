@@ -1,0 +1,46 @@
+"""The plan beside every run: Throughput (launcher/runtime/metrics.py) puts the plan's predicted step time and peak
+memory next to each measured step, and the end-of-run summary compares the median (after the warm-up steps)."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+from launcher.config.compose import compose
+from launcher.config.layout import resolve_layout
+from launcher.plan.inputs import model_shape, resolve_hardware, strategy
+from launcher.plan.steptime import estimate_step_time
+from launcher.runtime.metrics import WARMUP_STEPS, Throughput, format_versus_plan
+from tests.conftest import REPO
+
+PROFILE = REPO / "bench" / "steptime" / "profile.yaml"
+
+
+def test_records_carry_the_plan_when_a_profile_gives_rates():
+    cfg = compose(["recipe=tiny", f"cluster.profile={PROFILE}"])
+    layout = resolve_layout(cfg)
+    planned = estimate_step_time(model_shape(cfg.model), strategy(cfg, layout),
+                                 resolve_hardware(cfg.cluster, layout.dtype)).step_time_s
+    th = Throughput(cfg, layout)
+    times = [0.9, 0.5, 0.30, 0.32, 0.28, 0.31]
+    recs = [th(t) for t in times]
+    assert recs[2]["predicted_step_time_s"] == pytest.approx(planned)
+    assert recs[2]["step_time_over_predicted"] == pytest.approx(0.30 / planned)
+    assert recs[2]["predicted_peak_memory_bytes"] > 0
+    s = th.versus_plan(123 << 20)
+    assert s["steps_timed"] == len(times) - WARMUP_STEPS
+    assert s["step_time_s"] == pytest.approx(statistics.median(times[WARMUP_STEPS:]))
+    assert s["step_time_over_predicted"] == pytest.approx(s["step_time_s"] / planned)
+    assert s["peak_memory_over_predicted"] == pytest.approx((123 << 20) / s["predicted_peak_memory_bytes"])
+    assert "planned" in format_versus_plan(s)
+
+
+def test_cpu_ranks_without_a_profile_record_no_prediction():
+    cfg = compose(["recipe=tiny"])
+    th = Throughput(cfg, resolve_layout(cfg))
+    rec = th(0.25)
+    assert "predicted_step_time_s" not in rec
+    s = th.versus_plan(1 << 20)
+    assert s["predicted_step_time_s"] is None and s["step_time_over_predicted"] is None
+    assert "no plan prediction" in format_versus_plan(s)
