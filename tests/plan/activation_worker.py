@@ -130,7 +130,7 @@ def measure(case) -> int:
 def main():
     import deepspeed
 
-    from launcher.runtime.launch import avoid_shm_comm_build
+    from launcher.runtime.distributed import avoid_shm_comm_build
 
     out_dir, cases = Path(sys.argv[1]), json.loads(Path(sys.argv[2]).read_text())
     avoid_shm_comm_build("cpu")
