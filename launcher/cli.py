@@ -178,7 +178,7 @@ def dry_run_training(cfg, as_json: bool) -> int:
     from launcher.runtime.dryrun import format_ledger, rank_ledger
 
     layout = validate_before_start(cfg)
-    if layout.pipeline_degree > 1 and cfg.model.arch not in ("llama", "bloom"):
+    if layout.pipeline_degree > 1 and cfg.model.arch not in ("llama", "mistral", "qwen2", "bloom"):
         raise ConfigError("parallel.pipeline_degree", layout.pipeline_degree,
                           f"pipeline parallelism is implemented for model.arch=llama and bloom, not {cfg.model.arch}",
                           "set parallel.pipeline_degree=1 (use tensor_degree / ZeRO-3 instead), or a llama/bloom model")

@@ -59,9 +59,9 @@ def check_supported(cfg, layout) -> None:
                           f"{mb} x {acc} x {dp * tp} = {mb * acc * dp * tp} and against micro x accum x data_degree = "
                           f"{mb} x {acc} x {dp} = {mb * acc * dp}, and no value passes both",
                           "set parallel.zero_stage=2 (or 1, 0), or parallel.tensor_degree=1")
-    if layout.sequence_degree > 1 and cfg.model.arch != "llama":
+    if layout.sequence_degree > 1 and cfg.model.arch not in ("llama", "mistral", "qwen2"):
         raise ConfigError("parallel.sequence_degree", layout.sequence_degree,
-                          f"Ulysses sequence parallelism is implemented for model.arch=llama, not {cfg.model.arch}",
+                          f"Ulysses sequence parallelism is implemented for model.arch=llama, mistral, qwen2, not {cfg.model.arch}",
                           "set parallel.sequence_degree=1, or model.arch=llama")
 
 

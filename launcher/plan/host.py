@@ -75,7 +75,8 @@ def build_path(st: Strategy) -> str:
 # Parameters of one decoder block that tensor parallelism leaves whole on every TP rank, per hidden unit
 # (launcher/parallel/tensor.py shards the block's matrices and column-parallel biases): LLaMA its two RMSNorm
 # weights (2h); BLOOM/GPT two LayerNorms with bias (4h) + the row-parallel output biases of attention and MLP (2h).
-BLOCK_TP_REPLICATED_PER_HIDDEN = {"llama": 2, "bloom": 6, "gpt": 6}
+# Mistral as LLaMA; Qwen2 too (its q/k/v biases are column-parallel, so sharded).
+BLOCK_TP_REPLICATED_PER_HIDDEN = {"llama": 2, "mistral": 2, "qwen2": 2, "bloom": 6, "gpt": 6}
 
 
 def whole_params(shape: ModelShape, st: Strategy) -> int:

@@ -23,7 +23,7 @@ from launcher.plan.params import ParamCount, count_params
 # on GPUs that is a flash / memory-efficient kernel that never stores the a x s x s score matrices, which is
 # exactly what Korthikanti et al. 2022's selective recomputation removes (their 5as/h term). transformers'
 # Bloom computes ALiBi attention eagerly, so BLOOM stores the scores unless recomputed.
-SDPA_ARCHS = frozenset({"llama", "gpt"})
+SDPA_ARCHS = frozenset({"llama", "mistral", "qwen2", "gpt"})
 
 RECOMPUTE_MODES = ("none", "selective", "full")
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
-PIPELINE_ARCHS = ("llama", "bloom")
+PIPELINE_ARCHS = ("llama", "mistral", "qwen2", "bloom")
 
 
 def pipeline_layer_params(shape, padded_vocab_size: int) -> tuple[tuple[str, int], ...]:

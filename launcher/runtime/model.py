@@ -9,27 +9,64 @@ from __future__ import annotations
 
 from typing import Optional
 
+# model.arch -> the class transformers (and vLLM/TGI, which read config.json's `architectures`) build.
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                 "bloom": "BloomForCausalLM", "gpt": "GPT2LMHeadModel"}
+
+
+def loaded_config(model_cfg):
+    """The transformers config `model.init_from` / `model.hf_config` names, as it is on disk (None without one).
+
+    This is what the export writes back (launcher/export.py); `hf_config` derives the training copy from it.
+    """
+    from transformers import AutoConfig
+
+    from launcher.config.hfmodel import config_path, source_key
+
+    key = source_key(model_cfg)
+    if key is None:
+        return None
+    path = config_path(key, model_cfg.get("init_from") or model_cfg.get("hf_config"))
+    # A directory for init_from; model.hf_config may name the .json file itself (from_pretrained reads either).
+    return AutoConfig.from_pretrained(str(path.parent if path.name == "config.json" else path))
+
 
 def hf_config(model_cfg, vocab_size: Optional[int] = None, seq_length: Optional[int] = None):
-    """The transformers config for `model_cfg`; `vocab_size` overrides it (e.g. the TP-padded size)."""
-    from transformers import BloomConfig, GPT2Config, LlamaConfig
+    """The transformers config for `model_cfg`; `vocab_size` overrides it (e.g. the TP-padded size).
+
+    With `model.init_from` / `model.hf_config` it is that config.json (model.* was checked equal to it by
+    launcher/config/hfmodel.py), with only what training needs changed: no KV cache, SDPA attention.
+    """
+    from transformers import BloomConfig, GPT2Config, LlamaConfig, MistralConfig, Qwen2Config
 
     m = model_cfg
     vocab = vocab_size or m.vocab_size
-    if m.arch == "llama":
-        return LlamaConfig(
+    loaded = loaded_config(m)
+    if loaded is not None:
+        loaded.vocab_size = vocab
+        loaded.use_cache = False
+        return loaded
+    if m.arch in ("llama", "mistral", "qwen2"):
+        rope = {"rope_type": "default", "rope_theta": m.rope_theta}
+        if m.get("rope_scaling"):
+            rope = {**{k: v for k, v in dict(m.rope_scaling).items() if k != "type"},
+                    "rope_type": m.rope_scaling.get("rope_type", m.rope_scaling.get("type")), "rope_theta": m.rope_theta}
+        cls = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config}[m.arch]
+        return cls(
             vocab_size=vocab,
             hidden_size=m.hidden_size,
             intermediate_size=m.intermediate_size or 4 * m.hidden_size,
             num_hidden_layers=m.num_hidden_layers,
             num_attention_heads=m.num_attention_heads,
             num_key_value_heads=m.num_key_value_heads or m.num_attention_heads,
+            head_dim=m.hidden_size // m.num_attention_heads,
             max_position_embeddings=m.max_position_embeddings,
             rms_norm_eps=m.rms_norm_eps,
-            rope_parameters={"rope_type": "default", "rope_theta": m.rope_theta},
+            rope_parameters=rope,
             tie_word_embeddings=m.tie_word_embeddings,
             attn_implementation="sdpa",
             use_cache=False,
+            architectures=[ARCHITECTURES[m.arch]],
             bos_token_id=None, eos_token_id=None, pad_token_id=None,
         )
     if m.arch == "bloom":
@@ -43,6 +80,7 @@ def hf_config(model_cfg, vocab_size: Optional[int] = None, seq_length: Optional[
             use_cache=False,
             # transformers' Bloom has no SDPA path (ALiBi is added inside its own attention).
             attn_implementation="eager",
+            architectures=[ARCHITECTURES[m.arch]],
         )
     if m.arch == "gpt":
         return GPT2Config(
@@ -58,6 +96,7 @@ def hf_config(model_cfg, vocab_size: Optional[int] = None, seq_length: Optional[
             resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
             use_cache=False,
             attn_implementation="sdpa",
+            architectures=[ARCHITECTURES[m.arch]],
         )
     raise ValueError(f"unknown model.arch {m.arch!r}")
 
@@ -75,7 +114,14 @@ def build_model(model_cfg, seed: int, vocab_size: Optional[int] = None, device=N
     from launcher.runtime.build import build_whole_model, meta_model
 
     if model_cfg.init_from:
-        return AutoModelForCausalLM.from_pretrained(model_cfg.init_from, attn_implementation=attn_implementation(model_cfg.arch))
+        import torch
+
+        # fp32 like every other build path: DeepSpeed casts to the training dtype itself (bf16/fp16 modules,
+        # fp32 master weights), so a bf16 checkpoint under precision=fp32 trains in fp32. transformers 5
+        # would otherwise keep the checkpoint's dtype (from_pretrained's dtype defaults to "auto").
+        return AutoModelForCausalLM.from_pretrained(model_cfg.init_from, config=hf_config(model_cfg, vocab_size),
+                                                    dtype=torch.float32,
+                                                    attn_implementation=attn_implementation(model_cfg.arch))
     if device is not None and str(device) == "meta":
         return meta_model(model_cfg, vocab_size)
     return build_whole_model(model_cfg, seed, vocab_size)
