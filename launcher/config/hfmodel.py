@@ -113,8 +113,8 @@ def _effective(model_cfg, key: str):
         return model_cfg.get("num_attention_heads")
     if key == "intermediate_size" and v is None:
         return 4 * model_cfg.get("hidden_size")
-    if key == "rope_scaling" and v is not None:
-        v = dict(v)
+    if key == "rope_scaling":
+        v = dict(v or {})
         if "type" in v and "rope_type" not in v:
             v["rope_type"] = v.pop("type")
         return None if v.get("rope_type", "default") == "default" else v
@@ -158,6 +158,13 @@ def check_model_source(cfg) -> Optional[dict]:
                               f"is exported; model.{ours} = {mine!r} would plan (and check) another model",
                               f"set model.{ours}={json.dumps(theirs) if isinstance(theirs, dict) else theirs} (or pick the "
                               f"model group of this checkpoint, e.g. model=llama3.1-8b), or drop {key}")
+    tp = cfg.parallel.tensor_degree
+    if m.get("init_from") and tp > 1 and fields["vocab_size"] % tp:
+        raise ConfigError("parallel.tensor_degree", tp,
+                          f"the embedding of {key}={value} has {fields['vocab_size']} rows, not divisible by tensor_degree "
+                          f"{tp} ({fields['vocab_size']} % {tp} = {fields['vocab_size'] % tp}); padding it would change the "
+                          "model's shape, so its weights would not load",
+                          f"set parallel.tensor_degree to a divisor of {fields['vocab_size']}")
     if fields["arch"] in LLAMA_FAMILY:
         h, heads = fields["hidden_size"], fields["num_attention_heads"]
         head_dim = hf.get("head_dim") or h // heads

@@ -44,9 +44,10 @@ class ModelConfig:
     """Epsilon of the RMSNorm (llama) or LayerNorm (bloom, gpt). Range: > 0, finite."""
     rope_theta: float = 10000.0
     """Base of the rotary embedding (llama, mistral, qwen2). Range: > 0, finite."""
-    rope_scaling: Optional[dict[str, Any]] = None
+    rope_scaling: Any = None
     """transformers' rope scaling of the llama family, e.g. {rope_type: llama3, factor: 8.0, low_freq_factor: 1.0,
-    high_freq_factor: 4.0, original_max_position_embeddings: 8192} (Llama 3.1); null = plain RoPE."""
+    high_freq_factor: 4.0, original_max_position_embeddings: 8192} (Llama 3.1); null = plain RoPE. (Typed Any: OmegaConf
+    2.3 can neither merge a command-line dict into a null Dict node nor add keys to an empty one under Hydra's struct mode.)"""
     activation_checkpointing: bool = False
     """Recompute each block's activations in the backward pass (saves memory, costs ~33% more compute)."""
     init_from: Optional[str] = None
@@ -74,7 +75,8 @@ class DataConfig:
     tokens_path: Optional[str] = None
     """data=tokens: a packed token file written by a previous run (`*.bin` with its `*.idx.json`)."""
     tokenizer_path: Optional[str] = None
-    """A trained tokenizer.json to use instead of training a byte-level BPE on the corpus."""
+    """A trained tokenizer.json, or a transformers model/tokenizer directory (AutoTokenizer, local files only; e.g. the
+    model.init_from directory), to use instead of training a byte-level BPE on the corpus."""
     val_fraction: float = 0.01
     """Fraction of the packed tokens held out for evaluation (taken from the end). Range: [0, 0.5); > 0 when train.eval_every > 0."""
     cache_dir: str = "~/.cache/launcher"

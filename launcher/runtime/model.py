@@ -101,6 +101,34 @@ def hf_config(model_cfg, vocab_size: Optional[int] = None, seq_length: Optional[
     raise ValueError(f"unknown model.arch {m.arch!r}")
 
 
+# The tokenizer's own files besides tokenizer.json (which every checkpoint carries): special tokens, BOS/EOS
+# handling, chat template. Small text files, kept in launcher_state.json so a checkpoint exports on its own.
+TOKENIZER_FILES = ("tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "chat_template.jinja")
+
+
+def hf_meta(cfg) -> dict:
+    """What an export writes beside the weights, fixed at the start of the run and stored in every checkpoint:
+    the loaded config.json and generation_config.json exactly as read (null without model.init_from /
+    model.hf_config), and the tokenizer directory's own files (data.tokenizer_path as a directory)."""
+    import json
+    from pathlib import Path
+
+    from launcher.config.hfmodel import config_path, source_key
+
+    meta = {"config": None, "generation_config": None, "tokenizer_files": {}}
+    key = source_key(cfg.model)
+    if key is not None:
+        path = config_path(key, cfg.model.get("init_from") or cfg.model.get("hf_config"))
+        meta["config"] = json.loads(path.read_text(encoding="utf-8"))
+        gen = path.parent / "generation_config.json"
+        if gen.is_file():
+            meta["generation_config"] = json.loads(gen.read_text(encoding="utf-8"))
+    tok = Path(cfg.data.tokenizer_path).expanduser() if cfg.data.get("tokenizer_path") else None
+    if tok is not None and tok.is_dir():
+        meta["tokenizer_files"] = {n: (tok / n).read_text(encoding="utf-8") for n in TOKENIZER_FILES if (tok / n).is_file()}
+    return meta
+
+
 def attn_implementation(arch: str) -> str:
     """PyTorch SDPA wherever transformers supports it for the architecture."""
     return "eager" if arch == "bloom" else "sdpa"
