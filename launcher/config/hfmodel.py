@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Optional
 
 from launcher.config.errors import ConfigError
+from launcher.config.secrets import refuse_secrets_in_config
 
 # transformers model_type -> model.arch. The llama family shares one decoder layout (q/k/v/o, SwiGLU, RMSNorm);
 # Qwen2 adds q/k/v biases (Qwen2Attention: bias=True), Mistral a sliding window.
@@ -145,6 +146,8 @@ def check_model_source(cfg) -> Optional[dict]:
         raise ConfigError("model.hf_config", m.hf_config, "model.init_from already names the model (its config.json); "
                           "a second config could disagree with the weights", "drop model.hf_config, or model.init_from")
     value = m.get("init_from") or m.get("hf_config")
+    # A credential in the path (a URL with a password) is refused as such before the path is read or quoted.
+    refuse_secrets_in_config({"model": {key.split(".")[1]: value}})
     hf = read_hf_config(key, value)
     fields = model_fields(hf)
     if fields["arch"] not in MODEL_TYPES.values():
