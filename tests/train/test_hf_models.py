@@ -61,7 +61,12 @@ def save_model(path, arch: str, extra: dict, tok):
 
     config = AutoConfig.for_model(arch, **SHAPE, **extra, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config).to(torch.bfloat16)
+    model = AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():   # transformers' init zeroes biases and sets norms to 1: make both matter to the logits
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or "norm" in name:
+                p.add_(torch.randn(p.shape) * 0.1)
+    model = model.to(torch.bfloat16)
     model.generation_config = GenerationConfig(bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, do_sample=True,
                                                temperature=0.6, top_p=0.9)
     model.save_pretrained(path)
