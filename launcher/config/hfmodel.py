@@ -41,9 +41,9 @@ _KEYS = {
 
 def source_key(model_cfg) -> Optional[str]:
     """`model.init_from` or `model.hf_config`, whichever names the config (None: model.* is the model)."""
-    if model_cfg.get("init_from"):
+    if getattr(model_cfg, "init_from", None):
         return "model.init_from"
-    if model_cfg.get("hf_config"):
+    if getattr(model_cfg, "hf_config", None):
         return "model.hf_config"
     return None
 
@@ -109,11 +109,11 @@ def model_fields(hf: dict) -> dict:
 
 
 def _effective(model_cfg, key: str):
-    v = model_cfg.get(key)
+    v = getattr(model_cfg, key, None)
     if key == "num_key_value_heads" and v is None:
-        return model_cfg.get("num_attention_heads")
+        return getattr(model_cfg, "num_attention_heads", None)
     if key == "intermediate_size" and v is None:
-        return 4 * model_cfg.get("hidden_size")
+        return 4 * getattr(model_cfg, "hidden_size", None)
     if key == "rope_scaling":
         v = dict(v or {})
         if "type" in v and "rope_type" not in v:
@@ -142,10 +142,10 @@ def check_model_source(cfg) -> Optional[dict]:
     key = source_key(m)
     if key is None:
         return None
-    if m.get("init_from") and m.get("hf_config"):
+    if getattr(m, "init_from", None) and getattr(m, "hf_config", None):
         raise ConfigError("model.hf_config", m.hf_config, "model.init_from already names the model (its config.json); "
                           "a second config could disagree with the weights", "drop model.hf_config, or model.init_from")
-    value = m.get("init_from") or m.get("hf_config")
+    value = getattr(m, "init_from", None) or getattr(m, "hf_config", None)
     # A credential in the path (a URL with a password) is refused as such before the path is read or quoted.
     refuse_secrets_in_config({"model": {key.split(".")[1]: value}})
     hf = read_hf_config(key, value)
@@ -162,7 +162,7 @@ def check_model_source(cfg) -> Optional[dict]:
                               f"set model.{ours}={json.dumps(theirs) if isinstance(theirs, dict) else theirs} (or pick the "
                               f"model group of this checkpoint, e.g. model=llama3.1-8b), or drop {key}")
     tp = cfg.parallel.tensor_degree
-    if m.get("init_from") and tp > 1 and fields["vocab_size"] % tp:
+    if getattr(m, "init_from", None) and tp > 1 and fields["vocab_size"] % tp:
         raise ConfigError("parallel.tensor_degree", tp,
                           f"the embedding of {key}={value} has {fields['vocab_size']} rows, not divisible by tensor_degree "
                           f"{tp} ({fields['vocab_size']} % {tp} = {fields['vocab_size'] % tp}); padding it would change the "

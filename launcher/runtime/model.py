@@ -26,7 +26,7 @@ def loaded_config(model_cfg):
     key = source_key(model_cfg)
     if key is None:
         return None
-    path = config_path(key, model_cfg.get("init_from") or model_cfg.get("hf_config"))
+    path = config_path(key, getattr(model_cfg, "init_from", None) or getattr(model_cfg, "hf_config", None))
     # A directory for init_from; model.hf_config may name the .json file itself (from_pretrained reads either).
     return AutoConfig.from_pretrained(str(path.parent if path.name == "config.json" else path))
 
@@ -48,7 +48,7 @@ def hf_config(model_cfg, vocab_size: Optional[int] = None, seq_length: Optional[
         return loaded
     if m.arch in ("llama", "mistral", "qwen2"):
         rope = {"rope_type": "default", "rope_theta": m.rope_theta}
-        if m.get("rope_scaling"):
+        if getattr(m, "rope_scaling", None):
             rope = {**{k: v for k, v in dict(m.rope_scaling).items() if k != "type"},
                     "rope_type": m.rope_scaling.get("rope_type", m.rope_scaling.get("type")), "rope_theta": m.rope_theta}
         cls = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config}[m.arch]
@@ -118,12 +118,12 @@ def hf_meta(cfg) -> dict:
     meta = {"config": None, "generation_config": None, "tokenizer_files": {}}
     key = source_key(cfg.model)
     if key is not None:
-        path = config_path(key, cfg.model.get("init_from") or cfg.model.get("hf_config"))
+        path = config_path(key, getattr(cfg.model, "init_from", None) or getattr(cfg.model, "hf_config", None))
         meta["config"] = json.loads(path.read_text(encoding="utf-8"))
         gen = path.parent / "generation_config.json"
         if gen.is_file():
             meta["generation_config"] = json.loads(gen.read_text(encoding="utf-8"))
-    tok = Path(cfg.data.tokenizer_path).expanduser() if cfg.data.get("tokenizer_path") else None
+    tok = Path(cfg.data.tokenizer_path).expanduser() if getattr(cfg.data, "tokenizer_path", None) else None
     if tok is not None and tok.is_dir():
         meta["tokenizer_files"] = {n: (tok / n).read_text(encoding="utf-8") for n in TOKENIZER_FILES if (tok / n).is_file()}
     return meta
