@@ -162,11 +162,11 @@ def check_model_source(cfg) -> Optional[dict]:
                               f"set model.{ours}={json.dumps(theirs) if isinstance(theirs, dict) else theirs} (or pick the "
                               f"model group of this checkpoint, e.g. model=llama3.1-8b), or drop {key}")
     tp = cfg.parallel.tensor_degree
-    if getattr(m, "init_from", None) and tp > 1 and fields["vocab_size"] % tp:
+    if tp > 1 and fields["vocab_size"] % tp:
         raise ConfigError("parallel.tensor_degree", tp,
                           f"the embedding of {key}={value} has {fields['vocab_size']} rows, not divisible by tensor_degree "
                           f"{tp} ({fields['vocab_size']} % {tp} = {fields['vocab_size'] % tp}); padding it would change the "
-                          "model's shape, so its weights would not load",
+                          "model's shape, so neither its weights nor its config.json would fit the trained model",
                           f"set parallel.tensor_degree to a divisor of {fields['vocab_size']}")
     if fields["arch"] in LLAMA_FAMILY:
         h, heads = fields["hidden_size"], fields["num_attention_heads"]

@@ -52,7 +52,12 @@ def hf_config(model_cfg, vocab_size: Optional[int] = None, seq_length: Optional[
             rope = {**{k: v for k, v in dict(m.rope_scaling).items() if k != "type"},
                     "rope_type": m.rope_scaling.get("rope_type", m.rope_scaling.get("type")), "rope_theta": m.rope_theta}
         cls = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config}[m.arch]
+        # model.* has no sliding-window key: full causal attention, as every layout computes it (the pipeline and
+        # Ulysses paths have no window). MistralConfig's default window (4096, Mistral-7B-v0.1) would apply to the
+        # whole-model path only; at seq_length <= 4096 the two are the same model.
+        window = {"sliding_window": None} if m.arch in ("mistral", "qwen2") else {}
         return cls(
+            **window,
             vocab_size=vocab,
             hidden_size=m.hidden_size,
             intermediate_size=m.intermediate_size or 4 * m.hidden_size,

@@ -149,3 +149,19 @@ def test_export_shards_stream_in_the_training_dtype(runs, tmp_path):
     ids = torch.arange(40).view(1, 40)
     with torch.no_grad():
         assert torch.equal(a(input_ids=ids).logits, b(input_ids=ids).logits)
+
+
+def test_tokenizer_directory_larger_than_the_embedding_is_refused(tmp_path):
+    """A tokenizer directory loads through AutoTokenizer; more tokens than model.vocab_size is refused before start."""
+    from launcher.config.compose import compose
+    from launcher.config.errors import ConfigError
+    from launcher.runtime.data import build_tokenizer
+
+    save_tokenizer(tmp_path / "tok")
+    cfg = compose(["recipe=tiny", f"data.tokenizer_path={tmp_path / 'tok'}", f"model.vocab_size={TOKENS}"])
+    path, tok = build_tokenizer(cfg, [], "unused", tmp_path / "cache")
+    assert tok.get_vocab_size() == TOKENS and tok.token_to_id("</s>") == 0 and path.is_file()
+    cfg = compose(["recipe=tiny", f"data.tokenizer_path={tmp_path / 'tok'}", f"model.vocab_size={TOKENS - 1}"])
+    with pytest.raises(ConfigError) as err:
+        build_tokenizer(cfg, [], "unused", tmp_path / "cache")
+    assert err.value.key == "data.tokenizer_path" and f"has {TOKENS} tokens" in str(err.value)
