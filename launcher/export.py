@@ -156,7 +156,6 @@ def tensor_source(tag_dir: Path, layout: dict, cfg, shapes: dict):
 def export_checkpoint(ckpt, out, max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> Path:
     """Write a transformers directory for checkpoint `ckpt`: config.json and generation_config.json (the run's
     loaded ones unchanged), safetensors shards in the training dtype, the run's tokenizer; files 0644."""
-    import json
     import tempfile
 
     import torch
