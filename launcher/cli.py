@@ -179,10 +179,6 @@ def dry_run_training(cfg, as_json: bool) -> int:
     from launcher.runtime.dryrun import format_ledger, rank_ledger
 
     layout = validate_before_start(cfg)
-    if layout.pipeline_degree > 1 and cfg.model.arch not in ("llama", "bloom"):
-        raise ConfigError("parallel.pipeline_degree", layout.pipeline_degree,
-                          f"pipeline parallelism is implemented for model.arch=llama and bloom, not {cfg.model.arch}",
-                          "set parallel.pipeline_degree=1 (use tensor_degree / ZeRO-3 instead), or a llama/bloom model")
     # DeepSpeed's logger prints to the stdout it finds at import time: keep stdout for the ledger alone.
     with contextlib.redirect_stdout(sys.stderr):
         records = rank_ledger(cfg, layout)

@@ -1,20 +1,23 @@
-"""`launcher export CKPT OUT`: a launcher checkpoint (any ZeRO stage) -> a transformers model directory.
+"""`launcher export CKPT OUT`: a launcher checkpoint (any ZeRO stage, any layout) -> a transformers model directory.
 
-Runs offline in one process, without a process group. The fp32 weights come from
-DeepSpeed's own consolidation (deepspeed.utils.zero_to_fp32), which merges the
-per-rank ZeRO partitions of stage 1, 2 and 3 (and bf16 master copies); stage 0
-saves the whole module, which is read directly. The model is rebuilt from the
-config stored in the checkpoint (launcher_state.json) through the same
-`hf_config` mapping the training run used, loaded strictly, and written as
-safetensors with its config and the run's tokenizer.
+Runs offline in one process, without a process group, and streams: tensors are read from the checkpoint one at a
+time (mmap-loaded module files, or DeepSpeed's zero_to_fp32 in lazy mode for ZeRO-3 partitions) and written into
+safetensors shards of at most 5 GB (save_pretrained's default), so peak memory is one shard plus one tensor, never a
+whole state dict. Weights are written in the training dtype: the values the forward pass used (a bf16 run's bf16
+module weights = bf16(fp32 master)), which is what a model trained in bf16 is published as.
 
-Pipelined or tensor-parallel checkpoints hold one file per layer (or per TP
-rank) with the module's own weights; launcher/parallel/export.py merges the
-stages and TP shards (checked against the shapes of the model built here).
+The config is the run's own: with model.init_from / model.hf_config the loaded config.json and
+generation_config.json, stored in every checkpoint's launcher_state.json (key "hf"), written back unchanged through
+save_pretrained (rope scaling, eps, special-token ids, `architectures`); otherwise the `hf_config` mapping of
+model.* the run trained. The tensor names and shapes come from that config's model built on the meta device.
+
+Pipelined or tensor-parallel checkpoints hold one file per layer (or per TP rank) with the module's own weights;
+launcher/parallel/export.py merges the stages and TP shards per tensor (checked against the meta model's shapes).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shutil
@@ -26,18 +29,6 @@ from launcher.runtime.durable import fault_point, fsync_dir, fsync_file
 from launcher.runtime.runlock import LOCK_FILE, describe, owned_by_us, read_lock, stale_reason
 
 MODEL_STATES = "mp_rank_00_model_states.pt"
-
-
-def consolidated_state_dict(tag_dir: Path, zero_stage: int, dtype: str) -> dict:
-    """The full fp32 state dict of a checkpoint tag directory."""
-    import torch
-
-    if zero_stage == 0 and dtype == "fp32":
-        # No ZeRO partitions and no separate master copy: the module's weights are the fp32 weights.
-        return torch.load(tag_dir / MODEL_STATES, map_location="cpu", weights_only=False)["module"]
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
-    return get_fp32_state_dict_from_zero_checkpoint(str(tag_dir.parent), tag=tag_dir.name)
 
 
 def check_export_target(out: Path, tag_dir: Path) -> None:
@@ -67,15 +58,112 @@ def check_export_target(out: Path, tag_dir: Path) -> None:
                           "give a new or empty directory, or an earlier export's directory")
 
 
-def export_checkpoint(ckpt, out) -> Path:
-    """Write a transformers directory (model.safetensors, config.json, tokenizer) for checkpoint `ckpt`."""
+DEFAULT_MAX_SHARD_BYTES = 5 * 10**9   # transformers' save_pretrained default max_shard_size ("5GB")
+TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def export_config(state: dict, cfg, padded_vocab: int, dtype: str):
+    """The transformers config the export writes: the run's loaded config.json unchanged (model.init_from /
+    model.hf_config, stored in every checkpoint), else the one `hf_config` built from model.* with what a user of
+    the model expects set: `architectures`, EOS from the run's tokenizer, the KV cache on. `dtype`: the weights'."""
+    from transformers import AutoConfig
+
+    from launcher.runtime.model import hf_config
+
+    stored = (state.get("hf") or {}).get("config")
+    if stored is not None:
+        config = AutoConfig.for_model(**stored)
+    else:
+        config = hf_config(cfg.model, vocab_size=padded_vocab)
+        config.use_cache = True   # hf_config turns it off for training; generation wants it
+        eos = (state.get("data") or {}).get("eos_id")
+        if eos is not None:
+            config.eos_token_id = eos
+    config.dtype = TORCH_DTYPES[dtype]
+    return config
+
+
+def plan_shards(sizes: dict[str, int], max_bytes: int) -> list[list[str]]:
+    """Tensor names in order, cut into consecutive shards of at most `max_bytes` (a larger tensor alone in one),
+    as transformers' split_torch_state_dict_into_shards does."""
+    shards: list[list[str]] = [[]]
+    used = 0
+    for name, n in sizes.items():
+        if shards[-1] and used + n > max_bytes:
+            shards.append([])
+            used = 0
+        shards[-1].append(name)
+        used += n
+    return shards
+
+
+def write_sharded(out: Path, names_sizes: dict[str, int], get, dtype, max_bytes: int) -> dict:
+    """Write safetensors shards holding one shard's tensors at a time: peak memory one shard plus one tensor.
+
+    `get(name)` returns one tensor (read from the checkpoint on demand, mmap-backed where possible). The file
+    names and the index are transformers' (model.safetensors alone, else model-0000i-of-0000N.safetensors and
+    model.safetensors.index.json with metadata.total_size), so from_pretrained and vLLM read them as their own.
+    """
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+
+    shards = plan_shards(names_sizes, max_bytes)
+    weight_map, total = {}, 0
+    for i, names in enumerate(shards, 1):
+        fname = "model.safetensors" if len(shards) == 1 else f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        part = {}
+        for name in names:
+            with torch.no_grad():
+                part[name] = get(name).detach().to(dtype).contiguous()
+            total += part[name].numel() * part[name].element_size()
+            weight_map[name] = fname
+        save_file(part, str(out / fname), metadata={"format": "pt"})
+        del part
+    if len(shards) > 1:
+        (out / "model.safetensors.index.json").write_text(
+            json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2, sort_keys=True) + "\n")
+    return {"shards": len(shards), "bytes": total}
+
+
+def tensor_source(tag_dir: Path, layout: dict, cfg, shapes: dict):
+    """name -> tensor getter over a checkpoint, reading one tensor at a time.
+
+    - pipelined / tensor-parallel: the per-layer (or per-TP-rank) module files, mmap-loaded, merged per tensor
+      (launcher/parallel/export.py);
+    - ZeRO-3: DeepSpeed's zero_to_fp32 in lazy mode (the ranks' flat fp32 partitions mmap-loaded; one tensor
+      gathered per call), cast to the training dtype on write -- the values the forward used;
+    - ZeRO 0-2: the module the engine saved (mp_rank_00_model_states.pt): the training-dtype weights themselves.
+    """
+    import torch
+
+    if layout["pipeline_degree"] > 1 or layout["tensor_degree"] > 1:
+        from launcher.parallel.export import checkpoint_shards, merge_one
+
+        shards = checkpoint_shards(tag_dir, cfg.model.arch, cfg.model.num_hidden_layers, cfg.model.tie_word_embeddings,
+                                   pipelined=layout["pipeline_degree"] > 1)
+        return set(shards), lambda name: merge_one(name, shards[name], shapes[name])
+    if layout["zero_stage"] == 3:
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+        lazy = get_fp32_state_dict_from_zero_checkpoint(str(tag_dir.parent), tag=tag_dir.name, lazy_mode=True)
+        return set(lazy), lambda name: lazy[name].contiguous()
+    module = torch.load(tag_dir / MODEL_STATES, map_location="cpu", mmap=True, weights_only=False)["module"]
+    return set(module), lambda name: module[name]
+
+
+def export_checkpoint(ckpt, out, max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> Path:
+    """Write a transformers directory for checkpoint `ckpt`: config.json and generation_config.json (the run's
+    loaded ones unchanged), safetensors shards in the training dtype, the run's tokenizer; files 0644."""
+    import tempfile
+
     import torch
     from omegaconf import OmegaConf
-    from safetensors.torch import save_file
-    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedTokenizerFast
 
     from launcher.runtime.data import EOS_CANDIDATES
-    from launcher.runtime.model import attn_implementation, hf_config
+    from launcher.runtime.model import attn_implementation
 
     tag_dir = resolve_checkpoint(ckpt)
     problems = verify_checkpoint(tag_dir)  # never export a half-written or corrupted checkpoint
@@ -95,40 +183,50 @@ def export_checkpoint(ckpt, out) -> Path:
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir()
 
-    config = hf_config(cfg.model, vocab_size=layout["padded_vocab_size"])
+    config = export_config(state, cfg, layout["padded_vocab_size"], layout["dtype"])
+    dtype = getattr(torch, TORCH_DTYPES[layout["dtype"]])
     # The model built on the meta device costs nothing and names exactly the tensors transformers expects.
     with torch.device("meta"):
         reference = AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation(cfg.model.arch))
-    if layout["pipeline_degree"] > 1 or layout["tensor_degree"] > 1:
-        from launcher.parallel.export import checkpoint_state_dict
-
-        shapes = {k: tuple(v.shape) for k, v in reference.state_dict().items()}
-        sd = checkpoint_state_dict(tag_dir, cfg.model.arch, cfg.model.num_hidden_layers, cfg.model.tie_word_embeddings,
-                                   pipelined=layout["pipeline_degree"] > 1, full_shapes=shapes)
-    else:
-        sd = consolidated_state_dict(tag_dir, layout["zero_stage"], layout["dtype"])
-    expected = set(reference.state_dict())
+    shapes = {k: tuple(v.shape) for k, v in reference.state_dict().items()}
+    expected = dict(shapes)
     if config.tie_word_embeddings:
         # A tied head is one tensor; transformers re-ties it on load, and safetensors refuses shared storage.
-        tied = set(getattr(reference, "_tied_weights_keys", None) or ["lm_head.weight"])
-        expected -= tied
-        sd = {k: v for k, v in sd.items() if k not in tied}
-    missing, unexpected = sorted(expected - set(sd)), sorted(set(sd) - expected)
+        for k in (getattr(reference, "_tied_weights_keys", None) or ["lm_head.weight"]):
+            expected.pop(k, None)
+    available, get = tensor_source(tag_dir, layout, cfg, shapes)
+    missing, unexpected = sorted(set(expected) - available), sorted(available - set(shapes))
     if missing or unexpected:
         raise RuntimeError(f"checkpoint {tag_dir} does not match the model: missing {missing}, unexpected {unexpected}")
-    save_file({k: v.detach().to(torch.float32).contiguous() for k, v in sd.items()}, str(out / "model.safetensors"),
-              metadata={"format": "pt"})
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    sizes = {k: math.prod(shape) * itemsize for k, shape in expected.items()}
+    write_sharded(out, sizes, get, dtype, max_shard_bytes)
     fault_point("export.model-written")
-    config.dtype = "float32"
     config.save_pretrained(out)
+    hf = state.get("hf") or {}
+    if hf.get("generation_config") is not None:
+        GenerationConfig.from_dict(hf["generation_config"]).save_pretrained(out)
+    else:
+        GenerationConfig.from_model_config(config).save_pretrained(out)
 
     tok_file = tag_dir / "tokenizer.json"
-    if tok_file.is_file():
+    if tok_file.is_file() and hf.get("tokenizer_files"):
+        # The model's own tokenizer (a directory): its tokenizer_config.json and special tokens beside the
+        # tokenizer.json the run tokenized with, loaded and saved by transformers as one tokenizer.
+        with tempfile.TemporaryDirectory() as tmp:
+            shutil.copyfile(tok_file, Path(tmp) / "tokenizer.json")
+            for name, text in hf["tokenizer_files"].items():
+                (Path(tmp) / name).write_text(text, encoding="utf-8")
+            AutoTokenizer.from_pretrained(tmp, local_files_only=True).save_pretrained(out)
+    elif tok_file.is_file():
         tok = PreTrainedTokenizerFast(tokenizer_file=str(tok_file))
         eos = next((t for t in EOS_CANDIDATES if tok.convert_tokens_to_ids(t) not in (None, tok.unk_token_id)), None)
         if eos is not None:
             tok.eos_token = eos
         tok.save_pretrained(out)
+    for f in out.iterdir():
+        os.chmod(f, 0o644)   # a model directory is shared: readable by the serving user, like save_pretrained's
+    os.chmod(out, 0o755)
     return _publish(out, final)
 
 

@@ -302,11 +302,16 @@ def run(cfg) -> int:
         f"x {layout.seq_length} = {layout.tokens_per_step:,} tokens/step  "
         f"{'resuming at step ' + str(start_step) if resume_from else 'fresh start'}", markup=False)
 
+    from launcher.runtime.model import hf_meta
+
+    hf_files = hf_meta(cfg)  # read once: the source directory may change or vanish during the run
+
     def save(step: int) -> None:
         import deepspeed.comm as dist
 
         state = ckpt.build_state(cfg, layout, ds_config, step, tokens_seen, prepared)
         state["skipped_steps"] = list(skipped_steps)
+        state["hf"] = hf_files  # what the export writes beside the weights (launcher/export.py)
         info = ckpt.save_checkpoint(engine, ckpt_root, step, state, cfg.checkpoint.keep_last, rank, prepared.tokenizer_path)
         # Each rank's resident memory at every checkpoint: a leak across saves shows as a rising series.
         rss = [None] * world

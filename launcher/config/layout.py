@@ -28,9 +28,12 @@ from dataclasses import asdict, dataclass
 
 from launcher.config import hardware
 from launcher.config.errors import ConfigError, join_or, nearest_divisors, nearest_multiples
+from launcher.config.hfmodel import check_model_source
 from launcher.config.ranges import check_ranges
 
-ARCHS = ("llama", "bloom", "gpt")
+ARCHS = ("llama", "mistral", "qwen2", "bloom", "gpt")
+# Decoders with grouped-query attention and a free MLP width (launcher/config/hfmodel.py, LLAMA_FAMILY).
+GQA_ARCHS = ("llama", "mistral", "qwen2")
 DTYPES = ("fp32", "bf16", "fp16")
 
 
@@ -85,7 +88,7 @@ def _check_names(cfg) -> None:
                           "pick a name such as run_name=llama-7b-lr3e-4")
     arch = cfg.model.arch
     if arch not in ARCHS:
-        raise ConfigError("model.arch", arch, f"must be one of {', '.join(ARCHS)}", "set model.arch=llama (or bloom, gpt)")
+        raise ConfigError("model.arch", arch, f"must be one of {', '.join(ARCHS)}", "set model.arch=llama (or mistral, qwen2, bloom, gpt)")
     dtype = cfg.precision.dtype
     if dtype not in DTYPES:
         raise ConfigError("precision.dtype", dtype, f"must be one of {', '.join(DTYPES)}", "select precision=bf16, precision=fp16 or precision=fp32")
@@ -142,12 +145,12 @@ def _check_model_shape(cfg) -> None:
                 "model.num_key_value_heads", kv,
                 f"grouped-query attention needs num_attention_heads divisible by num_key_value_heads: {heads} % {kv} = {heads % kv}",
                 f"set model.num_key_value_heads to one of {join_or(nearest_divisors(heads, kv, 3))}")
-        if m.arch != "llama" and kv != heads:
+        if m.arch not in GQA_ARCHS and kv != heads:
             raise ConfigError("model.num_key_value_heads", kv, f"model.arch={m.arch} has no grouped-query attention",
                               f"set model.num_key_value_heads=null (or {heads}), or use model.arch=llama")
     if m.intermediate_size is not None:
         _positive("model.intermediate_size", m.intermediate_size)
-        if m.arch != "llama" and m.intermediate_size != 4 * m.hidden_size:
+        if m.arch not in GQA_ARCHS and m.intermediate_size != 4 * m.hidden_size:
             raise ConfigError("model.intermediate_size", m.intermediate_size,
                               f"model.arch={m.arch} always uses 4 x hidden_size = {4 * m.hidden_size}",
                               "set model.intermediate_size=null, or use model.arch=llama")
@@ -330,6 +333,8 @@ def resolve_layout(cfg) -> Layout:
     _check_run_settings(cfg)
     _check_data(cfg)
     _check_model_shape(cfg)
+    # model.init_from / model.hf_config: model.* must be that config.json's model (reads that one small file).
+    check_model_source(cfg)
     device = _check_cluster(cfg)
     warnings: list[str] = []
 

@@ -22,7 +22,8 @@ from omegaconf import MISSING
 @dataclass
 class ModelConfig:
     arch: str = "llama"
-    """Architecture family: `llama` (LlamaForCausalLM), `bloom` (BloomForCausalLM) or `gpt` (GPT2LMHeadModel)."""
+    """Architecture family: `llama` (LlamaForCausalLM; Llama 1/2/3.x), `mistral` (MistralForCausalLM), `qwen2`
+    (Qwen2ForCausalLM: q/k/v biases), `bloom` (BloomForCausalLM) or `gpt` (GPT2LMHeadModel)."""
     hidden_size: int = MISSING
     """Width of the residual stream (transformers: hidden_size; GPT-2 calls it n_embd). Range: >= 1."""
     num_hidden_layers: int = MISSING
@@ -42,11 +43,19 @@ class ModelConfig:
     rms_norm_eps: float = 1e-6
     """Epsilon of the RMSNorm (llama) or LayerNorm (bloom, gpt). Range: > 0, finite."""
     rope_theta: float = 10000.0
-    """Base of the rotary embedding (llama only). Range: > 0, finite."""
+    """Base of the rotary embedding (llama, mistral, qwen2). Range: > 0, finite."""
+    rope_scaling: Any = None
+    """transformers' rope scaling of the llama family, e.g. {rope_type: llama3, factor: 8.0, low_freq_factor: 1.0,
+    high_freq_factor: 4.0, original_max_position_embeddings: 8192} (Llama 3.1); null = plain RoPE. (Typed Any: OmegaConf
+    2.3 can neither merge a command-line dict into a null Dict node nor add keys to an empty one under Hydra's struct mode.)"""
     activation_checkpointing: bool = False
     """Recompute each block's activations in the backward pass (saves memory, costs ~33% more compute)."""
     init_from: Optional[str] = None
-    """Path of a transformers checkpoint directory to start from instead of random init."""
+    """Path of a transformers checkpoint directory to start from instead of random init. Its config.json is then the
+    model (trained and exported unchanged); every model.* value must equal it (launcher/config/hfmodel.py)."""
+    hf_config: Optional[str] = None
+    """A transformers config.json (or its directory) without weights: the model to build with the launcher's init,
+    exported with that config. model.* must equal it, as for init_from."""
     name: str = "custom"
     """Human-readable name of this shape (set by the conf/model files)."""
 
@@ -66,7 +75,8 @@ class DataConfig:
     tokens_path: Optional[str] = None
     """data=tokens: a packed token file written by a previous run (`*.bin` with its `*.idx.json`)."""
     tokenizer_path: Optional[str] = None
-    """A trained tokenizer.json to use instead of training a byte-level BPE on the corpus."""
+    """A trained tokenizer.json, or a transformers model/tokenizer directory (AutoTokenizer, local files only; e.g. the
+    model.init_from directory), to use instead of training a byte-level BPE on the corpus."""
     val_fraction: float = 0.01
     """Fraction of the packed tokens held out for evaluation (taken from the end). Range: [0, 0.5); > 0 when train.eval_every > 0."""
     cache_dir: str = "~/.cache/launcher"

@@ -11,7 +11,11 @@ from launcher.config.errors import ConfigError
 
 # The architectures launcher/parallel/pipeline.py can cut into a DeepSpeed PipelineModule (its ARCH_MODULES);
 # GPT2LMHeadModel has no stage builder there, so a gpt pipeline would fail after the ranks start.
-PIPELINE_ARCHS = ("llama", "bloom")
+PIPELINE_ARCHS = ("llama", "mistral", "qwen2", "bloom")
+
+# Mistral and Qwen2 are LLaMA blocks for everything the runtime shards, saves and schedules (RMSNorm, rotary,
+# SwiGLU, GQA; Qwen2's q/k/v biases are column-parallel): one family wherever a rule is per architecture.
+LLAMA_FAMILY = ("llama", "mistral", "qwen2")
 
 
 def check_supported(cfg, layout) -> None:
@@ -32,9 +36,9 @@ def check_supported(cfg, layout) -> None:
                           f"{mb} x {acc} x {dp * tp} = {mb * acc * dp * tp} and against micro x accum x data_degree = "
                           f"{mb} x {acc} x {dp} = {mb * acc * dp}, and no value passes both",
                           "set parallel.zero_stage=2 (or 1, 0), or parallel.tensor_degree=1")
-    if layout.sequence_degree > 1 and cfg.model.arch != "llama":
+    if layout.sequence_degree > 1 and cfg.model.arch not in LLAMA_FAMILY:
         raise ConfigError("parallel.sequence_degree", layout.sequence_degree,
-                          f"Ulysses sequence parallelism is implemented for model.arch=llama, not {cfg.model.arch}",
+                          f"Ulysses sequence parallelism is implemented for model.arch={', '.join(LLAMA_FAMILY)}, not {cfg.model.arch}",
                           "set parallel.sequence_degree=1, or model.arch=llama")
     if layout.pipeline_degree > 1 and cfg.model.arch not in PIPELINE_ARCHS:
         raise ConfigError("parallel.pipeline_degree", layout.pipeline_degree,

@@ -98,24 +98,27 @@ def gather_hf_state_dict(module, grid, num_layers: int, tied: bool, arch: str = 
     return merge_shards([g for g in gathered if g is not None])
 
 
+def merge_one(name: str, by_rank: dict[int, torch.Tensor], full: tuple) -> torch.Tensor:
+    """One tensor from its TP shards {tp_rank: tensor}: TP rank 0's copy when a shard already has the full shape
+    (replicated), else the shards concatenated along the one dim that differs."""
+    full = tuple(full)
+    ranks = sorted(by_rank)
+    first = by_rank[ranks[0]]
+    if tuple(first.shape) == full:
+        return first
+    dims = [d for d, (a, b) in enumerate(zip(first.shape, full)) if a != b]
+    if len(dims) != 1 or ranks != list(range(len(ranks))):
+        raise ValueError(f"{name}: shards of shape {tuple(first.shape)} on TP ranks {ranks} do not tile {full}")
+    merged = torch.cat([by_rank[r] for r in ranks], dim=dims[0])
+    if tuple(merged.shape) != full:
+        raise ValueError(f"{name}: {len(ranks)} shards give {tuple(merged.shape)}, expected {full}")
+    return merged
+
+
 def merge_by_shape(shards: dict[str, dict[int, torch.Tensor]], full_shapes: dict[str, tuple]) -> dict[str, torch.Tensor]:
     """{name: {tp_rank: tensor}} -> {name: full tensor}: a shard whose shape equals the full shape is
     replicated (TP rank 0's copy is taken); otherwise the shards are concatenated along the one dim that differs."""
-    merged = {}
-    for name, by_rank in shards.items():
-        full = tuple(full_shapes[name])
-        ranks = sorted(by_rank)
-        first = by_rank[ranks[0]]
-        if tuple(first.shape) == full:
-            merged[name] = first
-            continue
-        dims = [d for d, (a, b) in enumerate(zip(first.shape, full)) if a != b]
-        if len(dims) != 1 or ranks != list(range(len(ranks))):
-            raise ValueError(f"{name}: shards of shape {tuple(first.shape)} on TP ranks {ranks} do not tile {full}")
-        merged[name] = torch.cat([by_rank[r] for r in ranks], dim=dims[0])
-        if tuple(merged[name].shape) != full:
-            raise ValueError(f"{name}: {len(ranks)} shards give {tuple(merged[name].shape)}, expected {full}")
-    return merged
+    return {name: merge_one(name, by_rank, full_shapes[name]) for name, by_rank in shards.items()}
 
 
 def checkpoint_state_dict(tag_dir: Path, arch: str, num_layers: int, tied: bool, pipelined: bool,
@@ -128,6 +131,12 @@ def checkpoint_state_dict(tag_dir: Path, arch: str, num_layers: int, tied: bool,
     - AutoTP without a pipeline: one mp_rank_XX_model_states.pt per TP rank (DeepSpeed's engine
       saves `module` under the tensor-parallel rank), already under transformers' names.
     """
+    return merge_by_shape(checkpoint_shards(tag_dir, arch, num_layers, tied, pipelined), full_shapes)
+
+
+def checkpoint_shards(tag_dir: Path, arch: str, num_layers: int, tied: bool, pipelined: bool) -> dict[str, dict[int, torch.Tensor]]:
+    """{transformers name: {tp_rank: tensor}} of a pipelined or tensor-parallel checkpoint, mmap-loaded: nothing is
+    read into memory until a tensor is used (the export merges and writes one tensor at a time)."""
     shards: dict[str, dict[int, torch.Tensor]] = {}
     files = sorted(tag_dir.iterdir())
     if pipelined:
@@ -136,15 +145,15 @@ def checkpoint_state_dict(tag_dir: Path, arch: str, num_layers: int, tied: bool,
             if m is None:
                 continue
             idx, tp = int(m.group(1)), int(m.group(2))
-            for key, t in torch.load(f, map_location="cpu", weights_only=False).items():
+            for key, t in torch.load(f, map_location="cpu", mmap=True, weights_only=False).items():
                 for name in hf_name(f"{idx}.{key}", num_layers, tied, arch):
                     shards.setdefault(name, {})[tp] = t
     else:
         for f in files:
             m = MP_FILE.fullmatch(f.name)
             if m is not None:
-                for name, t in torch.load(f, map_location="cpu", weights_only=False)["module"].items():
+                for name, t in torch.load(f, map_location="cpu", mmap=True, weights_only=False)["module"].items():
                     shards.setdefault(name, {})[int(m.group(1))] = t
     if not shards:
         raise FileNotFoundError(f"{tag_dir}: no {'layer_*-model_*' if pipelined else 'mp_rank_*'}_model_states.pt files")
-    return merge_by_shape(shards, full_shapes)
+    return shards

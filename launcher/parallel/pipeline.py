@@ -1,4 +1,4 @@
-"""The model as a DeepSpeed PipelineModule (model.arch=llama or bloom), optionally tensor-parallel inside each stage.
+"""The model as a DeepSpeed PipelineModule (model.arch=llama, mistral, qwen2 or bloom), optionally tensor-parallel inside each stage.
 
 Layers, in order (what DeepSpeed partitions over the stages):
     EmbeddingPipe           input_ids -> hidden            (TiedLayerSpec "embed" when tie_word_embeddings)
@@ -54,6 +54,10 @@ class ArchModules:
 
 ARCH_MODULES = {
     "llama": ArchModules("model.embed_tokens", None, "model.layers", "model.norm"),
+    # Mistral and Qwen2 keep LLaMA's module tree and decoder-layer signature (transformers generates their
+    # modeling files from modeling_llama.py); Qwen2's q/k/v biases are sharded by ColumnParallelLinear.
+    "mistral": ArchModules("model.embed_tokens", None, "model.layers", "model.norm"),
+    "qwen2": ArchModules("model.embed_tokens", None, "model.layers", "model.norm"),
     "bloom": ArchModules("transformer.word_embeddings", "transformer.word_embeddings_layernorm", "transformer.h",
                          "transformer.ln_f"),
 }
@@ -223,7 +227,7 @@ def layer_specs(full, arch: str, attn_implementation: str, tie: bool, tp=None, i
     names = ARCH_MODULES[arch]
     embed = full.get_submodule(names.embed)
     rotary = None
-    if arch == "llama":
+    if arch != "bloom":
         # The rotary buffers are computed, not initialised: one real CPU copy shared by the stage's blocks.
         rotary = type(full.model.rotary_emb)(config=full.config)
     prefixes = layer_hf_prefixes(arch, full.config.num_hidden_layers)
@@ -235,7 +239,7 @@ def layer_specs(full, arch: str, attn_implementation: str, tie: bool, tp=None, i
     if names.embed_norm:
         specs.append(SeededLayerSpec(NormPipe, full.get_submodule(names.embed_norm)))
     for layer in full.get_submodule(names.blocks):
-        if arch == "llama":
+        if arch != "bloom":
             specs.append(SeededLayerSpec(DecoderBlockPipe, layer, rotary, attn_implementation, tp))
         else:
             specs.append(SeededLayerSpec(BloomDecoderBlockPipe, layer, full.config.n_head, tp))

@@ -67,8 +67,8 @@ def build_sequence_parallel_model(model_cfg, seed: int, vocab_size: int):
     """The transformers model (same seeded weights as one rank) with Ulysses attention."""
     from launcher.runtime.model import build_model
 
-    if model_cfg.arch != "llama":
-        raise NotImplementedError(f"sequence parallelism is implemented for model.arch=llama, not {model_cfg.arch!r}")
+    if model_cfg.arch not in ("llama", "mistral", "qwen2"):
+        raise NotImplementedError(f"sequence parallelism is implemented for the llama family, not {model_cfg.arch!r}")
     model = build_model(model_cfg, seed, vocab_size=vocab_size)
     model.set_attn_implementation(ATTN_NAME)
     return model

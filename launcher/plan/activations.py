@@ -92,6 +92,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from launcher.config.supported import LLAMA_FAMILY
+
 LN_STATS_BYTES = 4          # LayerNorm mean / rstd per token on CUDA (fp32 accumulation type)
 RMS_STATS_BYTES = 4         # RMSNorm's fp32 rsqrt per token
 INDEX_BYTES = 8             # int64 token ids / targets
@@ -122,7 +124,7 @@ def block_bytes_per_token(m: ActivationShape, seq_length: int, dtype: str, tp: i
     """Bytes one block saves for backward per local token (no checkpointing), derivation in the module docstring."""
     h, f, a, k, d = m.hidden_size, m.intermediate_size, m.num_heads, m.num_kv_heads, m.head_dim
     w, c, t = dtype_bytes(dtype), LN_STATS_BYTES, tp
-    if m.arch == "llama":
+    if m.arch in LLAMA_FAMILY:
         norms = 2 * (4 * h + RMS_STATS_BYTES + 2 * w * h)
         if ulysses > 1:
             attn = ulysses_attention_bytes_per_token(m, dtype)
@@ -156,7 +158,7 @@ def checkpointed_block_bytes_per_token(m: ActivationShape, dtype: str) -> float:
 
 def rotary_bytes(m: ActivationShape, seq_length: int, dtype: str, ulysses: int = 1) -> float:
     """LLaMA's rotary cos and sin for one micro-batch (shape (1, s, d) each, in the dtype); 0 for other archs."""
-    if m.arch != "llama":
+    if m.arch not in LLAMA_FAMILY:
         return 0.0
     return 2 * (seq_length // ulysses) * m.head_dim * dtype_bytes(dtype)
 
@@ -177,7 +179,7 @@ def head_bytes(m: ActivationShape, seq_length: int, micro_batch: int, dtype: str
     """What the head end saves for one micro-batch: final norm, head input, fp32 log-softmax and targets."""
     w, h = dtype_bytes(dtype), m.hidden_size
     tokens = seq_length * micro_batch // ulysses
-    if m.arch == "llama":
+    if m.arch in LLAMA_FAMILY:
         norm = 4 * h + RMS_STATS_BYTES + 2 * w * h
     else:
         norm = 2 * w * h + 2 * LN_STATS_BYTES

@@ -23,7 +23,7 @@ from launcher.plan.profile import BUILTIN, Profile, generic_profile, load_profil
 # Architectures whose attention runs through PyTorch SDPA (launcher/runtime/model.py, attn_implementation):
 # on GPUs that is a flash / memory-efficient kernel that never stores the a x s x s score matrices.
 # transformers' Bloom computes ALiBi attention eagerly, so BLOOM stores the scores (launcher/plan/activations.py).
-SDPA_ARCHS = frozenset({"llama", "gpt"})
+SDPA_ARCHS = frozenset({"llama", "mistral", "qwen2", "gpt"})
 
 # What `launcher train` can run: model.activation_checkpointing off ("none") or on ("full": whole blocks).
 # Korthikanti et al.'s selective recomputation is not implemented by the runtime, so the planner does not offer it.

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from launcher.config.supported import LLAMA_FAMILY
 from launcher.plan import activations as act
 from launcher.plan.inputs import Hardware, ModelShape, Strategy
 from launcher.plan.params import param_group_numels
@@ -114,7 +115,7 @@ def replicated_block_params(shape: ModelShape) -> int:
     """Parameters of one block kept whole on every TP rank: the norms and the row-parallel biases (added once
     after the all-reduce; launcher/parallel/tensor.py, and DeepSpeed AutoTP's LinearAllreduce). LLaMA: two
     RMSNorm weights; BLOOM / GPT-2: two LayerNorms (weight + bias) + the two row-parallel biases."""
-    return (2 if shape.arch == "llama" else 6) * shape.hidden_size
+    return (2 if shape.arch in LLAMA_FAMILY else 6) * shape.hidden_size
 
 
 def stage_params(shape: ModelShape, st: Strategy, stage: int) -> float:

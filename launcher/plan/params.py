@@ -25,12 +25,13 @@ class ParamCount:
 
 
 def _llama(m) -> ParamCount:
-    # LlamaForCausalLM: q/k/v/o projections without bias, SwiGLU MLP (gate, up, down), two RMSNorms per block.
+    # LlamaForCausalLM / MistralForCausalLM: q/k/v/o projections without bias, SwiGLU MLP (gate, up, down), two
+    # RMSNorms per block. Qwen2ForCausalLM: the same with biases on q, k and v (Qwen2Attention: bias=True; o_proj none).
     h, v = m.hidden_size, m.vocab_size
     head_dim = h // m.num_attention_heads
     kv = (m.num_key_value_heads or m.num_attention_heads) * head_dim
     inter = m.intermediate_size or 4 * h
-    attn = h * h + 2 * h * kv + h * h
+    attn = h * h + 2 * h * kv + h * h + ((h + 2 * kv) if m.arch == "qwen2" else 0)
     mlp = 3 * h * inter
     per_layer = attn + mlp + 2 * h
     head = 0 if m.tie_word_embeddings else v * h
@@ -60,7 +61,7 @@ def _gpt(m) -> ParamCount:
                       embedding=embedding, per_layer=per_layer, head=head, final_norm=2 * h)
 
 
-_FORMULAS = {"llama": _llama, "bloom": _bloom, "gpt": _gpt}
+_FORMULAS = {"llama": _llama, "mistral": _llama, "qwen2": _llama, "bloom": _bloom, "gpt": _gpt}
 
 
 def count_params(model_cfg) -> ParamCount:
@@ -86,11 +87,16 @@ def param_numels(model_cfg, vocab_size: int | None = None) -> tuple[int, ...]:
     m = model_cfg
     h, v = m.hidden_size, vocab_size or m.vocab_size
     head = () if m.tie_word_embeddings else (v * h,)
-    if m.arch == "llama":
+    if m.arch in ("llama", "mistral", "qwen2"):
         # LlamaForCausalLM: embed_tokens; per layer q, k, v, o, gate, up, down, input/post-attention RMSNorm; norm; lm_head.
+        # Qwen2: each of q, k, v followed by its bias.
         kv = (m.num_key_value_heads or m.num_attention_heads) * (h // m.num_attention_heads)
         inter = m.intermediate_size or 4 * h
-        layer = (h * h, kv * h, kv * h, h * h, inter * h, inter * h, h * inter, h, h)
+        if m.arch == "qwen2":
+            attn = (h * h, h, kv * h, kv, kv * h, kv, h * h)
+        else:
+            attn = (h * h, kv * h, kv * h, h * h)
+        layer = attn + (inter * h, inter * h, h * inter, h, h)
         return (v * h,) + layer * m.num_hidden_layers + (h,) + head
     if m.arch == "gpt":
         # GPT2LMHeadModel: wte, wpe; per block ln_1 (w, b), c_attn (w, b), attn c_proj (w, b), ln_2 (w, b),

@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
-PIPELINE_ARCHS = ("llama", "bloom")
+from launcher.config.supported import PIPELINE_ARCHS  # noqa: F401  (re-exported: the one list)
 
 
 def pipeline_layer_params(shape, padded_vocab_size: int) -> tuple[tuple[str, int], ...]:

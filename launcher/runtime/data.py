@@ -210,6 +210,8 @@ def build_tokenizer(cfg, docs, chash: str, cache: Path, console=None) -> tuple[P
     import tokenizers
 
     vocab = cfg.model.vocab_size
+    if cfg.data.tokenizer_path and Path(cfg.data.tokenizer_path).expanduser().is_dir():
+        return _pretrained_tokenizer(cfg, Path(cfg.data.tokenizer_path).expanduser(), cache)
     if cfg.data.tokenizer_path:
         path = Path(cfg.data.tokenizer_path).expanduser()
         tok = inputs.load_tokenizer_file(path)
@@ -231,6 +233,30 @@ def build_tokenizer(cfg, docs, chash: str, cache: Path, console=None) -> tuple[P
                                   f"set model.vocab_size={tok.get_vocab_size()} or use a larger corpus (data.max_bytes=null)")
             write_atomic(path, tok.to_str().encode())
     return path, Tokenizer.from_file(str(path))
+
+
+def _pretrained_tokenizer(cfg, path: Path, cache: Path) -> tuple[Path, object]:
+    """A transformers tokenizer directory (a model's own: Llama 3's tiktoken-based BPE, Mistral's sentencepiece,
+    Qwen2's BPE) through AutoTokenizer, read locally only. Its fast backend (tokenizers.Tokenizer, the one
+    tokenizer.json that encodes exactly as the model's tokenizer, BOS post-processor included) is what the run
+    tokenizes with and what the checkpoints carry; the directory's tokenizer_config.json goes into the export
+    (launcher/runtime/model.py, hf_meta). A tokenizer larger than the embedding is refused (ids >= vocab_size
+    fail inside every rank); a smaller one is normal (Qwen2.5: 151,665 tokens, 152,064 rows, padded for speed)."""
+    from tokenizers import Tokenizer
+
+    tok = inputs.load_tokenizer_dir(path)
+    n, vocab = len(tok), cfg.model.vocab_size
+    if n > vocab:
+        raise ConfigError("data.tokenizer_path", str(path),
+                          f"the tokenizer has {n} tokens (with its added tokens) but model.vocab_size = {vocab}: ids "
+                          f"{vocab}..{n - 1} would index past the embedding",
+                          f"set model.vocab_size >= {n} (the model's own config.json value), or use this model's tokenizer")
+    text = tok.backend_tokenizer.to_str()
+    out = cache / f"tokenizer-{hashlib.sha256(text.encode()).hexdigest()[:16]}.json"
+    if not out.exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        write_atomic(out, text.encode())
+    return out, Tokenizer.from_str(text)
 
 
 # ----------------------------------------------------------------------------- packed tokens

@@ -73,9 +73,10 @@ def _roles_whole(cfg, layout, full):
 
         from launcher.parallel.tensor import TensorParallel, shard_bloom_block, shard_llama_decoder_layer
 
-        shard = {"llama": shard_llama_decoder_layer, "bloom": shard_bloom_block}.get(cfg.model.arch)
+        shard = {"llama": shard_llama_decoder_layer, "mistral": shard_llama_decoder_layer, "qwen2": shard_llama_decoder_layer,
+                 "bloom": shard_bloom_block}.get(cfg.model.arch)
         if shard is not None:
-            blocks = full.model.layers if cfg.model.arch == "llama" else full.transformer.h
+            blocks = full.transformer.h if cfg.model.arch == "bloom" else full.model.layers
             block_ids = {id(p) for p in blocks.parameters()}
             tensors = [(p.numel(), False) for p in full.parameters() if id(p) not in block_ids]
             for b in blocks:

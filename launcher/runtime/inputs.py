@@ -245,3 +245,23 @@ def load_tokenizer_file(path: Path, key: str = "data.tokenizer_path"):
         first = (str(exc).splitlines() or [""])[0][:200]
         raise ConfigError(key, str(path), f"is not a tokenizer file HF tokenizers can read ({first})",
                           "give the tokenizer.json of a trained tokenizer (tokenizer.save(path)), not a vocab or config file") from None
+
+
+def load_tokenizer_dir(path: Path, key: str = "data.tokenizer_path"):
+    """A transformers fast tokenizer from a local directory (AutoTokenizer, never the network), or a ConfigError.
+
+    A hub name is accepted once it is a local directory (the ranks read local files only). A slow-only tokenizer
+    (sentencepiece without tokenizer.json) is converted by transformers; the run needs the fast backend."""
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except Exception as exc:  # transformers raises OSError/ValueError/... with its own message
+        first = (str(exc).splitlines() or [""])[0][:200]
+        raise ConfigError(key, str(path), f"is a directory transformers' AutoTokenizer cannot load ({type(exc).__name__}: {first})",
+                          "give a model directory holding tokenizer.json (or tokenizer.model) and tokenizer_config.json, "
+                          "or a tokenizer.json file") from None
+    if not getattr(tok, "is_fast", False) or getattr(tok, "backend_tokenizer", None) is None:
+        raise ConfigError(key, str(path), "has no fast (HF tokenizers) backend, which the run tokenizes with",
+                          "save the tokenizer with a tokenizer.json (AutoTokenizer.from_pretrained(...).save_pretrained(dir))")
+    return tok

@@ -9,27 +9,69 @@ from __future__ import annotations
 
 from typing import Optional
 
+# model.arch -> the class transformers (and vLLM/TGI, which read config.json's `architectures`) build.
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                 "bloom": "BloomForCausalLM", "gpt": "GPT2LMHeadModel"}
+
+
+def loaded_config(model_cfg):
+    """The transformers config `model.init_from` / `model.hf_config` names, as it is on disk (None without one).
+
+    This is what the export writes back (launcher/export.py); `hf_config` derives the training copy from it.
+    """
+    from transformers import AutoConfig
+
+    from launcher.config.hfmodel import config_path, source_key
+
+    key = source_key(model_cfg)
+    if key is None:
+        return None
+    path = config_path(key, getattr(model_cfg, "init_from", None) or getattr(model_cfg, "hf_config", None))
+    # A directory for init_from; model.hf_config may name the .json file itself (from_pretrained reads either).
+    return AutoConfig.from_pretrained(str(path.parent if path.name == "config.json" else path))
+
 
 def hf_config(model_cfg, vocab_size: Optional[int] = None, seq_length: Optional[int] = None):
-    """The transformers config for `model_cfg`; `vocab_size` overrides it (e.g. the TP-padded size)."""
-    from transformers import BloomConfig, GPT2Config, LlamaConfig
+    """The transformers config for `model_cfg`; `vocab_size` overrides it (e.g. the TP-padded size).
+
+    With `model.init_from` / `model.hf_config` it is that config.json (model.* was checked equal to it by
+    launcher/config/hfmodel.py), with only what training needs changed: no KV cache, SDPA attention.
+    """
+    from transformers import BloomConfig, GPT2Config, LlamaConfig, MistralConfig, Qwen2Config
 
     m = model_cfg
     vocab = vocab_size or m.vocab_size
-    if m.arch == "llama":
-        return LlamaConfig(
+    loaded = loaded_config(m)
+    if loaded is not None:
+        loaded.vocab_size = vocab
+        loaded.use_cache = False
+        return loaded
+    if m.arch in ("llama", "mistral", "qwen2"):
+        rope = {"rope_type": "default", "rope_theta": m.rope_theta}
+        if getattr(m, "rope_scaling", None):
+            rope = {**{k: v for k, v in dict(m.rope_scaling).items() if k != "type"},
+                    "rope_type": m.rope_scaling.get("rope_type", m.rope_scaling.get("type")), "rope_theta": m.rope_theta}
+        cls = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config}[m.arch]
+        # model.* has no sliding-window key: full causal attention, as every layout computes it (the pipeline and
+        # Ulysses paths have no window). MistralConfig's default window (4096, Mistral-7B-v0.1) would apply to the
+        # whole-model path only; at seq_length <= 4096 the two are the same model.
+        window = {"sliding_window": None} if m.arch in ("mistral", "qwen2") else {}
+        return cls(
+            **window,
             vocab_size=vocab,
             hidden_size=m.hidden_size,
             intermediate_size=m.intermediate_size or 4 * m.hidden_size,
             num_hidden_layers=m.num_hidden_layers,
             num_attention_heads=m.num_attention_heads,
             num_key_value_heads=m.num_key_value_heads or m.num_attention_heads,
+            head_dim=m.hidden_size // m.num_attention_heads,
             max_position_embeddings=m.max_position_embeddings,
             rms_norm_eps=m.rms_norm_eps,
-            rope_parameters={"rope_type": "default", "rope_theta": m.rope_theta},
+            rope_parameters=rope,
             tie_word_embeddings=m.tie_word_embeddings,
             attn_implementation="sdpa",
             use_cache=False,
+            architectures=[ARCHITECTURES[m.arch]],
             bos_token_id=None, eos_token_id=None, pad_token_id=None,
         )
     if m.arch == "bloom":
@@ -43,6 +85,7 @@ def hf_config(model_cfg, vocab_size: Optional[int] = None, seq_length: Optional[
             use_cache=False,
             # transformers' Bloom has no SDPA path (ALiBi is added inside its own attention).
             attn_implementation="eager",
+            architectures=[ARCHITECTURES[m.arch]],
         )
     if m.arch == "gpt":
         return GPT2Config(
@@ -58,8 +101,37 @@ def hf_config(model_cfg, vocab_size: Optional[int] = None, seq_length: Optional[
             resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
             use_cache=False,
             attn_implementation="sdpa",
+            architectures=[ARCHITECTURES[m.arch]],
         )
     raise ValueError(f"unknown model.arch {m.arch!r}")
+
+
+# The tokenizer's own files besides tokenizer.json (which every checkpoint carries): special tokens, BOS/EOS
+# handling, chat template. Small text files, kept in launcher_state.json so a checkpoint exports on its own.
+TOKENIZER_FILES = ("tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "chat_template.jinja")
+
+
+def hf_meta(cfg) -> dict:
+    """What an export writes beside the weights, fixed at the start of the run and stored in every checkpoint:
+    the loaded config.json and generation_config.json exactly as read (null without model.init_from /
+    model.hf_config), and the tokenizer directory's own files (data.tokenizer_path as a directory)."""
+    import json
+    from pathlib import Path
+
+    from launcher.config.hfmodel import config_path, source_key
+
+    meta = {"config": None, "generation_config": None, "tokenizer_files": {}}
+    key = source_key(cfg.model)
+    if key is not None:
+        path = config_path(key, getattr(cfg.model, "init_from", None) or getattr(cfg.model, "hf_config", None))
+        meta["config"] = json.loads(path.read_text(encoding="utf-8"))
+        gen = path.parent / "generation_config.json"
+        if gen.is_file():
+            meta["generation_config"] = json.loads(gen.read_text(encoding="utf-8"))
+    tok = Path(cfg.data.tokenizer_path).expanduser() if getattr(cfg.data, "tokenizer_path", None) else None
+    if tok is not None and tok.is_dir():
+        meta["tokenizer_files"] = {n: (tok / n).read_text(encoding="utf-8") for n in TOKENIZER_FILES if (tok / n).is_file()}
+    return meta
 
 
 def attn_implementation(arch: str) -> str:
@@ -75,7 +147,14 @@ def build_model(model_cfg, seed: int, vocab_size: Optional[int] = None, device=N
     from launcher.runtime.build import build_whole_model, meta_model
 
     if model_cfg.init_from:
-        return AutoModelForCausalLM.from_pretrained(model_cfg.init_from, attn_implementation=attn_implementation(model_cfg.arch))
+        import torch
+
+        # fp32 like every other build path: DeepSpeed casts to the training dtype itself (bf16/fp16 modules,
+        # fp32 master weights), so a bf16 checkpoint under precision=fp32 trains in fp32. transformers 5
+        # would otherwise keep the checkpoint's dtype (from_pretrained's dtype defaults to "auto").
+        return AutoModelForCausalLM.from_pretrained(model_cfg.init_from, config=hf_config(model_cfg, vocab_size),
+                                                    dtype=torch.float32,
+                                                    attn_implementation=attn_implementation(model_cfg.arch))
     if device is not None and str(device) == "meta":
         return meta_model(model_cfg, vocab_size)
     return build_whole_model(model_cfg, seed, vocab_size)

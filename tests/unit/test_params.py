@@ -14,6 +14,13 @@ PUBLISHED = {
     "llama-65b": 65_285_660_672,
     "llama2-70b": 68_976_648_192,
     "bloom-176b": 176_247_271_424,
+    # Meta-device builds of the released config.json files (meta-llama/Llama-3.1-*, mistralai/Mistral-7B-v0.1,
+    # Qwen/Qwen2.5-7B): the counts their model cards round to 8B, 70B, 405B, 7.24B and 7.61B.
+    "llama3.1-8b": 8_030_261_248,
+    "llama3.1-70b": 70_553_706_496,
+    "llama3.1-405b": 405_853_388_800,
+    "mistral-7b": 7_241_732_096,
+    "qwen2.5-7b": 7_615_616_512,
 }
 
 
@@ -24,13 +31,17 @@ def test_published_counts(compose, model, count):
     assert count_params(compose([f"model={model}"]).model).total == count
 
 
-MODELS = ["tiny", "llama-7b", "llama-13b", "llama-33b", "llama-65b", "llama2-70b", "gpt3-175b", "bloom-176b"]
+MODELS = ["tiny", "llama-7b", "llama-13b", "llama-33b", "llama-65b", "llama2-70b", "gpt3-175b", "bloom-176b",
+          "llama3.1-8b", "llama3.1-70b", "llama3.1-405b", "mistral-7b", "qwen2.5-7b"]
 VARIANTS = [
     ["model=tiny", "model.tie_word_embeddings=true"],
     ["model=tiny", "model.num_key_value_heads=2"],
     ["model=tiny", "model.arch=gpt", "model.intermediate_size=null"],
     ["model=tiny", "model.arch=bloom", "model.intermediate_size=null", "model.tie_word_embeddings=true"],
     ["model=tiny", "model.arch=gpt", "model.intermediate_size=null", "model.tie_word_embeddings=false"],
+    ["model=tiny", "model.arch=mistral", "model.num_key_value_heads=2"],
+    ["model=tiny", "model.arch=qwen2", "model.num_key_value_heads=2"],
+    ["model=tiny", "model.arch=qwen2", "model.tie_word_embeddings=true"],
 ]
 
 
