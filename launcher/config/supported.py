@@ -42,7 +42,7 @@ def check_supported(cfg, layout) -> None:
                           "set parallel.sequence_degree=1, or model.arch=llama")
     if layout.pipeline_degree > 1 and cfg.model.arch not in PIPELINE_ARCHS:
         raise ConfigError("parallel.pipeline_degree", layout.pipeline_degree,
-                          f"pipeline parallelism is implemented for model.arch={' and '.join(PIPELINE_ARCHS)} "
+                          f"pipeline parallelism is implemented for model.arch={', '.join(PIPELINE_ARCHS)} "
                           f"(launcher/parallel/pipeline.py), not {cfg.model.arch}",
                           "set parallel.pipeline_degree=1 (shard with parallel.zero_stage or tensor_degree instead), "
                           "or use model.arch=llama")
