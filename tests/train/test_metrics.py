@@ -94,7 +94,9 @@ def test_deepspeed_noise_goes_to_the_run_log_not_the_console(two_runs):
                   "Loading checkpoint shards", "Reconstructed fp32 state dict"):
         assert noise not in out, noise
     log = (b / "deepspeed.log").read_text()
-    assert "Processing zero checkpoint" in log and "[rank 1]" in log
+    # Every rank's DeepSpeed lines land in the run's log (the streaming export no longer runs zero_to_fp32's
+    # printing path for this layout, so the scheduler warning is the line every run has).
+    assert "get learning rate from scheduler" in log and "[rank 1]" in log
 
 
 def test_mlflow_file_store_holds_the_records(two_runs, monkeypatch):
