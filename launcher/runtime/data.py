@@ -867,18 +867,32 @@ class TokenBatches:
         i = int(ch[p])
         return i, int(self._block_counts[b][i] + rank[p])
 
-    def _sample(self, g: int) -> int:
+    def _samples(self, slots: np.ndarray) -> np.ndarray:
+        """Sample ids of global slots, one permutation evaluation per (source, epoch) present (usually one)."""
         if len(self.streams) == 1:
-            s = self.prepared.train_samples
-            return int(_permute([g % s], s, _key(self.seed, g // s))[0])
-        i, c = self._draw(g)
-        s = self.streams[i].train
-        return int(self.train_offsets[i] + _permute([c % s], s, _key(self.seed, i, c // s))[0])
+            src, count = np.zeros(len(slots), dtype=np.int64), slots
+        else:
+            draws = [self._draw(int(g)) for g in slots]
+            src = np.asarray([d[0] for d in draws], dtype=np.int64)
+            count = np.asarray([d[1] for d in draws], dtype=np.int64)
+        out = np.empty(len(slots), dtype=np.int64)
+        for i in np.unique(src):
+            s = self.streams[i].train
+            sel = src == i
+            epochs = count[sel] // s
+            ids = np.empty(int(sel.sum()), dtype=np.int64)
+            for e in np.unique(epochs):
+                m = epochs == e
+                # single stream: keyed by (seed, epoch), as the tests of one file pin; blend: by (seed, source, epoch)
+                key = _key(self.seed, int(e)) if len(self.streams) == 1 else _key(self.seed, int(i), int(e))
+                ids[m] = _permute(count[sel][m] % s, s, key)
+            out[sel] = ids + int(self.train_offsets[i])
+        return out
 
     def train_sample_ids(self, step: int, micro_step: int) -> list[int]:
         """Sample ids of this rank's micro-batch `micro_step` of optimizer step `step` (0-based)."""
         first = step * self.gbs + micro_step * self.micro * self.dp + self.dp_rank * self.micro
-        return [self._sample(g) for g in range(first, first + self.micro)]
+        return self._samples(np.arange(first, first + self.micro, dtype=np.int64)).tolist()
 
     def val_sample_ids(self, batch: int) -> list[int]:
         """Held-out samples of eval micro-batch `batch`: fixed, disjoint across ranks, wrapping when few."""
