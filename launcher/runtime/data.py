@@ -771,7 +771,7 @@ def _build_packed(cfg, docs: Documents, cache: Path, progress: bool, console) ->
     key = hashlib.sha256(f"{chash}|{_content_hash(Path(tok_path))}|{dtype}|{FORMAT_VERSION}|{d.val_fraction}|{d.split_seed}".encode()).hexdigest()[:16]
     bin_path = cache / f"tokens-{key}.bin"
     with _locked(cache, f"tokens-{key}"):
-        found = _read_manifest_files(bin_path)
+        found = _packed_files(bin_path)
         if found is None:
             if console is not None and progress:
                 console.print(f"pretokenizing {count:,} documents in {d.num_workers} process(es) -> {bin_path}")
@@ -781,7 +781,7 @@ def _build_packed(cfg, docs: Documents, cache: Path, progress: bool, console) ->
     return found[0], dict(found[1], tokenizer_path=str(tok_path))
 
 
-def _read_manifest_files(bin_path: Path) -> Optional[tuple[Path, dict]]:
+def _packed_files(bin_path: Path) -> Optional[tuple[Path, dict]]:
     idx = index_path(bin_path)
     if not (bin_path.exists() and idx.exists()):
         return None
