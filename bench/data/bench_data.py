@@ -54,9 +54,15 @@ def write_corpus(root: Path, megabytes: int, files: int = 64) -> list[Path]:
     return paths
 
 
-def run(code: str, env: dict | None = None) -> dict:
-    """One fresh interpreter; `code` prints one JSON line last."""
-    out = subprocess.run([PY, "-c", code], cwd=REPO, env={**os.environ, **(env or {})}, capture_output=True, text=True)
+def run(code: str, env: dict | None = None, old: str | None = None) -> dict:
+    """One fresh interpreter; `code` prints one JSON line last. `old`: the launcher package root to import instead
+    of this checkout (python -S: the editable install's import hook, a site .pth, would win over PYTHONPATH)."""
+    env = {**os.environ, **(env or {})}
+    argv = [PY, "-c", code]
+    if old:
+        argv = [PY, "-S", "-c", code]
+        env["PYTHONPATH"] = os.pathsep.join([old, sysconfig.get_paths()["purelib"]])
+    out = subprocess.run(argv, cwd=old or REPO, env=env, capture_output=True, text=True)
     if out.returncode:
         raise SystemExit(out.stderr[-3000:])
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -74,7 +80,9 @@ def main():
     t1 = time.perf_counter()
     p = prepare_data(cfg, layout)
     t2 = time.perf_counter()
-    print(json.dumps({{"import_compose_s": t1 - t0, "prepare_s": t2 - t1, "tokens": p.num_tokens + p.val_num_tokens}}))
+    import launcher
+    print(json.dumps({{"import_compose_s": t1 - t0, "prepare_s": t2 - t1, "tokens": p.num_tokens + getattr(p, "val_num_tokens", 0),
+                      "launcher": launcher.__file__}}))
 if __name__ == "__main__":
     main()
 """
@@ -133,9 +141,9 @@ def bench_startup(args):
              "warm_import_compose_s": [w["import_compose_s"] for w in warm]}
         if args.old and mb <= 100:  # the old code holds the corpus as Python strings: only the small corpus
             old = run(PREPARE.format(overrides=overrides(paths, work / f"cache-old-{mb}mb", tok, 1)).replace(
-                f"data.num_workers=1", "data.val_fraction=0.01"), {"PYTHONPATH": args.old})
+                f"data.num_workers=1", "data.val_fraction=0.01"), old=args.old)
             old_warm = run(PREPARE.format(overrides=overrides(paths, work / f"cache-old-{mb}mb", tok, 1)).replace(
-                f"data.num_workers=1", "data.val_fraction=0.01"), {"PYTHONPATH": args.old})
+                f"data.num_workers=1", "data.val_fraction=0.01"), old=args.old)
             r.update(old_cold_prepare_s=old["prepare_s"], old_warm_prepare_s=old_warm["prepare_s"])
         print(json.dumps(r), flush=True)
         shutil.rmtree(corpus, ignore_errors=True)

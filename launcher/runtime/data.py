@@ -56,8 +56,8 @@ EOS_TOKEN = "<|endoftext|>"
 EOS_CANDIDATES = (EOS_TOKEN, "</s>", "<eos>", "<|end_of_text|>")
 # v2: held-out documents live in <key>.val.bin (v1 files, the held-out split at their end, are still read by data=tokens).
 FORMAT_VERSION = "launcher-packed-v2"
-ENCODE_CHUNK_DOCS = 256
-ENCODE_CHUNK_BYTES = 4 * 2**20  # a chunk handed to a worker: bounded memory per chunk in flight
+ENCODE_CHUNK_DOCS = 64
+ENCODE_CHUNK_BYTES = 2**20  # a chunk handed to a worker: small enough to balance the workers, bounded memory in flight
 HF_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".txt": "text", ".csv": "csv"}
 FEISTEL_ROUNDS = 6  # >= 4 rounds of a pseudo-random round function give a pseudo-random permutation (Luby & Rackoff 1988)
 BLEND_BLOCK = 1 << 18  # blend slots whose source choices are evaluated at once (one block cached per reader)
