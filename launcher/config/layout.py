@@ -110,20 +110,40 @@ def _check_run_settings(cfg) -> None:
         raise ConfigError("resume", cfg.resume, "must be never, auto or a checkpoint path", "resume=never (fresh) or resume=auto")
 
 
-DATA_SOURCES = ("stdlib", "hf", "tokens")
+DATA_SOURCES = ("stdlib", "hf", "tokens", "blend")
+TOKEN_DTYPES = ("uint16", "uint32")
 
 
 def _check_data(cfg) -> None:
     """Which inputs each data source needs (existence of the files is checked before launch, not here)."""
     d = cfg.data
     if d.source not in DATA_SOURCES:
-        raise ConfigError("data.source", d.source, f"must be one of {', '.join(DATA_SOURCES)}", "select data=stdlib, data=hf or data=tokens")
+        raise ConfigError("data.source", d.source, f"must be one of {', '.join(DATA_SOURCES)}", "select data=stdlib, data=hf, data=tokens or data=blend")
     if d.source == "tokens" and not d.tokens_path:
         raise ConfigError("data.tokens_path", d.tokens_path, "data=tokens reads an existing packed token file and needs its path",
                           "pass data.tokens_path=/path/to/tokens.bin (written by an earlier run's pretokenization)")
     if d.source == "hf" and not d.paths and not d.hf_name:
         raise ConfigError("data.paths", list(d.paths), "data=hf needs local files (data.paths) or a hub dataset name (data.hf_name)",
                           "pass data.paths='[/data/train.jsonl]' or data.hf_name=NAME")
+    if d.source == "blend":
+        if not d.sources:
+            raise ConfigError("data.sources", [], "data=blend draws each sample from one of data.sources, and it is empty",
+                              "pass data.sources='[{path: /data/web.bin, weight: 0.7}, {path: /data/code.bin, weight: 0.3}]'")
+        for i, src in enumerate(d.sources):
+            keys = set(src.keys()) if hasattr(src, "keys") else None
+            if keys is None or keys - {"path", "weight"} or not src.get("path"):
+                raise ConfigError(f"data.sources[{i}]", src, "a blend source is a mapping with a token file `path` and a `weight`"
+                                  + (f" (unknown: {', '.join(sorted(keys - {'path', 'weight'}))})" if keys and keys - {"path", "weight"} else ""),
+                                  "write it as {path: /data/web.bin, weight: 0.7}")
+            w = src.get("weight")
+            # Each sample is drawn from source i with probability w_i / sum(w) (Megatron's BlendedDataset weights).
+            if not isinstance(w, (int, float)) or not math.isfinite(w) or w <= 0:
+                raise ConfigError(f"data.sources[{i}].weight", w, "a blend weight is a relative share of the samples and must be "
+                                  "positive and finite (a source with weight 0 contributes nothing: leave it out)",
+                                  f"set data.sources[{i}].weight to a positive number, e.g. 0.3, or remove the source")
+    if d.token_dtype is not None and d.token_dtype not in TOKEN_DTYPES:
+        raise ConfigError("data.token_dtype", d.token_dtype, f"a flat token file holds {' or '.join(TOKEN_DTYPES)} ids",
+                          "set data.token_dtype=uint16 (vocabularies up to 65,536, e.g. nanoGPT's GPT-2 tokens) or uint32")
 
 
 def _check_model_shape(cfg) -> None:

@@ -63,7 +63,7 @@ class ModelConfig:
 @dataclass
 class DataConfig:
     source: str = "stdlib"
-    """Where text comes from: `stdlib` (this interpreter's standard library sources), `hf` (datasets.load_dataset) or `tokens` (a pretokenized file)."""
+    """Where text comes from: `stdlib` (this interpreter's standard library sources), `hf` (datasets.load_dataset), `tokens` (a pretokenized file) or `blend` (weighted token files in `sources`)."""
     seq_length: int = 256
     """Tokens per training sample. Range: >= 1."""
     paths: list[str] = field(default_factory=list)
@@ -78,11 +78,19 @@ class DataConfig:
     """A trained tokenizer.json, or a transformers model/tokenizer directory (AutoTokenizer, local files only; e.g. the
     model.init_from directory), to use instead of training a byte-level BPE on the corpus."""
     val_fraction: float = 0.01
-    """Fraction of the packed tokens held out for evaluation (taken from the end). Range: [0, 0.5); > 0 when train.eval_every > 0."""
+    """Fraction held out for evaluation: a seeded random set of documents (data=stdlib/hf), the last samples of a token file (data=tokens/blend). Range: [0, 0.5); > 0 when train.eval_every > 0."""
     cache_dir: str = "~/.cache/launcher"
     """Where tokenizers and packed token files are cached, keyed by a content hash."""
     max_bytes: Optional[int] = None
     """data=stdlib/hf: stop reading documents once this many bytes are read (a deterministic prefix); null = all. Range: >= 1, or null."""
+    sources: list[Any] = field(default_factory=list)
+    """data=blend: `[{path: ..., weight: ...}, ...]`, a token file (see data.tokens_path) and its positive weight; each sample comes from source i with probability weight_i / sum(weights) (checked in layout.py)."""
+    token_dtype: Optional[str] = None
+    """data=tokens/blend: `uint16` or `uint32` for flat token files without an index (nanoGPT's `train.bin` is uint16)."""
+    num_workers: int = 1
+    """Processes that pretokenize data=stdlib/hf (1 = in this process). Range: >= 1."""
+    split_seed: int = 0
+    """Seed of the held-out document set (data=stdlib/hf); independent of train.seed so val losses stay comparable. Range: >= 0."""
 
 
 @dataclass

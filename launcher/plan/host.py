@@ -20,9 +20,11 @@ CPU offload (ZeRO-Offload, Ren et al. 2021, "ZeRO-Offload: Democratizing Billion
     offload_optimizer: fp32 master + Adam momentum + variance (12 B/param, what memory.py's model_state_bytes
         takes off the GPU) + the fp32 gradient partition the CPU Adam reads (4 B/param), each / DP
     offload_param (ZeRO-3): the parameter partition in the training dtype, / DP
-data loader (launcher/runtime/data.py TokenBatches): the packed token file is memory-mapped (page cache,
-    reclaimable: not counted); each rank holds its epoch permutation of sample ids (8 B per sample, the
-    samples estimated as train tokens / seq_length: one epoch of the run) and one micro-batch of int64 ids.
+data loader (launcher/runtime/data.py TokenBatches): the token files are memory-mapped (page cache,
+    reclaimable: not counted); the sample order is a keyed permutation evaluated per sample (no array of
+    sample ids: until issue 11 it was an int64 permutation, 8 B per sample, ~3.9 GB per rank at 2T tokens of
+    4096), so a rank holds one micro-batch of int64 ids and, in a blend, one cached block of source choices
+    (2^18 slots x 16 B = 4 MiB); independent of the corpus size.
 
 The terms are added although the build's host copy is mostly released once the model moves to the GPU: an
 upper bound by at most the build term, chosen so the check does not rely on the allocator returning the
@@ -43,7 +45,7 @@ from launcher.plan.memory import model_state_bytes, stage_params, weight_bytes
 
 BUILD_ROWS = 256            # rows a seeded initialiser generates at a time (launcher/runtime/build.py)
 FP32_BYTES = 4
-SAMPLE_ID_BYTES = 8         # numpy permutation of sample ids: int64
+BLEND_BLOCK_BYTES = 2**18 * 16  # data.py BLEND_BLOCK slots x (int64 source choice + int64 rank within the block)
 TOKEN_ID_BYTES = 8          # a micro-batch as torch int64
 
 
@@ -128,9 +130,9 @@ def rank_offload_bytes(shape: ModelShape, st: Strategy, stage: int) -> float:
 
 
 def rank_loader_bytes(st: Strategy, train_tokens: float) -> float:
-    """One rank's data-loader buffers: its epoch permutation of sample ids + one int64 micro-batch."""
-    samples = train_tokens / st.seq_length
-    return samples * SAMPLE_ID_BYTES + st.micro_batch_size * st.seq_length * TOKEN_ID_BYTES
+    """One rank's data-loader buffers: one int64 micro-batch + a blend's cached block; not a function of
+    `train_tokens` (kept in the signature: the sample order used to be an array of train_tokens / seq_length ids)."""
+    return BLEND_BLOCK_BYTES + st.micro_batch_size * st.seq_length * TOKEN_ID_BYTES
 
 
 @dataclass(frozen=True)

@@ -272,7 +272,7 @@ def _host_rows(h: dict) -> list[tuple[str, str, str]]:
         ("host: checkpoint", _gb(h["checkpoint_bytes"]), "torch.save stages each rank's fp32 master partition on the host"),
         ("host: CPU offload", _gb(h["offload_bytes"]), "ZeRO-Offload: fp32 master + Adam m, v + fp32 grads (16 B/param) / DP; "
                                                       "offload_param: weights / DP"),
-        ("host: data loader", _gb(h["data_loader_bytes"]), "sample-id permutation (8 B x train tokens / seq) + one micro-batch"),
+        ("host: data loader", _gb(h["data_loader_bytes"]), "one int64 micro-batch + a blend block (4 MiB); no per-sample array"),
         ("host memory per node", f"{_gb(h['total_bytes'])}{cap}", verdict + f" (fullest node: {h['node']})"),
     ]
 

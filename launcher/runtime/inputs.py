@@ -106,6 +106,69 @@ def check_token_file(bin_path: Path, index: dict, vocab_size: int, cache_dir: Pa
                           f"set model.vocab_size >= {top + 1} (the tokenizer's size), or use tokens made with a {vocab_size}-token tokenizer")
 
 
+# Megatron-LM's MMapIndexedDataset index (megatron/core/datasets/indexed_dataset.py, _IndexWriter.write):
+#   b"MMIDIDX\x00\x00", <Q version = 1, <B dtype code, <Q sequence count, <Q document count,
+#   then int32 sizes[sequence count], int64 byte pointers[sequence count], int64 document_indices[document count].
+MEGATRON_HEADER = b"MMIDIDX\x00\x00"
+MEGATRON_DTYPES = {1: "uint8", 2: "int8", 3: "int16", 4: "int32", 5: "int64", 6: "float64", 7: "float32", 8: "uint16"}
+MEGATRON_TOKEN_DTYPES = ("uint8", "int16", "int32", "int64", "uint16")
+
+
+def read_megatron_index(bin_path: Path, idx: Path, key: str = "data.tokens_path") -> dict:
+    """Header and size checks of a Megatron .bin/.idx pair without reading its arrays (only their last entries).
+
+    The tokens are read as one flat stream (sequences are stored back to back; preprocess_data.py's --append-eod
+    ends each document with EOD), so the .bin's size gives the token count; the last pointer + size must end
+    exactly there, which a truncated or foreign .bin fails.
+    """
+    import struct
+
+    size = idx.stat().st_size
+    with open(idx, "rb") as fh:
+        head = fh.read(9 + 8 + 1 + 8 + 8)
+    if len(head) < 34 or head[:9] != MEGATRON_HEADER:
+        raise ConfigError(key, str(bin_path), f"{idx.name} does not start with Megatron's index header {MEGATRON_HEADER!r}",
+                          "give the .idx written with the .bin by Megatron-LM's tools/preprocess_data.py")
+    version, = struct.unpack("<Q", head[9:17])
+    code = head[17]
+    seqs, docs = struct.unpack("<QQ", head[18:34])
+    if version != 1:
+        raise ConfigError(key, str(bin_path), f"{idx.name} is Megatron index version {version}; version 1 is read",
+                          "re-create the index with Megatron-LM's tools/preprocess_data.py")
+    dtype = MEGATRON_DTYPES.get(code)
+    if dtype not in MEGATRON_TOKEN_DTYPES:
+        raise ConfigError(key, str(bin_path), f"{idx.name} says dtype code {code} ({dtype or 'unknown'}); token ids are "
+                          f"codes {', '.join(f'{c} ({n})' for c, n in MEGATRON_DTYPES.items() if n in MEGATRON_TOKEN_DTYPES)}",
+                          "give a token corpus (preprocess_data.py output), not an index of another kind")
+    need = 34 + seqs * 4 + seqs * 8 + docs * 8
+    if size < need or seqs < 1:
+        raise ConfigError(key, str(bin_path), f"{idx.name} is {size:,} bytes; its header ({seqs:,} sequences, {docs:,} documents) "
+                          f"needs 34 + {seqs:,} x 12 + {docs:,} x 8 = {need:,}", "copy the .idx again completely")
+    item = np.dtype(dtype).itemsize
+    sizes = np.memmap(idx, dtype=np.int32, mode="r", offset=34, shape=(seqs,))
+    pointers = np.memmap(idx, dtype=np.int64, mode="r", offset=34 + seqs * 4, shape=(seqs,))
+    end = int(pointers[-1]) + int(sizes[-1]) * item
+    bin_size = bin_path.stat().st_size
+    if end != bin_size or int(pointers[0]) != 0:
+        raise ConfigError(key, str(bin_path), f"the index's last sequence ends at byte {int(pointers[-1]):,} + {int(sizes[-1]):,} x {item} "
+                          f"= {end:,}, the .bin has {bin_size:,} bytes", "copy the .bin again completely, with the .idx written alongside it")
+    return {"format": "megatron", "dtype": dtype, "num_tokens": bin_size // item, "num_docs": max(0, docs - 1)}
+
+
+def flat_token_index(bin_path: Path, dtype, key: str = "data.tokens_path") -> dict:
+    """A header-less array of ids (nanoGPT's data/*/prepare.py writes uint16 train.bin / val.bin)."""
+    if dtype is None:
+        raise ConfigError(key, str(bin_path), "has no index beside it (neither our .idx.json nor Megatron's .idx), so it is read as "
+                          "a flat array of token ids, and their width is unknown",
+                          "set data.token_dtype=uint16 (nanoGPT's GPT-2 tokens) or uint32, or give the index file")
+    item = np.dtype(dtype).itemsize
+    size = bin_path.stat().st_size
+    if size == 0 or size % item:
+        raise ConfigError(key, str(bin_path), f"is {size:,} bytes, not a whole number of {dtype} ids ({size:,} % {item} = {size % item})",
+                          "check data.token_dtype, or copy the file again completely")
+    return {"format": "flat", "dtype": dtype, "num_tokens": size // item}
+
+
 def max_token_id(bin_path: Path, index: dict, cache_dir: Path) -> int:
     """The largest id in the file: from its index when the writer recorded it (this launcher does, since the same
     pass that wrote the tokens saw them), else by reading the whole file once.

@@ -49,8 +49,9 @@ def test_pipeline_tp_terms_by_hand():
     # checkpoint: ZeRO 1's fp32 master partition = params / DP x 4 B, staged by torch.save
     assert h["checkpoint_bytes"] == 4 * (stage0 // 2 * 4) + 4 * (stage1 // 2 * 4) == 28_003_303_424
     assert h["offload_bytes"] == 0
-    # data loader: 2,048,000,000 tokens / 2,048 = 1,000,000 sample ids x 8 B + one micro-batch 1 x 2048 x 8 B
-    assert h["data_loader_bytes"] == 8 * (8_000_000 + 16_384)
+    # data loader, 8 ranks: one micro-batch 1 x 2048 x 8 B + a blend block 2^18 x 16 B each; no per-sample
+    # array (the sample order is a keyed permutation: 2,048,000,000 tokens cost nothing here)
+    assert h["data_loader_bytes"] == 8 * (16_384 + 4_194_304)
     assert h["capacity_bytes"] == 2_000_000_000_000 and h["fits"] is True
 
 
@@ -64,7 +65,7 @@ def test_zero3_offload_terms_by_hand_and_refusal():
     assert h["build_bytes_per_rank"] == [build] * 8 == [1_750_227_968] * 8
     assert h["checkpoint_bytes"] == 0                                           # states already on the host
     assert h["offload_bytes"] == 8 * held * 16 == 107_814_649_856               # fp32 master + m + v + fp32 grads
-    total = 8 * (1_750_227_968 + 13_476_831_232 + 8_000_000 + 16_384)           # 121,880,604,672
+    total = 8 * (1_750_227_968 + 13_476_831_232 + 4_194_304 + 16_384)          # 121,850,159,104
     assert h["total_bytes"] == total
     check_host_memory(cfg, layout)                                              # 121.9 GB of 2,000 GB: fits
 
