@@ -70,12 +70,8 @@ def attn_implementation(arch: str) -> str:
 def build_model(model_cfg, seed: int, vocab_size: Optional[int] = None, device=None):
     """The whole causal LM, identical on every rank for the same seed: from `model.init_from`, or with the
     launcher's own layout-independent seeded init (launcher/runtime/build.py); `device="meta"`: shapes only."""
-    from transformers import AutoModelForCausalLM
-
     from launcher.runtime.build import build_whole_model, meta_model
 
-    if model_cfg.init_from:
-        return AutoModelForCausalLM.from_pretrained(model_cfg.init_from, attn_implementation=attn_implementation(model_cfg.arch))
     if device is not None and str(device) == "meta":
         return meta_model(model_cfg, vocab_size)
     return build_whole_model(model_cfg, seed, vocab_size)
