@@ -40,7 +40,7 @@ from typing import Optional
 from launcher.config import hardware
 from launcher.plan.inputs import ModelShape, Strategy
 from launcher.plan.memory import model_state_bytes, stage_params, weight_bytes
-from launcher.plan.stages import PIPELINE_ARCHS, pipeline_layer_params, stage_bounds
+from launcher.plan.stages import BLOCK_TP_REPLICATED_PER_HIDDEN, PIPELINE_ARCHS, pipeline_layer_params, stage_bounds
 
 BUILD_ROWS = 256            # rows a seeded initialiser generates at a time (launcher/runtime/build.py)
 FP32_BYTES = 4
@@ -72,10 +72,6 @@ def build_path(st: Strategy) -> str:
     return "whole"
 
 
-# Parameters of one decoder block that tensor parallelism leaves whole on every TP rank, per hidden unit
-# (launcher/parallel/tensor.py shards the block's matrices and column-parallel biases): LLaMA its two RMSNorm
-# weights (2h); BLOOM/GPT two LayerNorms with bias (4h) + the row-parallel output biases of attention and MLP (2h).
-BLOCK_TP_REPLICATED_PER_HIDDEN = {"llama": 2, "bloom": 6, "gpt": 6}
 
 
 def whole_params(shape: ModelShape, st: Strategy) -> int:
@@ -87,7 +83,7 @@ def whole_params(shape: ModelShape, st: Strategy) -> int:
 def rank_params(shape: ModelShape, st: Strategy, stage: int) -> float:
     """Parameters one TP rank of pipeline stage `stage` builds, as the runtime shards them: a block's matrices
     and column-parallel biases / TP, everything else whole -- the embedding and the head are replicated over
-    TP ranks (what `train --dry-run` counts as params_tp_replicated), unlike memory.py's stage_params."""
+    TP ranks (what `train --dry-run` counts as params_tp_replicated), as memory.py's stage_params (stages.rank_param_count)."""
     if st.pipeline_degree > 1 and shape.arch not in PIPELINE_ARCHS:
         return stage_params(shape, st, stage)   # no pipeline implementation: the planner's even spread
     t = st.tensor_degree

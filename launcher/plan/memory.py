@@ -14,12 +14,13 @@ Models", section 5 and figure 1), bytes per parameter held by one rank, Psi para
     offload_optimizer: master weights and Adam states (and the fp32 gradient partition) live in CPU memory.
     offload_param (ZeRO 3): the weights' partition lives in CPU memory; GPUs hold only gathered layers.
 
-Weights per rank come from the exact counts in params.py: a stage's blocks / TP, the embedding (padded
-vocabulary / TP) on the first stage, the final norm and the head on the last, and with tied embeddings and
-PP > 1 a second copy of the embedding on the last stage (Megatron/DeepSpeed keep both and all-reduce their
-gradients). The layers per stage are DeepSpeed's cut with parallel.partition_method (launcher/plan/stages.py,
-the cut the runtime builds; BLOOM-176B: embedding + 5 blocks, 6, ..., 6, 5 blocks + embedding); norm weights are
-divided by TP with the matrices (they are replicated in reality: < 0.01% of a block).
+Weights per rank come from the exact counts in params.py, as the runtime holds them (stages.rank_param_count):
+a stage's block matrices / TP, the block norms, the embedding (padded vocabulary) on the first stage, the final
+norm and the head on the last whole on every TP rank (our TP and AutoTP do not split the vocabulary), and with
+tied embeddings and PP > 1 a second copy of the embedding on the last stage (Megatron/DeepSpeed keep both and
+all-reduce their gradients). The layers per stage are DeepSpeed's cut with parallel.partition_method
+(launcher/plan/stages.py, the cut the runtime builds; BLOOM-176B: embedding + 5 blocks, 6, ..., 6, 5 blocks +
+embedding).
 
 Activations per block (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
 Models", Table 2), s sequence, b micro batch, h hidden, a heads, t TP degree, 16-bit activations:
@@ -52,7 +53,7 @@ from dataclasses import dataclass
 
 from launcher.plan.inputs import Hardware, ModelShape, Strategy
 from launcher.plan.params import param_numels
-from launcher.plan.stages import PIPELINE_ARCHS, stage_blocks, stage_param_counts
+from launcher.plan.stages import PIPELINE_ARCHS, rank_param_count, stage_blocks
 
 FRAMEWORK_OVERHEAD_BYTES = 2e9
 REDUCE_BUCKET_ELEMENTS = 500_000_000   # launcher/deepspeed_config.py REDUCE_BUCKET_SIZE (raised for SP x ZeRO-3 there)
@@ -110,9 +111,10 @@ def layers_in_stage(num_layers: int, pipeline_degree: int, stage: int) -> int:
 
 def stage_params(shape: ModelShape, st: Strategy, stage: int) -> float:
     """Parameters one rank of pipeline stage `stage` holds (TP-sharded, before ZeRO): the stage's exact count
-    as DeepSpeed cuts the layers (launcher/plan/stages.py, what the runtime builds) divided by TP."""
+    as DeepSpeed cuts the layers and the runtime shards them (launcher/plan/stages.py rank_param_count)."""
     if st.pipeline_degree == 1 or shape.arch in PIPELINE_ARCHS:
-        return stage_param_counts(shape, st.padded_vocab_size, st.pipeline_degree, st.partition_method)[stage] / st.tensor_degree
+        return rank_param_count(shape, st.padded_vocab_size, st.pipeline_degree, st.partition_method, st.tensor_degree,
+                                stage)
     # No pipeline implementation for the architecture (gpt): blocks spread evenly, as a plan only.
     p, t = st.pipeline_degree, st.tensor_degree
     h, pc = shape.hidden_size, shape.params
