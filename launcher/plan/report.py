@@ -185,7 +185,7 @@ def _performance_rows(s: dict) -> list[tuple[str, str, str]]:
     step = s["step_time_s"]
     stage = s["memory_peak_stage"]
     return [
-        ("memory: params", _gb(m["params"]), f"stage {stage} weights / TP x {2 if dt != 'fp32' else 4} B ({dt}); ZeRO {z}: {shard}"),
+        ("memory: params", _gb(m["params"]), f"stage {stage}: its blocks / TP + embedding/head whole, x {2 if dt != 'fp32' else 4} B ({dt}); ZeRO {z}: {shard}"),
         ("memory: grads", _gb(m["grads"]), "same count x dtype bytes (+ fp32 accumulation buffer with BF16_Optimizer)"),
         ("memory: optimizer", _gb(m["optimizer"]), "fp32 master + Adam m, v = 12 B/param (ZeRO paper section 5, K = 12)"),
         ("memory: activations", _gb(m["activations"]),
