@@ -31,7 +31,7 @@ def zero3_traces():
         r = json.loads(f.read_text())["ranks"][0]
         if not r.get("zero3_trace"):
             continue
-        print(f"\n{f.stem}, rank 0: RSS at deepspeed.initialize {r['rss_built'] / GIB:.3f} GiB (HWM {r['hwm_built'] / GIB:.3f})")
+        print(f"\n{f.stem}, rank 0: RSS at deepspeed.initialize {r['rss_built'] / GIB:.3f} GiB (HWM {r['hwm_built'] / GIB:.3f})\n")
         print("| DeepSpeed step (stage3.py) | RSS before | RSS after | HWM after |")
         print("|---|---|---|---|")
         for t in r["zero3_trace"]:
