@@ -17,7 +17,11 @@ def rng(values, fmt="{:.2f}"):
 def build_table():
     print("| code | size | layout | params held / rank | build s | HWM built GiB | HWM before step | RSS before step | HWM after step | step s | loss |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for f in sorted(HERE.glob("build-*.json")):
+    def order(f):   # before/after, then model size (HIDDENxLAYERS), then layout
+        _, code, size, mode = f.stem.split("-", 3)
+        return code, int(size.split("x")[0]) if "x" in size else 10**9, mode
+
+    for f in sorted(HERE.glob("build-*.json"), key=order):
         _, code, size, mode = f.stem.split("-", 3)
         r = json.loads(f.read_text())["ranks"]
         print(f"| {code} | {size} | {mode} | {rng([x['params_held'] / 1e6 for x in r], '{:.1f}')}M | {rng([x['build_s'] for x in r], '{:.1f}')} "
