@@ -14,12 +14,13 @@ Models", section 5 and figure 1), bytes per parameter held by one rank, Psi para
     offload_optimizer: master weights and Adam states (and the fp32 gradient partition) live in CPU memory.
     offload_param (ZeRO 3): the weights' partition lives in CPU memory; GPUs hold only gathered layers.
 
-Weights per rank come from the exact counts in params.py: a stage's blocks / TP, the embedding (padded
-vocabulary / TP) on the first stage, the final norm and the head on the last, and with tied embeddings and
-PP > 1 a second copy of the embedding on the last stage (Megatron/DeepSpeed keep both and all-reduce their
-gradients). The layers per stage are DeepSpeed's cut with parallel.partition_method (launcher/plan/stages.py,
-the cut the runtime builds; BLOOM-176B: embedding + 5 blocks, 6, ..., 6, 5 blocks + embedding); norm weights are
-divided by TP with the matrices (they are replicated in reality: < 0.01% of a block).
+Weights per rank come from the exact counts in params.py, as the runtime holds them (stages.rank_param_count):
+a stage's block matrices / TP, the block norms, the embedding (padded vocabulary) on the first stage, the final
+norm and the head on the last whole on every TP rank (our TP and AutoTP do not split the vocabulary), and with
+tied embeddings and PP > 1 a second copy of the embedding on the last stage (Megatron/DeepSpeed keep both and
+all-reduce their gradients). The layers per stage are DeepSpeed's cut with parallel.partition_method
+(launcher/plan/stages.py, the cut the runtime builds; BLOOM-176B: embedding + 5 blocks, 6, ..., 6, 5 blocks +
+embedding).
 
 Activations (launcher/plan/activations.py: every term derived from the tensors the runtime's modules save for
 backward, held to a saved_tensors_hooks measurement by tests/plan/test_activations.py; Korthikanti et al.
@@ -43,11 +44,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from launcher.config.supported import LLAMA_FAMILY
 from launcher.plan import activations as act
 from launcher.plan.inputs import Hardware, ModelShape, Strategy
 from launcher.plan.params import param_group_numels
-from launcher.plan.stages import PIPELINE_ARCHS, stage_blocks, stage_param_counts
+from launcher.plan.stages import PIPELINE_ARCHS, rank_param_count, stage_blocks
 
 FRAMEWORK_OVERHEAD_BYTES = 2e9
 REDUCE_BUCKET_ELEMENTS = 500_000_000   # launcher/deepspeed_config.py REDUCE_BUCKET_SIZE (raised for SP x ZeRO-3 there)
@@ -111,28 +111,12 @@ def layers_in_stage(num_layers: int, pipeline_degree: int, stage: int) -> int:
     return num_layers // pipeline_degree + (1 if stage < num_layers % pipeline_degree else 0)
 
 
-def replicated_block_params(shape: ModelShape) -> int:
-    """Parameters of one block kept whole on every TP rank: the norms and the row-parallel biases (added once
-    after the all-reduce; launcher/parallel/tensor.py, and DeepSpeed AutoTP's LinearAllreduce). LLaMA: two
-    RMSNorm weights; BLOOM / GPT-2: two LayerNorms (weight + bias) + the two row-parallel biases."""
-    return (2 if shape.arch in LLAMA_FAMILY else 6) * shape.hidden_size
-
-
 def stage_params(shape: ModelShape, st: Strategy, stage: int) -> float:
-    """Parameters one TP rank of pipeline stage `stage` holds (before ZeRO), from the stage's exact count as
-    DeepSpeed cuts the layers (launcher/plan/stages.py, what the runtime builds).
-
-    TP shards only the blocks' matrices and column-parallel biases; the embedding, the final norm, the head (or
-    the tied embedding's copy) and every norm and row-parallel bias stay whole on each TP rank, so only the
-    sharded part of the stage's count is divided by TP (issue 11: BLOOM-176B's end stages hold the whole
-    3.6B-parameter embedding on every TP rank: 6.68B per rank, not 3.98B). The same count as host.rank_params
-    and `launcher train --dry-run` (params_tp_replicated).
-    """
+    """Parameters one rank of pipeline stage `stage` holds (TP-sharded, before ZeRO): the stage's exact count
+    as DeepSpeed cuts the layers and the runtime shards them (launcher/plan/stages.py rank_param_count)."""
     if st.pipeline_degree == 1 or shape.arch in PIPELINE_ARCHS:
-        args = (shape, st.padded_vocab_size, st.pipeline_degree, st.partition_method)
-        total = stage_param_counts(*args)[stage]
-        sharded = stage_blocks(*args)[stage] * (shape.params.per_layer - replicated_block_params(shape))
-        return total - sharded + sharded / st.tensor_degree
+        return rank_param_count(shape, st.padded_vocab_size, st.pipeline_degree, st.partition_method, st.tensor_degree,
+                                stage)
     # No pipeline implementation for the architecture (gpt): blocks spread evenly, as a plan only.
     p, t = st.pipeline_degree, st.tensor_degree
     h, pc = shape.hidden_size, shape.params

@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
-from launcher.config.supported import PIPELINE_ARCHS  # noqa: F401  (re-exported: the one list)
+from launcher.config.supported import LLAMA_FAMILY, PIPELINE_ARCHS
 
 
 def pipeline_layer_params(shape, padded_vocab_size: int) -> tuple[tuple[str, int], ...]:
@@ -106,6 +106,26 @@ def stage_param_counts(shape, padded_vocab_size: int, pipeline_degree: int, meth
         return (sum(n for _, n in layers[:-1]) + (0 if shape.tied_embeddings else layers[-1][1]),)
     b = stage_bounds(shape, padded_vocab_size, pipeline_degree, method)
     return tuple(sum(n for _, n in layers[b[s]:b[s + 1]]) for s in range(pipeline_degree))
+
+
+# Parameters of one decoder block that tensor parallelism leaves whole on every TP rank, per hidden unit
+# (launcher/parallel/tensor.py shards the block's matrices and column-parallel biases): LLaMA its two RMSNorm
+# weights (2h); BLOOM/GPT two LayerNorms with bias (4h) + the row-parallel output biases of attention and MLP (2h).
+BLOCK_TP_REPLICATED_PER_HIDDEN = {**{arch: 2 for arch in LLAMA_FAMILY}, "bloom": 6, "gpt": 6}
+
+
+def rank_param_count(shape, padded_vocab_size: int, pipeline_degree: int, method: str, tensor_degree: int,
+                     stage: int) -> float:
+    """Parameters one TP rank of stage `stage` holds, as the runtime shards them: its blocks' matrices and
+    column-parallel biases / TP, everything else whole on every TP rank. Our TP (launcher/parallel/tensor.py)
+    and AutoTP shard the blocks only; the embedding, the head (or the tied embedding's copy) and the norms are
+    replicated, not vocab-parallel as in Megatron. So BLOOM-176B's end stages hold 6.68B per TP4 rank, not the
+    published 3.98B (stage_param_counts / 4): planning the Megatron figure would promise memory the run lacks.
+    `launcher train --dry-run` counts the same from the modules it builds (tests/unit/test_stages.py)."""
+    rep = BLOCK_TP_REPLICATED_PER_HIDDEN[shape.arch] * shape.hidden_size
+    blocks = stage_blocks(shape, padded_vocab_size, pipeline_degree, method)[stage]
+    sharded = blocks * (shape.params.per_layer - rep)
+    return stage_param_counts(shape, padded_vocab_size, pipeline_degree, method)[stage] - sharded + sharded / tensor_degree
 
 
 def stage_blocks(shape, padded_vocab_size: int, pipeline_degree: int, method: str) -> tuple[int, ...]:

@@ -242,9 +242,15 @@ def rebuild_rotary_(model: nn.Module) -> None:
 
 
 def build_whole_model(model_cfg, seed: int, vocab_size: Optional[int] = None):
-    """The whole model on CPU with the seeded init (every rank of a layout that holds whole weights)."""
+    """The whole model on CPU (every rank of a layout that holds whole weights: ZeRO 0-2 without a pipeline,
+    AutoTP before it shards, Ulysses), with the seeded init or, with `model.init_from`, read tensor by tensor.
+
+    `model.init_from` goes through CheckpointSlices into the model built here, not through `from_pretrained`:
+    one tensor at a time is read from the safetensors files into its parameter, so the peak is the model plus
+    one tensor (bench/build/results.md has transformers' own load beside it).
+    """
     model = meta_model(model_cfg, vocab_size)
-    init = SeededInit(seed, init_rules(model))
+    init = CheckpointSlices(model_cfg.init_from) if model_cfg.init_from else SeededInit(seed, init_rules(model))
     model.to_empty(device="cpu")
     model.tie_weights()   # to_empty made new Parameters: re-tie the head to the embedding
     # named_parameters yields a tied tensor once, under the embedding's name: the head gets the embedding's values.

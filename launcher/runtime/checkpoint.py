@@ -451,11 +451,39 @@ def check_resume_compatible(saved: dict, cfg, layout, tag_dir: Path, prepared=No
 
 
 def load_checkpoint(engine, tag_dir: Path) -> None:
-    """Restore model, optimizer, scheduler and RNG state from a tag directory (all ranks)."""
-    load_path, _ = engine.load_checkpoint(str(tag_dir.parent), tag=tag_dir.name, load_optimizer_states=True,
-                                          load_lr_scheduler_states=True)
+    """Restore model, optimizer, scheduler and RNG state from a tag directory (all ranks), each rank reading only its own files.
+
+    DeepSpeed 0.19.8 opens per rank only what the rank holds: its pipeline stage's layer files for its TP rank
+    (PipelineModule.load_state_dir), its own mp_rank_* file, and under ZeRO its own zero_pp_rank_* files
+    (engine._get_all_zero_checkpoint_state_dicts; elastic_checkpoint is off). But before each of those loads,
+    SDLoaderBase.check_ckpt_list torch.loads the *first* file of the list whole, only to compare its mp_world_size
+    with the number of files (runtime/state_dict_factory.py 166-175): every rank of a pipeline or TP layout reads
+    mp_rank_00's optimizer state and the TP-rank-0 file of each of its layers besides its own, twice the bytes it
+    needs (measured: bench/build/results.md, "Resume"). `_check_ckpt_list_mapped` makes the same check read only
+    the pickle (torch.load(mmap=True) maps the tensor data and nothing touches it).
+    """
+    from deepspeed.runtime.state_dict_factory import SDLoaderBase
+
+    real_check = SDLoaderBase.check_ckpt_list
+    SDLoaderBase.check_ckpt_list = _check_ckpt_list_mapped
+    try:
+        load_path, _ = engine.load_checkpoint(str(tag_dir.parent), tag=tag_dir.name, load_optimizer_states=True,
+                                              load_lr_scheduler_states=True)
+    finally:
+        SDLoaderBase.check_ckpt_list = real_check
     if load_path is None:
         raise RuntimeError(f"DeepSpeed could not load the checkpoint {tag_dir}")
+
+
+def _check_ckpt_list_mapped(self) -> None:
+    """SDLoaderBase.check_ckpt_list (DeepSpeed 0.19.8) with the first file mapped instead of read."""
+    import torch
+
+    assert len(self.ckpt_list) > 0
+    sd = torch.load(self.ckpt_list[0], map_location="cpu", weights_only=False, mmap=True)
+    if "mp_world_size" in sd:
+        assert len(self.ckpt_list) == sd["mp_world_size"], (
+            f"checkpoint count {len(self.ckpt_list)} is different from saved mp_world_size {sd['mp_world_size']}")
 
 
 # ----------------------------------------------------------------------------- choosing it before the process group

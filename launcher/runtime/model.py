@@ -142,19 +142,8 @@ def attn_implementation(arch: str) -> str:
 def build_model(model_cfg, seed: int, vocab_size: Optional[int] = None, device=None):
     """The whole causal LM, identical on every rank for the same seed: from `model.init_from`, or with the
     launcher's own layout-independent seeded init (launcher/runtime/build.py); `device="meta"`: shapes only."""
-    from transformers import AutoModelForCausalLM
-
     from launcher.runtime.build import build_whole_model, meta_model
 
-    if model_cfg.init_from:
-        import torch
-
-        # fp32 like every other build path: DeepSpeed casts to the training dtype itself (bf16/fp16 modules,
-        # fp32 master weights), so a bf16 checkpoint under precision=fp32 trains in fp32. transformers 5
-        # would otherwise keep the checkpoint's dtype (from_pretrained's dtype defaults to "auto").
-        return AutoModelForCausalLM.from_pretrained(model_cfg.init_from, config=hf_config(model_cfg, vocab_size),
-                                                    dtype=torch.float32,
-                                                    attn_implementation=attn_implementation(model_cfg.arch))
     if device is not None and str(device) == "meta":
         return meta_model(model_cfg, vocab_size)
     return build_whole_model(model_cfg, seed, vocab_size)

@@ -31,6 +31,22 @@ MODES = {
                 "batch.micro_batch_size=1", "batch.global_batch_size=2"],
     "zero3-dp4": ["parallel.zero_stage=3", "batch.micro_batch_size=1", "batch.global_batch_size=4"],
 }
+
+
+def shape() -> list[str]:
+    """SHAPE, or with MODEL_HIDDEN / MODEL_LAYERS set another size of it (intermediate = 43/16 x hidden, as 5504 / 2048):
+    bench/build uses hidden 768 x 12 layers (98M params) and 1536 x 12 (367M)."""
+    out = list(SHAPE)
+    if os.environ.get("MODEL_HIDDEN"):
+        h = int(os.environ["MODEL_HIDDEN"])
+        out = [o for o in out if not o.startswith(("model.hidden_size", "model.intermediate_size"))]
+        out += [f"model.hidden_size={h}", f"model.intermediate_size={h * 43 // 16}"]
+    if os.environ.get("MODEL_LAYERS"):
+        out = [o for o in out if not o.startswith("model.num_hidden_layers")]
+        out += [f"model.num_hidden_layers={os.environ['MODEL_LAYERS']}"]
+    return out
+
+
 SMALL_BUCKETS = {"reduce_bucket_size": 20_000_000, "stage3_prefetch_bucket_size": 20_000_000,
                  "sub_group_size": 10_000_000, "stage3_max_live_parameters": 100_000_000}
 
@@ -42,6 +58,27 @@ def vm(key: str) -> int:
             if line.startswith(key + ":"):
                 return int(line.split()[1]) * 1024
     raise KeyError(key)
+
+
+# DeepSpeed 0.19.8 steps of deepspeed.initialize under ZeRO-3 (runtime/zero/stage3.py), in call order; with
+# ZeRO-3 each is wrapped to record VmRSS before and after and VmHWM after (docs/parallel-notes.md, ZeRO-3 RSS).
+ZERO3_STEPS = ("_create_fp16_partitions_with_defragmentation", "_create_fp32_partitions", "initialize_optimizer_states",
+               "_setup_for_real_optimizer", "create_reduce_and_remove_grad_hooks")
+
+
+def probe_zero3(trace: list) -> None:
+    from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3 as Stage3
+
+    for name in ZERO3_STEPS:
+        real = getattr(Stage3, name)
+
+        def wrapped(self, *a, _real=real, _name=name, **k):
+            before = vm("VmRSS")
+            out = _real(self, *a, **k)
+            trace.append({"step": _name, "rss_before": before, "rss_after": vm("VmRSS"), "hwm_after": vm("VmHWM")})
+            return out
+
+        setattr(Stage3, name, wrapped)
 
 
 def main() -> None:
@@ -59,7 +96,7 @@ def main() -> None:
     deepspeed.init_distributed(dist_backend="gloo")
     torch.set_num_threads(1)
     world, rank = dist.get_world_size(), dist.get_rank()
-    cfg = compose(SHAPE + MODES[mode] + ["data.seq_length=64", "cluster=cpu", f"cluster.gpus_per_node={world}",
+    cfg = compose(shape() + MODES[mode] + ["data.seq_length=64", "cluster=cpu", f"cluster.gpus_per_node={world}",
                                          "precision=fp32", "model.activation_checkpointing=false"])
     layout = resolve_layout(cfg)
     ds = build_deepspeed_config(cfg, layout)
@@ -68,21 +105,25 @@ def main() -> None:
     ds.pop("scheduler", None)
     if layout.zero_stage == 3:
         ds["zero_optimization"].update(SMALL_BUCKETS)
+    trace: list = []
+    if layout.zero_stage == 3:
+        probe_zero3(trace)
     baseline = vm("VmHWM")
+    rss = {}
     # The peak when the model is built, just before deepspeed.initialize adds the engine's own buffers
     # (optimizer partitions, flat gradient buffers): recorded by wrapping initialize, which still runs unchanged.
     at_initialize = {}
     real_initialize = deepspeed.initialize
 
     def initialize(*args, **kwargs):
-        at_initialize["hwm"] = vm("VmHWM")
+        at_initialize["hwm"], rss["built"] = vm("VmHWM"), vm("VmRSS")
         return real_initialize(*args, **kwargs)
 
     deepspeed.initialize = initialize
     t0 = time.perf_counter()
     engine = build_engine(cfg, layout, ds)
     build_s = time.perf_counter() - t0
-    hwm_before_step = vm("VmHWM")
+    hwm_before_step, rss["before_step"] = vm("VmHWM"), vm("VmRSS")
     held = sum((p.ds_tensor.numel() if hasattr(p, "ds_tensor") else p.numel()) for p in engine.module.parameters())
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, layout.vocab_size, (layout.micro_batch_size, layout.seq_length), generator=g)
@@ -95,7 +136,7 @@ def main() -> None:
         engine.step()
     step_s = time.perf_counter() - t1
     rec = {"rank": rank, "baseline_hwm": baseline, "hwm_built": at_initialize["hwm"], "hwm_before_step": hwm_before_step, "hwm_after_step": vm("VmHWM"),
-           "params_held": held, "launcher": os.path.dirname(launcher.__file__), "build_s": build_s, "step_s": step_s, "loss": float(loss)}
+           "params_held": held, "zero3_trace": trace, "rss_built": rss["built"], "rss_before_step": rss["before_step"], "launcher": os.path.dirname(launcher.__file__), "build_s": build_s, "step_s": step_s, "loss": float(loss)}
     recs = [None] * world
     dist.all_gather_object(recs, rec)
     if rank == 0:

@@ -8,6 +8,17 @@ construction every rank built the whole fp32 model first (>= 1.0 x; 4 ranks x 3.
 cgroup). Measured on the 2-core machine: PP2 x TP2 48 s (build HWM 1.23-1.33 GiB, 3.14-3.31 GiB after the step),
 ZeRO-3 x DP4 118 s (build HWM 1.19-1.22 GiB; 2.89 GiB after deepspeed.initialize, 3.32 GiB after the step);
 both first losses 9.3258 on the same batch, since both layouts start from the same weights.
+
+ZeRO-3 up to the first step is not held to 0.7x: deepspeed.initialize itself adds about 1.7 GiB per rank here, all
+of it DeepSpeed 0.19.8's (measured step by step: bench/build/results.md, "ZeRO-3: what deepspeed.initialize
+allocates"). With P = one rank's fp32 partition (843.1M / 4 = 210.8M elements = 0.785 GiB): a second fp32 copy of
+it as the optimizer's master weights (P), the flat gradient partition (P, stage3.py 791), and each parameter
+all-gathered once to hook it (one whole tensor at a time, the 64 MiB embedding at most). The master copy is
+redundant in fp32 -- stage3.py 1162-1163 means to reuse the partition when its dtype and device already match,
+but compares `tensor.device == self.device` with self.device the string 'cpu' ('cuda:0' on GPUs), which torch
+2.13 evaluates False -- so baseline 0.36 + P (built) + P + P = 2.71 GiB plus transients, 2.89 measured, against
+the 0.7x limit of 2.20. Without that copy it would be 1.93 + transients. Nothing the launcher builds is in that
+figure; the bf16 runs the recipes use need the master copy anyway.
 """
 
 from __future__ import annotations

@@ -173,3 +173,26 @@ def test_init_from_zero3_flat_partitions(tmp_path):
             out = torch.zeros(n)
             source.fill_(out, name, flat=(start, stop))
             assert torch.equal(out[:stop - start], flat[start:stop]), (name, r)
+
+
+@pytest.mark.parametrize("overrides", [LLAMA, BLOOM], ids=["llama", "bloom"])
+def test_init_from_whole_model_reads_tensor_by_tensor(overrides, tmp_path):
+    """The whole-model layouts (ZeRO 0-2, AutoTP before it shards, Ulysses): model.init_from fills the model built
+    on meta tensor by tensor from the safetensors files (no from_pretrained state dict beside it), equal to the saved
+    model; a bf16 checkpoint arrives in the launcher's fp32 build like every other layout's (from_pretrained would
+    keep bf16 parameters under precision=fp32)."""
+    from launcher.runtime.model import build_model
+
+    cfg, whole = _whole(overrides)
+    saved = {k: v.detach().clone() for k, v in whole.named_parameters()}
+    whole.save_pretrained(tmp_path / "fp32", max_shard_size="100KB")
+    whole.to(torch.bfloat16).save_pretrained(tmp_path / "bf16")
+    vocab = resolve_layout(cfg).padded_vocab_size
+    for sub, want in (("fp32", saved), ("bf16", {k: v.to(torch.bfloat16).float() for k, v in saved.items()})):
+        loaded = build_model(compose(overrides + [f"model.init_from={tmp_path / sub}"]).model, seed=99, vocab_size=vocab)
+        got = dict(loaded.named_parameters())
+        assert set(got) == set(want)
+        for k, v in want.items():
+            assert got[k].dtype == torch.float32 and torch.equal(got[k].detach(), v), (sub, k)
+        if cfg.model.tie_word_embeddings:
+            assert loaded.get_output_embeddings().weight is loaded.get_input_embeddings().weight

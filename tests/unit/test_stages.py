@@ -50,10 +50,31 @@ def test_dry_run_stage_params_equal_the_plan(recipe):
     assert stage_params_from_ledger(records) == planned
 
 
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_planned_params_per_rank_are_what_the_runtime_holds(recipe):
+    """The memory planner's parameters per GPU (memory.stage_params) equal, for every stage, the parameters the
+    ledger's TP ranks of that stage hold (the embedding and head replicated over TP, not Megatron's vocab split)."""
+    from launcher.plan.inputs import model_shape, strategy
+    from launcher.plan.memory import stage_params
+    from launcher.runtime.dryrun import rank_ledger
+
+    cfg = compose([f"recipe={recipe}"])
+    layout = resolve_layout(cfg)
+    if plan_summary(cfg, layout)["stage_params"] is None:
+        return   # gpt with PP > 1: no pipeline implementation, nothing built to compare with
+    shape, st = model_shape(cfg.model), strategy(cfg, layout)
+    held = {}
+    for r in rank_ledger(cfg, layout):
+        held.setdefault(r["stage"], set()).add(r["params"])
+    for stage, counts in held.items():
+        assert counts == {stage_params(shape, st, stage)}, (stage, counts)
+
+
 def test_bloom_176b_published_partition():
     """BigScience 2022 (arXiv:2211.05100, 3.4.2) / the tr11 logs: 12 stages, first = embedding + 5 blocks, middle 6 blocks,
     last = 5 blocks + the tied embedding; 3.98B and 3.70B parameters per TP4 rank of the end / middle stages
-    (Megatron's vocab-parallel embedding: the stage divided by 4)."""
+    (Megatron's vocab-parallel embedding: the stage divided by 4). Our TP keeps the embedding whole on every TP rank,
+    so the plan's memory counts 6.68B on the end stages (test_planned_params_per_rank_are_what_the_runtime_holds)."""
     from launcher.runtime.dryrun import rank_ledger
 
     cfg = compose(["recipe=bloom-176b"])
@@ -66,6 +87,7 @@ def test_bloom_176b_published_partition():
     assert first == ["transformer.word_embeddings", "transformer.word_embeddings_layernorm"] + [f"transformer.h.{i}" for i in range(5)]
     assert last == [f"transformer.h.{i}" for i in range(65, 70)] + ["transformer.ln_f", "transformer.word_embeddings"]
     assert all(len(records[(s, 0)]["layers"]) == 6 for s in range(1, 11))
+    assert round(records[(0, 0)]["params"] / 1e9, 2) == 6.68 and round(records[(1, 0)]["params"] / 1e9, 2) == 3.70
 
 
 @pytest.mark.parametrize("recipe", ["bloom-176b", "llama2-70b"])
