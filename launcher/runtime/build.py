@@ -195,8 +195,10 @@ def meta_model(model_cfg, vocab_size: Optional[int] = None):
 
     from launcher.runtime.model import attn_implementation, hf_config
 
+    # fp32 whatever a loaded config.json says (a bf16 checkpoint's `dtype`): every build path makes fp32 parameters
+    # and DeepSpeed casts to precision.dtype, so a bf16 checkpoint under precision=fp32 trains in fp32.
     with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(hf_config(model_cfg, vocab_size),
+        return AutoModelForCausalLM.from_config(hf_config(model_cfg, vocab_size), dtype=torch.float32,
                                                 attn_implementation=attn_implementation(model_cfg.arch))
 
 
