@@ -60,7 +60,7 @@ def main() -> int:
     else:
         p = json.loads(plan.stdout)
         result["plan"] = {k: p[k] for k in ("params_total", "world_size", "step_time_s", "tokens_per_s", "mfu",
-                                            "tflops_per_gpu", "memory_per_gpu_bytes", "compute_efficiency", "peak_tflops")}
+                                            "tflops_per_gpu", "memory_per_gpu_bytes", "profile", "peak_tflops")}
 
     train = launcher("train", *over, timeout=540)  # a device call runs 600 s at most
     result["train_returncode"] = train.returncode

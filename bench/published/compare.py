@@ -37,7 +37,8 @@ from launcher.config import hardware
 from launcher.config.compose import compose
 from launcher.config.errors import ConfigError
 from launcher.config.layout import resolve_layout
-from launcher.plan.flops import estimate_step_time, flops_per_token
+from launcher.plan.flops import flops_per_token
+from launcher.plan.steptime import estimate_step_time
 from launcher.plan.inputs import model_shape, resolve_hardware, strategy
 from launcher.plan.search import plain_config
 
@@ -53,7 +54,7 @@ def default_model(shape, st, hw) -> float:
 
 
 def load_model(spec: str | None):
-    """The step-time adapter: `module:function` or the planner's current flops.estimate_step_time."""
+    """The step-time adapter: `module:function` or the planner's steptime.estimate_step_time."""
     if not spec:
         return default_model
     module, _, name = spec.partition(":")
@@ -213,12 +214,12 @@ def render(result: dict, model_name: str) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", default=str(HERE / "runs.yaml"))
-    ap.add_argument("--model", default=None, help="module:function step-time model (default launcher.plan.flops:estimate_step_time)")
+    ap.add_argument("--model", default=None, help="module:function step-time model (default launcher.plan.steptime:estimate_step_time)")
     ap.add_argument("--out", default=str(HERE))
     args = ap.parse_args()
     records = yaml.safe_load(open(args.runs))
     result = compare(records, load_model(args.model))
-    name = args.model or "launcher.plan.flops:estimate_step_time"
+    name = args.model or "launcher.plan.steptime:estimate_step_time"
     result["model"] = name
     result["summary"] = summary(result["rows"])
     out = Path(args.out)

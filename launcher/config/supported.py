@@ -40,6 +40,13 @@ def check_supported(cfg, layout) -> None:
         raise ConfigError("parallel.sequence_degree", layout.sequence_degree,
                           f"Ulysses sequence parallelism is implemented for model.arch={', '.join(LLAMA_FAMILY)}, not {cfg.model.arch}",
                           "set parallel.sequence_degree=1, or model.arch=llama")
+    if layout.tensor_degree > 1 and layout.pipeline_degree == 1 and cfg.model.arch == "gpt":
+        # Measured: DeepSpeed 0.19.8's AutoTP stops inside deepspeed.initialize on GPT2LMHeadModel ("AutoTP not
+        # supported for model. Please use kernel injection"), after every rank started.
+        raise ConfigError("parallel.tensor_degree", layout.tensor_degree,
+                          "tensor parallelism without a pipeline is DeepSpeed AutoTP, which does not support GPT-2 "
+                          "(model.arch=gpt), and the pipeline path has no GPT builder either",
+                          "set parallel.tensor_degree=1 and shard with parallel.zero_stage=3, or use model.arch=llama")
     if layout.pipeline_degree > 1 and cfg.model.arch not in PIPELINE_ARCHS:
         raise ConfigError("parallel.pipeline_degree", layout.pipeline_degree,
                           f"pipeline parallelism is implemented for model.arch={', '.join(PIPELINE_ARCHS)} "
