@@ -33,7 +33,7 @@ def main() -> None:
     from launcher.config.layout import resolve_layout
     from launcher.deepspeed_config import build_deepspeed_config
     from launcher.runtime import checkpoint as ckpt
-    from launcher.runtime.launch import avoid_shm_comm_build
+    from launcher.runtime.distributed import avoid_shm_comm_build
     from launcher.train import build_engine
 
     out_path, mode, phase, ckpt_dir = sys.argv[1], sys.argv[2], sys.argv[3], Path(sys.argv[4])
