@@ -13,9 +13,8 @@ matmul FLOPs of the weights; 12LHQT is the attention score and value matmuls
 Hardware FLOPs add what recomputation repeats (Narayanan et al. 2021, "Efficient
 Large-Scale Language Model Training on GPU Clusters Using Megatron-LM", eq. 3:
 96 B s l h^2 (1 + s/6h + V/16lh) per step with full recompute, i.e. a second
-forward of every block: + 2 N_blocks + 4 L H Q T per token). Selective
-recompute repeats only the attention-score forward (+ 4 L H Q T; Korthikanti et
-al. 2022, section 5). With N = 12 l h^2 + V h the two agree term by term:
+forward of every block: + 2 N_blocks + 4 L H Q T per token; the runtime has no
+selective recompute: launcher/plan/inputs.py RECOMPUTE_MODES). With N = 12 l h^2 + V h the two agree term by term:
 72 l h^2 + 6 V h + 12 l h s + 24 l h^2 + 4 l h s = 96 l h^2 + 16 l h s + 6 V h.
 
 The step time itself is launcher/plan/steptime.py (per operator, from a hardware profile).
@@ -41,8 +40,6 @@ def recompute_flops_per_token(shape: ModelShape, seq_length: int, recompute: str
     attention_forward = 4 * shape.num_layers * shape.num_heads * shape.head_dim * seq_length
     if recompute == "full":
         return 2 * shape.num_layers * shape.params.per_layer + attention_forward
-    if recompute == "selective":
-        return attention_forward
     return 0.0
 
 
@@ -60,10 +57,3 @@ def narayanan_eq4_training_seconds(tokens: float, params: float, gpus: int, tflo
     """Narayanan et al. 2021, eq. 4: end-to-end training time ~ 8 T P / (n X), with recompute."""
     return 8 * tokens * params / (gpus * tflops_per_gpu * 1e12)
 
-
-def estimate_step_time(shape, st, hw, train_tokens=None):
-    """The step time lives in launcher/plan/steptime.py (per operator); this name is kept for callers written
-    against the single-efficiency model it replaced (bench/published/compare.py)."""
-    from launcher.plan.steptime import estimate_step_time as per_operator
-
-    return per_operator(shape, st, hw, train_tokens)

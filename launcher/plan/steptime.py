@@ -313,8 +313,6 @@ def estimate_step_time(shape: ModelShape, st: Strategy, hw: Hardware, train_toke
     first, last = end_costs(shape, st, prof, links)
     full = st.recompute == "full"
     per_block = bf + bb + (bf if full else Cost())
-    if st.recompute == "selective":
-        per_block = per_block + Cost(attention=bf.attention)  # Korthikanti et al. 2022: the attention core again
     act_bytes = st.micro_batch_size * s / sp * shape.hidden_size * w / t  # pipe_partitioned: scattered over TP
     p2p = p2p_s(act_bytes, links["pp"]) if p > 1 else 0.0
 
