@@ -51,13 +51,7 @@ def start(args: list[str], log: Path):
                             start_new_session=True), f
 
 
-def latest_step(run_dir: Path) -> int:
-    tag = read_latest(run_dir / "checkpoints")  # None while `latest` is damaged (we damaged it)
-    return int(tag.split("_")[1]) if tag else 0
-
-
-def reached(run_dir: Path) -> int:
-    return max((r["step"] for r in soak.records(run_dir, "train")), default=0)
+reached = soak.reached
 
 
 def said(text: str) -> list[str]:
@@ -125,33 +119,6 @@ def rescue_to_disk(run_dir: Path) -> None:
     rescue.rename(run_dir)
 
 
-def kill_after(proc, run_dir: Path, target: int, mode: str) -> dict:
-    """Wait for the checkpoint at `target`, let ~25 more steps run, kill as `mode`; returns what happened."""
-    while proc.poll() is None and latest_step(run_dir) < target:
-        time.sleep(0.02)
-    if proc.poll() is not None:
-        return {"mode": mode, "error": f"the job exited ({proc.returncode}) before the checkpoint at {target}"}
-    at_ckpt = reached(run_dir)
-    while proc.poll() is None and reached(run_dir) < at_ckpt + 25:
-        time.sleep(0.01)
-    pids = soak.rank_pids(run_dir)
-    t_kill = time.monotonic()
-    if mode == "sigkill-launcher":
-        os.kill(proc.pid, signal.SIGKILL)
-    elif mode == "sigkill-rank-1":
-        os.kill(pids[1], signal.SIGKILL)
-    else:
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=120)
-    while any(soak.alive(p) for p in pids.values()) and time.monotonic() - t_kill < 120:
-        time.sleep(0.01)
-    orphans = [p for p in pids.values() if soak.alive(p)]
-    for p in orphans:
-        os.kill(p, signal.SIGKILL)
-    return {"mode": mode, "launcher_rc": proc.returncode, "all_ranks_gone_s": round(time.monotonic() - t_kill, 2),
-            "step_reached": reached(run_dir), "orphans_left": orphans}
-
-
 def run_faults(cache: Path, runs: Path, steps: int, save_every: int, disk_full: bool) -> dict:
     run_dir = runs / "faults"
     resume = ["train", "--config", str(run_dir / "config.yaml"), "resume=auto"]
@@ -198,7 +165,8 @@ def run_faults(cache: Path, runs: Path, steps: int, save_every: int, disk_full: 
             rescue_to_disk(run_dir)
             faults.append(entry)
         else:
-            entry = kill_after(proc, run_dir, target, mode)
+            entry = soak.kill_after_checkpoint(proc, run_dir, target, mode)
+            entry.pop("pids", None)
             f.close()
             text = log.read_text()
             entry["this_launch_resumed_at"] = resumed_at(text)

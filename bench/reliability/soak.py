@@ -31,7 +31,8 @@ sys.path.insert(0, str(REPO))
 PYTHON = sys.executable
 
 from bench.bench_common import add_work_dir_args, emit, machine, work_dirs  # noqa: E402
-from launcher.runtime.launch import proc_state, read_rank_records  # noqa: E402  (after the path)
+from launcher.runtime.checkpoint import read_latest  # noqa: E402  (after the path)
+from launcher.runtime.launch import proc_state, read_rank_records  # noqa: E402
 MODEL = ["model.hidden_size=32", "model.num_hidden_layers=2", "model.num_attention_heads=2", "model.num_key_value_heads=2",
          "model.intermediate_size=64", "model.vocab_size=320", "model.max_position_embeddings=64"]
 
@@ -79,8 +80,47 @@ def start(args: list[str], log: Path):
 
 
 def latest_step(run_dir: Path) -> int:
-    p = run_dir / "checkpoints" / "latest"
-    return int(p.read_text().split("_")[1]) if p.exists() else 0
+    tag = read_latest(run_dir / "checkpoints")  # None while `latest` is missing or damaged (faults.py damages it)
+    return int(tag.split("_")[1]) if tag else 0
+
+
+def reached(run_dir: Path) -> int:
+    """The newest step rank 0 logged."""
+    return max((r["step"] for r in records(run_dir, "train")), default=0)
+
+
+def kill_after_checkpoint(proc, run_dir: Path, target: int, mode: str) -> dict:
+    """Wait for the checkpoint at `target`, let ~25 more steps run (mid-interval, so work is really lost), then
+    kill as `mode`: `sigkill-launcher` (torchrun and the ranks must die with it), `sigkill-rank-1` (the job must
+    exit non-zero and name the rank) or `sigkill-process-group` (a node going away). Waits up to 120 s for every
+    rank to be gone and kills any orphan. Returns what happened, with "error" if the job ended before the
+    checkpoint; "pids" is the rank -> pid map at the kill. Shared by this soak and faults.py."""
+    while proc.poll() is None and latest_step(run_dir) < target:
+        time.sleep(0.02)
+    if proc.poll() is not None:
+        return {"mode": mode, "error": f"the job exited ({proc.returncode}) before the checkpoint at {target}"}
+    at_ckpt = reached(run_dir)
+    while proc.poll() is None and reached(run_dir) < at_ckpt + 25:
+        time.sleep(0.01)
+    pids = rank_pids(run_dir)
+    t_kill = time.monotonic()
+    if mode == "sigkill-launcher":
+        os.kill(proc.pid, signal.SIGKILL)
+    elif mode == "sigkill-rank-1":
+        os.kill(pids[1], signal.SIGKILL)
+    else:
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=120)
+    launcher_exit_s = time.monotonic() - t_kill
+    while any(alive(p) for p in pids.values()) and time.monotonic() - t_kill < 120:
+        time.sleep(0.01)
+    all_gone_s = time.monotonic() - t_kill
+    orphans = [p for p in pids.values() if alive(p)]
+    for p in orphans:  # never leave one behind
+        os.kill(p, signal.SIGKILL)
+    return {"mode": mode, "launcher_rc": proc.returncode, "launcher_exit_s": round(launcher_exit_s, 2),
+            "all_ranks_gone_s": round(all_gone_s, 2), "step_reached": reached(run_dir), "orphans_left": orphans,
+            "pids": pids}
 
 
 def run_reference(cache: Path, runs: Path, steps: int, save_every: int) -> dict:
@@ -109,39 +149,15 @@ def run_soak(cache: Path, runs: Path, steps: int, save_every: int, kill_every: i
             f.close()
             assert rc == 0, log.read_text()[-3000:]
             break
-        # Kill ~25 steps after the checkpoint at `target`: mid-interval, so work is really lost.
-        while proc.poll() is None and latest_step(run_dir) < target:
-            time.sleep(0.02)
-        assert proc.poll() is None, log.read_text()[-3000:]
-        reached_at_ckpt = max((r["step"] for r in records(run_dir, "train")), default=0)
-        while proc.poll() is None and max((r["step"] for r in records(run_dir, "train")), default=0) < reached_at_ckpt + 25:
-            time.sleep(0.01)
-        pids = rank_pids(run_dir)
-        t_kill = time.monotonic()
-        if mode == "sigkill-launcher":
-            os.kill(proc.pid, signal.SIGKILL)
-        elif mode == "sigkill-rank-1":
-            os.kill(pids[1], signal.SIGKILL)
-        else:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=120)
-        launcher_exit_s = time.monotonic() - t_kill
-        while any(alive(p) for p in pids.values()) and time.monotonic() - t_kill < 120:
-            time.sleep(0.01)
-        all_gone_s = time.monotonic() - t_kill
+        kill = kill_after_checkpoint(proc, run_dir, target, mode)
         f.close()
-        reached = max(r["step"] for r in records(run_dir, "train"))
+        assert "error" not in kill, kill["error"] + "\n" + log.read_text()[-3000:]
+        pids = kill.pop("pids")
         resumed_from = latest_step(run_dir)
         text = log.read_text()
-        kills.append({"mode": mode, "launcher_rc": proc.returncode, "launcher_exit_s": round(launcher_exit_s, 2),
-                      "all_ranks_gone_s": round(all_gone_s, 2), "step_reached": reached, "resumed_from": resumed_from,
-                      "steps_lost": reached - resumed_from,
+        kills.append({**kill, "resumed_from": resumed_from, "steps_lost": kill["step_reached"] - resumed_from,
                       "named_the_dead_rank": (f"rank 1 (pid {pids[1]}" in text and "died with SIGKILL" in text)
-                      if mode == "sigkill-rank-1" else None,
-                      "orphans_left": [p for p in pids.values() if alive(p)]})
-        for p in pids.values():  # never leave one behind
-            if alive(p):
-                os.kill(p, signal.SIGKILL)
+                      if mode == "sigkill-rank-1" else None})
         args = ["train", "--config", str(run_dir / "config.yaml"), "resume=auto"]
         segment += 1
     return {"wall_s": time.time() - t_start, "kills": kills, "segments": segment + 1}
