@@ -257,7 +257,7 @@ def gather_input_over_sequence(module: nn.Module, group) -> None:
 
     The gather sits in front of the transformers module, not inside each linear, because LlamaAttention views
     q/k/v with `hidden_states.shape[:-1]`: a local input with the gather hidden in the linears mis-shapes the
-    heads silently (../shared/notes/parallel-features-findings.md). q, k and v (gate and up) share the one
+    heads without raising (a measured trap on CPU ranks). q, k and v (gate and up) share the one
     gathered input, as in Megatron. The row-parallel output layer reduce-scatters, so the output is local again.
     A forward pre-hook rather than a wrapper module keeps the parameter names (seeded init, export) unchanged.
     """

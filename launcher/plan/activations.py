@@ -79,8 +79,8 @@ Parallelism:
                          token, not divided. Attention and MLP terms are those of TP. So a LLaMA block keeps
                              2 (4h + 4 + w h) / t + 2 w h + (w (2h + 2kd) + 4a + 4 w f) / t
                          (TP alone: 2 (4h + 4 + 2 w h) + the same TP terms). It stops short of 1/t because the
-                         gathered column-parallel inputs are full length (../shared/notes/parallel-features-
-                         findings.md: 62 % -> 54 % of one rank at t = 2). The final norm likewise keeps
+                         gathered column-parallel inputs are full length (h = 128, s = 128, fp32, t = 2: a
+                         block keeps 62 % of one rank's bytes under TP, 54 % under TP+SP). The final norm keeps
                          (4h + 4 + w h) / t plus the gathered head input w h; a checkpointed block keeps its
                          s / t-token input, w h / t per token; embedding ids, rotary and logits are unchanged.
     Ulysses (llama)      every per-token term is per local token (s / u of them). Attention after the all-to-all
