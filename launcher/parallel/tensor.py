@@ -23,6 +23,9 @@ group and g = all-reduce forward / identity backward after a row-parallel one.
 So each block costs one all-reduce forward and one backward per sub-layer, and
 everything outside the blocks (embedding, norms, head) stays replicated across
 the TP ranks and receives identical full gradients there.
+With `sequence_parallel` (Megatron SP, the second half of this file) the TP ranks
+also split the sequence outside the TP regions, and the all-reduces become
+all-gathers and reduce-scatters over the sequence.
 
 The shards are cut from the layer of the whole model on the meta device (no bytes); each keeps
 `tp_shard = (dim, rank, size)`, and launcher/runtime/build.py fills it with that slice of the whole
@@ -180,8 +183,8 @@ def shard_bloom_block(block: nn.Module, tp: TensorParallel) -> nn.Module:
 # TP region, g = all-gather over the sequence (backward: reduce-scatter); leaving it, g-bar = reduce-scatter
 # (backward: all-gather). An all-reduce is a reduce-scatter followed by an all-gather, so the bytes moved
 # per layer are those of TP alone; what SP saves is activation memory of the hidden-size tensors.
-# The sequence is dim 1 of our (batch, seq, hidden) activations. gloo has `reduce_scatter` on a list of
-# chunks and `all_gather`, but not `reduce_scatter_tensor`, so the list forms are used.
+# The sequence is dim 1 of our (batch, seq, hidden) activations. The list forms of the collectives
+# (`all_gather`, `reduce_scatter` on chunks) run on gloo (CPU ranks, checked) as on NCCL.
 
 def _split_sequence(x, group):
     size, rank = dist.get_world_size(group), dist.get_rank(group)
