@@ -31,7 +31,7 @@ def deepspeed_batch_world(layout: Layout) -> int:
     So with AutoTP the train_batch_size we emit is larger than the real global
     batch by the factor tensor_degree, and that is what DeepSpeed accepts.
     """
-    if layout.pipeline_degree > 1:
+    if layout.pipeline_engine:
         return layout.data_degree
     return layout.data_degree * layout.tensor_degree
 
@@ -159,9 +159,11 @@ def _pipeline(cfg, layout: Layout) -> dict:
         "partition": cfg.parallel.partition_method,
         "seed_layers": False,
         "activation_checkpoint_interval": 1 if cfg.model.activation_checkpointing else 0,
-        # Splitting activations sent between stages across the TP ranks only helps when there are TP ranks.
-        "pipe_partitioned": layout.tensor_degree > 1,
-        "grad_partitioned": layout.tensor_degree > 1,
+        # Splitting activations sent between stages across the TP ranks only helps when there are TP ranks, and
+        # is wrong under sequence parallelism: DeepSpeed sends 1/tp of a tensor it assumes the TP ranks share and
+        # all-gathers it on the next stage, while each SP rank's tensor is its own tokens (already 1/tp).
+        "pipe_partitioned": layout.tensor_degree > 1 and not layout.sequence_parallel,
+        "grad_partitioned": layout.tensor_degree > 1 and not layout.sequence_parallel,
     }
 
 
@@ -182,11 +184,13 @@ def build_deepspeed_config(cfg, layout: Layout) -> dict:
     ds.update(_precision(cfg, layout))
     if cfg.model.activation_checkpointing:
         ds["activation_checkpointing"] = {
-            "partition_activations": layout.tensor_degree > 1,
+            # DeepSpeed splits each checkpointed input over the TP ranks, assuming they hold the same tensor; under
+        # sequence parallelism each already holds only its own s/tp tokens.
+        "partition_activations": layout.tensor_degree > 1 and not layout.sequence_parallel,
             "contiguous_memory_optimization": False,
             "cpu_checkpointing": False,
         }
-    if layout.tensor_degree > 1 and layout.pipeline_degree == 1:
+    if layout.tensor_degree > 1 and not layout.pipeline_engine:
         # AutoTP only without a pipeline: inside a PipelineModule it builds its own (world/tp, tp) mesh
         # that ignores the pipeline axis and cannot find a policy for the pipeline's layers
         # ("Not able to determine model policy automatically"); there launcher/parallel/tensor.py
@@ -194,6 +198,6 @@ def build_deepspeed_config(cfg, layout: Layout) -> dict:
         ds["tensor_parallel"] = {"autotp_size": layout.tensor_degree}
     if layout.sequence_degree > 1:
         ds["sequence_parallel_size"] = layout.sequence_degree
-    if layout.pipeline_degree > 1:
+    if layout.pipeline_engine:
         ds["pipeline"] = _pipeline(cfg, layout)
     return ds

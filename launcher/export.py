@@ -141,8 +141,10 @@ def tensor_source(tag_dir: Path, layout: dict, cfg, shapes: dict):
     if layout["pipeline_degree"] > 1 or layout["tensor_degree"] > 1:
         from launcher.parallel.export import checkpoint_shards, merge_one
 
+        # Megatron SP runs on the pipeline engine even with one stage, and so saves per-layer files.
+        pipelined = layout["pipeline_degree"] > 1 or bool(cfg.parallel.get("sequence_parallel", False))
         shards = checkpoint_shards(tag_dir, cfg.model.arch, cfg.model.num_hidden_layers, cfg.model.tie_word_embeddings,
-                                   pipelined=layout["pipeline_degree"] > 1)
+                                   pipelined=pipelined)
         return set(shards), lambda name: merge_one(name, shards[name], shapes[name])
     if layout["zero_stage"] == 3:
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint

@@ -46,7 +46,8 @@ def build_engine(cfg, layout, ds_config: dict):
     Which model, by layout (the rest of the loop only sees the engine):
     - pipeline_degree > 1: a PipelineModule, each rank building only its stage (launcher/parallel/pipeline.py),
       tensor-parallel inside the stages on the pipeline grid when tensor_degree > 1 (launcher/parallel/tensor.py);
-      deepspeed.initialize then returns a PipelineEngine, driven by train_step_pipeline;
+      deepspeed.initialize then returns a PipelineEngine, driven by train_step_pipeline; the same with one stage
+      for Megatron sequence parallelism (layout.pipeline_engine: our TP modules have the SP mode, AutoTP has none);
     - sequence_degree > 1: the transformers model with Ulysses attention (launcher/parallel/sequence.py); the SP
       groups go to deepspeed.initialize as its `mpu`, so ZeRO and the gradient reduction see them;
     - ZeRO-3 (no TP or SP): built directly as this rank's partitions (deepspeed.zero.Init), never whole;
@@ -57,7 +58,7 @@ def build_engine(cfg, layout, ds_config: dict):
     import deepspeed
 
     mpu = None
-    if layout.pipeline_degree > 1:
+    if layout.pipeline_engine:
         from launcher.parallel.pipeline import build_pipeline_module
 
         model = build_pipeline_module(cfg, layout, seed=cfg.train.seed)  # activation checkpointing per block inside
@@ -277,7 +278,7 @@ def run(cfg) -> int:
 
     # 4. Model + engine; a pipelined engine runs whole optimizer steps itself.
     engine = build_engine(cfg, layout, ds_config)
-    step_fn = train_step_pipeline if layout.pipeline_degree > 1 else functools.partial(train_step, **sp_args)
+    step_fn = train_step_pipeline if layout.pipeline_engine else functools.partial(train_step, **sp_args)
 
     # 5. Resume: refuse a changed layout, then restore DeepSpeed's state; the step is our data position.
     start_step, tokens_seen = 0, 0

@@ -14,6 +14,9 @@
 Sequence parallelism (DeepSpeed Ulysses) splits each sample's sequence across
 `sequence_degree` ranks that all see the same samples, so it takes ranks away
 from data parallelism exactly like tensor parallelism does.
+Megatron sequence parallelism (parallel.sequence_parallel) takes no ranks: the
+tensor_degree ranks of a TP group also split each sequence (seq_length / tp tokens
+each) outside the TP regions, so seq_length must be a multiple of tensor_degree.
 
 `resolve_layout` checks every rule before anything starts and raises
 `ConfigError` naming the key, the value, the rule with the user's arithmetic and
@@ -61,6 +64,14 @@ class Layout:
     device: str  # "cuda" or "cpu"
     dtype: str
     warnings: tuple[str, ...] = ()
+    # Megatron sequence parallelism inside TP (parallel.sequence_parallel): no extra ranks, the TP ranks split s.
+    sequence_parallel: bool = False
+
+    @property
+    def pipeline_engine(self) -> bool:
+        """Whether the run goes through DeepSpeed's pipeline engine: with stages, or with Megatron SP (one stage:
+        our TP modules live in the PipelineModule; AutoTP, the path without a pipeline, has no SP mode)."""
+        return self.pipeline_degree > 1 or self.sequence_parallel
 
     @property
     def model_parallel_size(self) -> int:
@@ -318,6 +329,24 @@ def _check_sequence_parallel(cfg, sp: int, pp: int) -> None:
                           "set parallel.sequence_degree=1, or parallel.pipeline_degree=1")
 
 
+def _check_megatron_sequence_parallel(cfg, tp: int) -> bool:
+    if not cfg.parallel.sequence_parallel:
+        return False
+    if tp == 1:
+        raise ConfigError("parallel.sequence_parallel", True,
+                          "Megatron sequence parallelism splits the sequence over the tensor-parallel ranks, and "
+                          "tensor_degree = 1 leaves one rank to split it over",
+                          "set parallel.tensor_degree=2 (or more), or parallel.sequence_parallel=false; to split "
+                          "sequences without TP use parallel.sequence_degree (Ulysses)")
+    seq = cfg.data.seq_length
+    if seq % tp:
+        raise ConfigError("parallel.sequence_parallel", True,
+                          f"each tensor-parallel rank keeps an equal share of the sequence: data.seq_length % "
+                          f"tensor_degree = {seq} % {tp} = {seq % tp}",
+                          f"set data.seq_length to {join_or(nearest_multiples(seq, tp))}, or parallel.sequence_parallel=false")
+    return True
+
+
 def _check_precision(cfg, device: str, dtype: str) -> None:
     if dtype == "fp16" and device == "cpu":
         raise ConfigError("precision.dtype", "fp16",
@@ -371,6 +400,7 @@ def resolve_layout(cfg) -> Layout:
 
     padded_vocab = _check_tensor_parallel(cfg, tp, warnings)
     _check_sequence_parallel(cfg, sp, pp)
+    megatron_sp = _check_megatron_sequence_parallel(cfg, tp)
     dp = _data_degree(cfg, world, tp, pp, sp)
     accum = _check_batch(cfg, dp)
     _check_pipeline(cfg, pp, p.zero_stage, accum, warnings)
@@ -400,4 +430,5 @@ def resolve_layout(cfg) -> Layout:
         device=device,
         dtype=cfg.precision.dtype,
         warnings=tuple(warnings),
+        sequence_parallel=megatron_sp,
     )

@@ -101,6 +101,11 @@ class ParallelConfig:
     """Pipeline stages per model replica (PP). Range: >= 1."""
     sequence_degree: int = 1
     """Ulysses sequence-parallel ranks (SP); they take ranks like TP does. Range: >= 1."""
+    sequence_parallel: bool = False
+    """Megatron sequence parallelism inside TP (Megatron-LM's --sequence-parallel; Korthikanti et al. 2022, section
+    4.2.2): the TP ranks also split the sequence outside the TP regions (norms, residuals), so those activations
+    are 1/tensor_degree per rank; all-gather + reduce-scatter replace each all-reduce (same bytes). Takes no
+    extra ranks. Needs tensor_degree > 1; runs on the pipeline engine (one stage when pipeline_degree = 1)."""
     data_degree: Optional[int] = None
     """Data-parallel replicas (DP). null: derived as world / (TP x PP x SP); an explicit value is checked against that. Range: >= 1, or null."""
     zero_stage: int = 1

@@ -20,12 +20,14 @@ LLAMA_FAMILY = ("llama", "mistral", "qwen2")
 
 def check_supported(cfg, layout) -> None:
     """What this loop does not run yet, refused before any process starts."""
+    if layout.sequence_parallel:
+        _check_megatron_sequence_parallel(cfg, layout)
     if layout.sequence_degree > 1 and layout.tensor_degree > 1:
         raise ConfigError("parallel.sequence_degree", layout.sequence_degree,
                           f"Ulysses sequence parallelism runs without tensor parallelism in `launcher train` "
                           f"(tensor_degree={layout.tensor_degree}: AutoTP and the Ulysses all-to-all are not composed yet)",
                           "set parallel.tensor_degree=1, or parallel.sequence_degree=1")
-    if layout.tensor_degree > 1 and layout.pipeline_degree == 1 and layout.zero_stage == 3:
+    if layout.tensor_degree > 1 and layout.pipeline_degree == 1 and layout.zero_stage == 3 and not layout.sequence_parallel:
         # deepspeed.initialize checks the batch against world / sp ranks; ZeRO-3 then re-reads the config with
         # AutoTP's groups as mpu (runtime/zero/partition_parameters.py, Init -> DeepSpeedConfig(config, mpu))
         # and checks it against data_degree. Measured on 2 CPU ranks (TP 2): "8 != 2 * 4 * 2", "16 != 2 * 4 * 1".
@@ -40,7 +42,7 @@ def check_supported(cfg, layout) -> None:
         raise ConfigError("parallel.sequence_degree", layout.sequence_degree,
                           f"Ulysses sequence parallelism is implemented for model.arch={', '.join(LLAMA_FAMILY)}, not {cfg.model.arch}",
                           "set parallel.sequence_degree=1, or model.arch=llama")
-    if layout.tensor_degree > 1 and layout.pipeline_degree == 1 and cfg.model.arch == "gpt":
+    if layout.tensor_degree > 1 and layout.pipeline_degree == 1 and cfg.model.arch == "gpt" and not layout.sequence_parallel:
         # Measured: DeepSpeed 0.19.8's AutoTP stops inside deepspeed.initialize on GPT2LMHeadModel ("AutoTP not
         # supported for model. Please use kernel injection"), after every rank started.
         raise ConfigError("parallel.tensor_degree", layout.tensor_degree,
@@ -53,3 +55,24 @@ def check_supported(cfg, layout) -> None:
                           f"(launcher/parallel/pipeline.py), not {cfg.model.arch}",
                           "set parallel.pipeline_degree=1 (shard with parallel.zero_stage or tensor_degree instead), "
                           "or use model.arch=llama")
+
+
+def _check_megatron_sequence_parallel(cfg, layout) -> None:
+    """parallel.sequence_parallel runs our Megatron TP (launcher/parallel/tensor.py) on DeepSpeed's pipeline engine,
+    with one stage when pipeline_degree = 1 (AutoTP, the TP path without a pipeline, has no SP mode)."""
+    if layout.sequence_degree > 1:
+        raise ConfigError("parallel.sequence_parallel", True,
+                          f"Megatron sequence parallelism (inside TP) and Ulysses (parallel.sequence_degree="
+                          f"{layout.sequence_degree}) both split the sequence and are not composed: Ulysses runs on the "
+                          "plain transformers model, Megatron SP on the pipeline engine",
+                          "set parallel.sequence_degree=1 (the TP ranks split the sequence), or parallel.sequence_parallel=false")
+    if cfg.model.arch not in LLAMA_FAMILY:
+        raise ConfigError("parallel.sequence_parallel", True,
+                          f"Megatron sequence parallelism is implemented for the LLaMA-family decoder blocks "
+                          f"(model.arch={', '.join(LLAMA_FAMILY)}), not model.arch={cfg.model.arch}",
+                          "set parallel.sequence_parallel=false (tensor parallelism alone runs), or model.arch=llama")
+    if layout.zero_stage > 1:
+        raise ConfigError("parallel.zero_stage", layout.zero_stage,
+                          "parallel.sequence_parallel=true runs on DeepSpeed's pipeline engine (one stage when "
+                          "pipeline_degree = 1), which supports ZeRO stage 0 or 1 only",
+                          "set parallel.zero_stage=1 (or 0), or parallel.sequence_parallel=false")

@@ -71,14 +71,21 @@ def layer_hf_prefixes(arch: str, num_layers: int) -> list[str]:
 
 
 class EmbeddingPipe(nn.Module):
-    """Token embedding; with tied embeddings the same module also serves as the output head."""
+    """Token embedding; with tied embeddings the same module also serves as the output head.
 
-    def __init__(self, source: nn.Embedding):
+    `sp_group`: Megatron sequence parallelism; each TP rank keeps its s/tp tokens of the (replicated)
+    embedding output, and the blocks run on them (launcher/parallel/tensor.py)."""
+
+    def __init__(self, source: nn.Embedding, sp_group=None):
         super().__init__()
         self.weight = nn.Parameter(source.weight.detach().clone())
+        self.sp_group = sp_group
 
     def forward(self, input_ids):
-        return F.embedding(input_ids, self.weight)
+        from launcher.parallel.tensor import scatter_to_sequence
+
+        hidden = F.embedding(input_ids, self.weight)
+        return hidden if self.sp_group is None else scatter_to_sequence(hidden, self.sp_group)
 
 
 def tied_head_forward(module: EmbeddingPipe, hidden):
@@ -107,9 +114,11 @@ class DecoderBlockPipe(nn.Module):
         self.layer = shard_llama_decoder_layer(copy.deepcopy(layer), tp) if tp is not None else layer
         self.rotary = rotary
         self.explicit_mask = attn_implementation != "sdpa"
+        # Under sequence parallelism the block receives s/tp tokens and its attention sees all s (gathered).
+        self.seq_factor = tp.size if tp is not None and tp.sequence_parallel else 1
 
     def forward(self, hidden):
-        seq = hidden.shape[1]
+        seq = hidden.shape[1] * self.seq_factor
         position_ids = torch.arange(seq, device=hidden.device).unsqueeze(0)
         cos_sin = self.rotary(hidden, position_ids)
         mask = causal_additive_mask(seq, hidden.dtype, hidden.device) if self.explicit_mask else None
@@ -153,14 +162,25 @@ class BloomDecoderBlockPipe(nn.Module):
 
 
 class NormPipe(nn.Module):
-    """A RMSNorm / LayerNorm (final, or Bloom's word-embedding LayerNorm)."""
+    """A RMSNorm / LayerNorm (final, or Bloom's word-embedding LayerNorm).
 
-    def __init__(self, norm: nn.Module):
+    `sp_group` (the final norm under sequence parallelism): the norm runs on this rank's s/tp tokens, its
+    weight gradient is summed over the TP ranks, and the output is all-gathered for the replicated head."""
+
+    def __init__(self, norm: nn.Module, sp_group=None):
+        from launcher.parallel.tensor import mark_sequence_parallel
+
         super().__init__()
         self.norm = norm
+        self.sp_group = sp_group
+        if sp_group is not None:
+            mark_sequence_parallel(self.norm)
 
     def forward(self, hidden):
-        return self.norm(hidden)
+        from launcher.parallel.tensor import gather_from_sequence
+
+        hidden = self.norm(hidden)
+        return hidden if self.sp_group is None else gather_from_sequence(hidden, self.sp_group)
 
 
 class HeadPipe(nn.Module):
@@ -231,11 +251,12 @@ def layer_specs(full, arch: str, attn_implementation: str, tie: bool, tp=None, i
         # The rotary buffers are computed, not initialised: one real CPU copy shared by the stage's blocks.
         rotary = type(full.model.rotary_emb)(config=full.config)
     prefixes = layer_hf_prefixes(arch, full.config.num_hidden_layers)
+    sp_group = tp.group if tp is not None and tp.sequence_parallel else None
     specs = []
     if tie:
-        specs.append(SeededTiedLayerSpec("embed", EmbeddingPipe, embed, tied_weight_attr=["weight"]))
+        specs.append(SeededTiedLayerSpec("embed", EmbeddingPipe, embed, sp_group, tied_weight_attr=["weight"]))
     else:
-        specs.append(SeededLayerSpec(EmbeddingPipe, embed))
+        specs.append(SeededLayerSpec(EmbeddingPipe, embed, sp_group))
     if names.embed_norm:
         specs.append(SeededLayerSpec(NormPipe, full.get_submodule(names.embed_norm)))
     for layer in full.get_submodule(names.blocks):
@@ -243,9 +264,9 @@ def layer_specs(full, arch: str, attn_implementation: str, tie: bool, tp=None, i
             specs.append(SeededLayerSpec(DecoderBlockPipe, layer, rotary, attn_implementation, tp))
         else:
             specs.append(SeededLayerSpec(BloomDecoderBlockPipe, layer, full.config.n_head, tp))
-    specs.append(SeededLayerSpec(NormPipe, full.get_submodule(names.final_norm)))
+    specs.append(SeededLayerSpec(NormPipe, full.get_submodule(names.final_norm), sp_group))
     if tie:
-        specs.append(SeededTiedLayerSpec("embed", EmbeddingPipe, embed, forward_fn=tied_head_forward,
+        specs.append(SeededTiedLayerSpec("embed", EmbeddingPipe, embed, sp_group, forward_fn=tied_head_forward,
                                          tied_weight_attr=["weight"]))
     else:
         specs.append(SeededLayerSpec(HeadPipe, full.get_submodule(names.head)))
@@ -305,7 +326,7 @@ def build_pipeline_module(cfg, layout, seed: int):
     from deepspeed.pipe import PipelineModule
     from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
 
-    from launcher.parallel.tensor import tensor_parallel_group
+    from launcher.parallel.tensor import register_sequence_parallel_grad_hooks, tensor_parallel_group
     from launcher.plan.inputs import model_shape
     from launcher.plan.stages import stage_bounds
     from launcher.runtime.build import CheckpointSlices, SeededInit, init_rules, meta_model
@@ -321,7 +342,7 @@ def build_pipeline_module(cfg, layout, seed: int):
 
     topology = PipeModelDataParallelTopology(num_pp=layout.pipeline_degree, num_mp=layout.tensor_degree,
                                              num_dp=layout.data_degree)
-    tp = tensor_parallel_group(topology) if layout.tensor_degree > 1 else None
+    tp = tensor_parallel_group(topology, layout.sequence_parallel) if layout.tensor_degree > 1 else None
 
     # The padded vocabulary keeps shapes equal to the unpipelined TP model (layout.py pads to a multiple of TP).
     full = meta_model(cfg.model, vocab_size=layout.padded_vocab_size)
@@ -344,4 +365,6 @@ def build_pipeline_module(cfg, layout, seed: int):
         raise RuntimeError(f"DeepSpeed cut the pipeline at {module.parts}, launcher/plan/stages.py at {planned}: "
                            "the plan and --dry-run would misreport the stages")
     mark_for_grad_norm(module, tp.rank if tp is not None else 0)
+    if tp is not None and tp.sequence_parallel:
+        register_sequence_parallel_grad_hooks(module, tp.group)
     return module

@@ -23,6 +23,9 @@ group and g = all-reduce forward / identity backward after a row-parallel one.
 So each block costs one all-reduce forward and one backward per sub-layer, and
 everything outside the blocks (embedding, norms, head) stays replicated across
 the TP ranks and receives identical full gradients there.
+With `sequence_parallel` (Megatron SP, the second half of this file) the TP ranks
+also split the sequence outside the TP regions, and the all-reduces become
+all-gathers and reduce-scatters over the sequence.
 
 The shards are cut from the layer of the whole model on the meta device (no bytes); each keeps
 `tp_shard = (dim, rank, size)`, and launcher/runtime/build.py fills it with that slice of the whole
@@ -40,11 +43,13 @@ from torch import nn
 
 
 class TensorParallel(NamedTuple):
-    """This rank's tensor-parallel group, its rank in it and the group size."""
+    """This rank's tensor-parallel group, its rank in it, the group size, and whether the ranks also shard the
+    sequence outside the TP regions (Megatron sequence parallelism, below)."""
 
     group: object
     rank: int
     size: int
+    sequence_parallel: bool = False
 
 
 class _CopyToTensorParallel(torch.autograd.Function):
@@ -88,36 +93,44 @@ def _mark_sharded(p: nn.Parameter, dim: int, rank: int, size: int) -> nn.Paramet
 class ColumnParallelLinear(nn.Module):
     """Y_i = X A_i: this rank keeps rows [rank*n/tp, (rank+1)*n/tp) of the (out, in) weight."""
 
-    def __init__(self, full: nn.Linear, group, rank: int, size: int):
+    def __init__(self, full: nn.Linear, group, rank: int, size: int, sequence_parallel: bool = False):
         super().__init__()
         out = full.out_features
         if out % size:
             raise ValueError(f"out_features {out} not divisible by tensor-parallel size {size}")
         n = out // size
         self.group = group
+        # Under SP the input arrives all-gathered by gather_input_over_sequence, whose backward reduce-scatters (sums)
+        # the input gradient: f's all-reduce would sum it a second time.
+        self.sequence_parallel = sequence_parallel
         self.weight = _mark_sharded(nn.Parameter(full.weight.detach()[rank * n:(rank + 1) * n].clone()), 0, rank, size)
         self.bias = None if full.bias is None else _mark_sharded(nn.Parameter(full.bias.detach()[rank * n:(rank + 1) * n].clone()), 0, rank, size)
 
     def forward(self, x):
-        return F.linear(_CopyToTensorParallel.apply(x, self.group), self.weight, self.bias)
+        if not self.sequence_parallel:
+            x = _CopyToTensorParallel.apply(x, self.group)
+        return F.linear(x, self.weight, self.bias)
 
 
 class RowParallelLinear(nn.Module):
     """Y = sum_i X_i B_i: this rank keeps columns [rank*n/tp, (rank+1)*n/tp) and all-reduces its partial product."""
 
-    def __init__(self, full: nn.Linear, group, rank: int, size: int):
+    def __init__(self, full: nn.Linear, group, rank: int, size: int, sequence_parallel: bool = False):
         super().__init__()
         inp = full.in_features
         if inp % size:
             raise ValueError(f"in_features {inp} not divisible by tensor-parallel size {size}")
         n = inp // size
         self.group = group
+        self.sequence_parallel = sequence_parallel
         self.weight = _mark_sharded(nn.Parameter(full.weight.detach()[:, rank * n:(rank + 1) * n].clone()), 1, rank, size)
         # The bias is added once, after the sum, so it stays replicated (and unmarked).
         self.bias = None if full.bias is None else nn.Parameter(full.bias.detach().clone())
 
     def forward(self, x):
-        y = _ReduceFromTensorParallel.apply(F.linear(x, self.weight), self.group)
+        # SP: the partial sums are reduce-scattered over the sequence instead of all-reduced (same bytes on a ring).
+        reduce = _ReduceScatterToSequence if self.sequence_parallel else _ReduceFromTensorParallel
+        y = reduce.apply(F.linear(x, self.weight), self.group)
         return y if self.bias is None else y + self.bias
 
 
@@ -135,6 +148,11 @@ def shard_llama_decoder_layer(layer: nn.Module, tp: TensorParallel) -> nn.Module
     for name in ("gate_proj", "up_proj"):
         setattr(mlp, name, ColumnParallelLinear(getattr(mlp, name), *tp))
     mlp.down_proj = RowParallelLinear(mlp.down_proj, *tp)
+    if tp.sequence_parallel:
+        gather_input_over_sequence(attn, tp.group)
+        gather_input_over_sequence(mlp, tp.group)
+        for norm in (layer.input_layernorm, layer.post_attention_layernorm):
+            mark_sequence_parallel(norm)
     return layer
 
 
@@ -159,7 +177,131 @@ def shard_bloom_block(block: nn.Module, tp: TensorParallel) -> nn.Module:
     return block
 
 
-def tensor_parallel_group(topology) -> TensorParallel:
+# --- Megatron sequence parallelism (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
+# Transformer Models", section 4.2.2, fig. 5). Outside the TP regions (norms, residual adds, dropout) every
+# TP rank would hold the same (b, s, h) activations; SP keeps only its s/tp tokens there instead. Entering a
+# TP region, g = all-gather over the sequence (backward: reduce-scatter); leaving it, g-bar = reduce-scatter
+# (backward: all-gather). An all-reduce is a reduce-scatter followed by an all-gather, so the bytes moved
+# per layer are those of TP alone; what SP saves is activation memory of the hidden-size tensors.
+# The sequence is dim 1 of our (batch, seq, hidden) activations. The list forms of the collectives
+# (`all_gather`, `reduce_scatter` on chunks) run on gloo (CPU ranks, checked) as on NCCL.
+
+def _split_sequence(x, group):
+    size, rank = dist.get_world_size(group), dist.get_rank(group)
+    return x.chunk(size, dim=1)[rank].contiguous()
+
+
+def _gather_sequence(x, group):
+    parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, x.contiguous(), group=group)
+    return torch.cat(parts, dim=1)
+
+
+def _reduce_scatter_sequence(x, group):
+    chunks = [c.contiguous() for c in x.chunk(dist.get_world_size(group), dim=1)]
+    out = torch.empty_like(chunks[0])
+    dist.reduce_scatter(out, chunks, group=group)
+    return out
+
+
+class _ScatterToSequence(torch.autograd.Function):
+    """Replicated (b, s, h) -> this rank's (b, s/tp, h); the gradient is all-gathered back to the full length."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _split_sequence(x, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _gather_sequence(grad, ctx.group), None
+
+
+class _GatherFromSequence(torch.autograd.Function):
+    """(b, s/tp, h) -> the whole (b, s, h). Backward: reduce-scatter when a TP region consumed it (each rank's
+    gradient is a partial sum), split when a replicated layer did (every rank's gradient is already whole)."""
+
+    @staticmethod
+    def forward(ctx, x, group, partial_grads: bool):
+        ctx.group, ctx.partial_grads = group, partial_grads
+        return _gather_sequence(x, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        back = _reduce_scatter_sequence if ctx.partial_grads else _split_sequence
+        return back(grad, ctx.group), None, None
+
+
+class _ReduceScatterToSequence(torch.autograd.Function):
+    """Partial (b, s, h) sums of a row-parallel layer -> the summed (b, s/tp, h) of this rank; backward all-gathers."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _reduce_scatter_sequence(x, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _gather_sequence(grad, ctx.group), None
+
+
+def scatter_to_sequence(x, group):
+    """Enter the sequence-parallel region (after the replicated embedding)."""
+    return _ScatterToSequence.apply(x, group)
+
+
+def gather_from_sequence(x, group):
+    """Leave the sequence-parallel region into replicated layers (before the head)."""
+    return _GatherFromSequence.apply(x, group, False)
+
+
+def gather_input_over_sequence(module: nn.Module, group) -> None:
+    """Make a TP sub-layer (attention or MLP) all-gather its (b, s/tp, h) input to the whole sequence.
+
+    The gather sits in front of the transformers module, not inside each linear, because LlamaAttention views
+    q/k/v with `hidden_states.shape[:-1]`: a local input with the gather hidden in the linears mis-shapes the
+    heads without raising (a measured trap on CPU ranks). q, k and v (gate and up) share the one
+    gathered input, as in Megatron. The row-parallel output layer reduce-scatters, so the output is local again.
+    A forward pre-hook rather than a wrapper module keeps the parameter names (seeded init, export) unchanged.
+    """
+    def hook(_module, args, kwargs):
+        if "hidden_states" in kwargs:  # LlamaDecoderLayer calls self_attn(hidden_states=...)
+            kwargs = {**kwargs, "hidden_states": _GatherFromSequence.apply(kwargs["hidden_states"], group, True)}
+        else:  # and mlp(hidden_states)
+            args = (_GatherFromSequence.apply(args[0], group, True), *args[1:])
+        return args, kwargs
+
+    module.register_forward_pre_hook(hook, with_kwargs=True)
+
+
+def mark_sequence_parallel(module: nn.Module) -> None:
+    """Mark the parameters of a replicated module that runs on s/tp tokens (the norms): their gradients are
+    partial sums over the TP ranks (Megatron's attribute name; register_sequence_parallel_grad_hooks sums them)."""
+    for p in module.parameters():
+        p.sequence_parallel = True
+
+
+def register_sequence_parallel_grad_hooks(module: nn.Module, group) -> int:
+    """All-reduce over the TP group the gradient of every parameter marked `sequence_parallel`; returns how many.
+
+    Each rank's norm weight sees only its tokens, so its gradient is a partial sum; Megatron all-reduces these
+    before the optimizer (megatron/core/distributed/finalize_model_grads.py, _allreduce_layernorm_grads). A
+    tensor hook does it as the gradient is produced, before DeepSpeed accumulates it, so every micro-batch's
+    gradient is whole. Registered after materialise_ (launcher/runtime/build.py), which replaces the meta
+    Parameters and keeps their attributes but not their hooks.
+    """
+    def hook(grad):
+        grad = grad.contiguous()
+        dist.all_reduce(grad, group=group)
+        return grad
+
+    marked = [p for p in module.parameters() if getattr(p, "sequence_parallel", False)]
+    for p in marked:
+        p.register_hook(hook)
+    return len(marked)
+
+
+def tensor_parallel_group(topology, sequence_parallel: bool = False) -> TensorParallel:
     """(group, rank in group, size) of this rank's TP group on a DeepSpeed ProcessTopology's 'model' axis.
 
     Every rank must call this in the same order (torch.distributed.new_group is collective);
@@ -170,7 +312,7 @@ def tensor_parallel_group(topology) -> TensorParallel:
     for ranks in topology.get_axis_comm_lists("model"):
         g = dist.new_group(ranks=ranks)
         if me in ranks:
-            mine = TensorParallel(g, ranks.index(me), len(ranks))
+            mine = TensorParallel(g, ranks.index(me), len(ranks), sequence_parallel)
     if mine is None:
         raise RuntimeError(f"rank {me} is in no 'model' group of {topology}")
     return mine

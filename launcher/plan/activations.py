@@ -72,6 +72,17 @@ Parallelism:
                          refuses GPT-2 ("AutoTP not supported for model ... container policy exists"), so a
                          gpt TP run without a pipeline stops at start; its TP figure is the same split, unmeasured.
                          The head and its logits are not split (our TP keeps the head replicated).
+    Megatron SP (llama)  parallel.sequence_parallel (Korthikanti et al. 2022, section 4.2.2), our pipeline-grid TP
+                         only. The norms run on s / t tokens, so each RMSNorm keeps (4h + 4 + w h) / t per token;
+                         its output is no longer saved (the sequence all-gather in front of attention / the MLP
+                         saves nothing) but the gathered full-length tensor is, by q/k/v (gate/up): w h per
+                         token, not divided. Attention and MLP terms are those of TP. So a LLaMA block keeps
+                             2 (4h + 4 + w h) / t + 2 w h + (w (2h + 2kd) + 4a + 4 w f) / t
+                         (TP alone: 2 (4h + 4 + 2 w h) + the same TP terms). It stops short of 1/t because the
+                         gathered column-parallel inputs are full length (h = 128, s = 128, fp32, t = 2: a
+                         block keeps 62 % of one rank's bytes under TP, 54 % under TP+SP). The final norm keeps
+                         (4h + 4 + w h) / t plus the gathered head input w h; a checkpointed block keeps its
+                         s / t-token input, w h / t per token; embedding ids, rotary and logits are unchanged.
     Ulysses (llama)      every per-token term is per local token (s / u of them). Attention after the all-to-all
                          holds the full sequence for a / u heads, the same bytes per local token, plus what the
                          all-to-alls add (see ULYSSES below).
@@ -120,12 +131,16 @@ class ActivationShape:
         return self.hidden_size // self.num_heads
 
 
-def block_bytes_per_token(m: ActivationShape, seq_length: int, dtype: str, tp: int = 1, ulysses: int = 1) -> float:
-    """Bytes one block saves for backward per local token (no checkpointing), derivation in the module docstring."""
+def block_bytes_per_token(m: ActivationShape, seq_length: int, dtype: str, tp: int = 1, ulysses: int = 1,
+                          sp: bool = False) -> float:
+    """Bytes one block saves for backward per local token (no checkpointing), derivation in the module docstring.
+    `sp`: Megatron sequence parallelism over the `tp` ranks (per token of the whole sequence, as for TP)."""
     h, f, a, k, d = m.hidden_size, m.intermediate_size, m.num_heads, m.num_kv_heads, m.head_dim
     w, c, t = dtype_bytes(dtype), LN_STATS_BYTES, tp
     if m.arch in LLAMA_FAMILY:
         norms = 2 * (4 * h + RMS_STATS_BYTES + 2 * w * h)
+        if sp:  # each norm on s/t tokens; the gathered input of the column-parallel linears full length
+            norms = 2 * ((4 * h + RMS_STATS_BYTES + w * h) / t + w * h)
         if ulysses > 1:
             attn = ulysses_attention_bytes_per_token(m, dtype)
         else:
@@ -151,9 +166,10 @@ def ulysses_attention_bytes_per_token(m: ActivationShape, dtype: str) -> float:
     return w * (h + kv) + w * h + LOGSUMEXP_BYTES * a + w * h
 
 
-def checkpointed_block_bytes_per_token(m: ActivationShape, dtype: str) -> float:
-    """Bytes a checkpointed block keeps per local token between forward and its recompute: its input."""
-    return dtype_bytes(dtype) * m.hidden_size
+def checkpointed_block_bytes_per_token(m: ActivationShape, dtype: str, sp_tp: int = 1) -> float:
+    """Bytes a checkpointed block keeps per local token between forward and its recompute: its input
+    (1/sp_tp of it under Megatron sequence parallelism over sp_tp TP ranks)."""
+    return dtype_bytes(dtype) * m.hidden_size / sp_tp
 
 
 def rotary_bytes(m: ActivationShape, seq_length: int, dtype: str, ulysses: int = 1) -> float:
@@ -175,12 +191,15 @@ def embedding_bytes(m: ActivationShape, seq_length: int, micro_batch: int, dtype
 
 
 def head_bytes(m: ActivationShape, seq_length: int, micro_batch: int, dtype: str, ulysses: int = 1,
-               pipeline: bool = False) -> float:
-    """What the head end saves for one micro-batch: final norm, head input, fp32 log-softmax and targets."""
+               pipeline: bool = False, sp_tp: int = 1) -> float:
+    """What the head end saves for one micro-batch: final norm, head input, fp32 log-softmax and targets.
+    `sp_tp`: the final norm runs on 1/sp_tp of the tokens (Megatron SP), its gathered output is the head's input."""
     w, h = dtype_bytes(dtype), m.hidden_size
     tokens = seq_length * micro_batch // ulysses
     if m.arch in LLAMA_FAMILY:
         norm = 4 * h + RMS_STATS_BYTES + 2 * w * h
+        if sp_tp > 1:
+            norm = (4 * h + RMS_STATS_BYTES + w * h) / sp_tp + w * h
     else:
         norm = 2 * w * h + 2 * LN_STATS_BYTES
     predicted = (seq_length - 1) * micro_batch if pipeline else tokens
@@ -195,14 +214,16 @@ def loss_backward_bytes(m: ActivationShape, seq_length: int, micro_batch: int, d
 
 def stage_saved_bytes(m: ActivationShape, blocks: int, seq_length: int, micro_batch: int, dtype: str,
                       recompute: str = "none", tp: int = 1, ulysses: int = 1, first: bool = True,
-                      last: bool = True, pipeline: bool = False) -> float:
+                      last: bool = True, pipeline: bool = False, sp: bool = False) -> float:
     """Bytes one micro-batch leaves saved for backward on one rank of a stage holding `blocks` blocks
-    (and the embedding if `first`, the head and loss if `last`): what the tests measure."""
+    (and the embedding if `first`, the head and loss if `last`): what the tests measure.
+    `sp`: Megatron sequence parallelism over the `tp` ranks (parallel.sequence_parallel)."""
     tokens = seq_length * micro_batch / ulysses
+    sp_tp = tp if sp else 1
     if recompute == "full":
-        per_block = tokens * checkpointed_block_bytes_per_token(m, dtype)
+        per_block = tokens * checkpointed_block_bytes_per_token(m, dtype, sp_tp)
     else:
-        per_block = tokens * block_bytes_per_token(m, seq_length, dtype, tp, ulysses)
+        per_block = tokens * block_bytes_per_token(m, seq_length, dtype, tp, ulysses, sp)
     rotary = rotary_bytes(m, seq_length, dtype, ulysses)
     # The pipeline's blocks each compute their own cos/sin (kept unless the block is checkpointed); the
     # transformers model computes them once for all layers.
@@ -213,5 +234,5 @@ def stage_saved_bytes(m: ActivationShape, blocks: int, seq_length: int, micro_ba
     if first:
         total += embedding_bytes(m, seq_length, micro_batch, dtype, ulysses)
     if last:
-        total += head_bytes(m, seq_length, micro_batch, dtype, ulysses, pipeline)
+        total += head_bytes(m, seq_length, micro_batch, dtype, ulysses, pipeline, sp_tp)
     return total

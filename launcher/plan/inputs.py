@@ -151,6 +151,12 @@ class Strategy:
     offload_optimizer: bool = False
     offload_param: bool = False
     partition_method: str = "parameters"   # parallel.partition_method: how DeepSpeed cuts the pipeline (plan/stages.py)
+    sequence_parallel: bool = False        # parallel.sequence_parallel: Megatron SP over the TP ranks
+
+    @property
+    def pipeline_engine(self) -> bool:
+        """Runs as a DeepSpeed PipelineModule (config.layout.Layout.pipeline_engine): blocks recompute rotary."""
+        return self.pipeline_degree > 1 or self.sequence_parallel
 
     @property
     def world_size(self) -> int:
@@ -179,4 +185,4 @@ def strategy(cfg, layout, recompute: Optional[str] = None) -> Strategy:
         padded_vocab_size=layout.padded_vocab_size, gpus_per_node=layout.gpus_per_node, dtype=layout.dtype,
         grad_accum_fp32=cfg.precision.grad_accum_dtype == "fp32", recompute=recompute,
         offload_optimizer=bool(cfg.parallel.offload_optimizer), offload_param=bool(cfg.parallel.offload_param),
-        partition_method=cfg.parallel.partition_method)
+        partition_method=cfg.parallel.partition_method, sequence_parallel=layout.sequence_parallel)

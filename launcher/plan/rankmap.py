@@ -18,6 +18,10 @@ Order, innermost first: tensor, sequence, data, pipeline.
   tests/plan/test_rankmap.py checks our formula against its `get_coord`.
 - Ulysses sequence parallelism (sp) sits between TP and DP: its all-to-all
   is the next-most bandwidth-hungry collective after TP's all-reduce.
+- Megatron sequence parallelism (parallel.sequence_parallel) adds no axis: the
+  TP ranks of a group also split each sequence outside the TP regions, TP rank
+  tp holding tokens [tp * s/TP, (tp + 1) * s/TP) there (launcher/parallel/tensor.py).
+  The map shows that slice per rank (`tokens`).
 
 No torch here: `launcher plan --rank-map` must run on a laptop.
 """
@@ -76,12 +80,23 @@ def tensor_groups_crossing_nodes(layout: Layout) -> list[list[int]]:
     return [g for g in tensor_groups(layout) if len({r // layout.gpus_per_node for r in g}) > 1]
 
 
+def sequence_slice(layout: Layout, c: RankCoord) -> tuple[int, int]:
+    """The tokens [start, end) of each sequence rank `c` holds outside the TP regions under Megatron SP
+    (its TP rank's share; launcher/parallel/tensor.py splits dim 1 in TP-rank order)."""
+    n = layout.seq_length // layout.tensor_degree
+    return c.tp * n, (c.tp + 1) * n
+
+
 def format_rank_map(layout: Layout) -> str:
     """A plain-text table, one line per rank (384 lines for bloom-176b)."""
     show_sp = layout.sequence_degree > 1
-    head = "node  gpu   rank    tp" + ("    sp" if show_sp else "") + "    pp    dp"
+    show_tokens = layout.sequence_parallel
+    head = ("node  gpu   rank    tp" + ("    sp" if show_sp else "") + "    pp    dp"
+            + ("  tokens" if show_tokens else ""))
+    megatron_sp = (f" (+ Megatron SP: the TP ranks also split each sequence, {layout.seq_length // layout.tensor_degree} "
+                   "tokens each outside attention/MLP)" if show_tokens else "")
     lines = [
-        f"# TP {layout.tensor_degree} x " + (f"SP {layout.sequence_degree} x " if show_sp else "")
+        f"# TP {layout.tensor_degree}{megatron_sp} x " + (f"SP {layout.sequence_degree} x " if show_sp else "")
         + f"DP {layout.data_degree} x PP {layout.pipeline_degree} = {layout.world_size} ranks on "
         f"{layout.nodes} nodes x {layout.gpus_per_node} GPUs; "
         "rank = ((pp*DP + dp)*SP + sp)*TP + tp (TP innermost, then SP, DP, PP outermost)",
@@ -89,7 +104,8 @@ def format_rank_map(layout: Layout) -> str:
     ]
     for c in rank_map(layout):
         sp = f"{c.sp:>6}" if show_sp else ""
-        lines.append(f"{c.node:>4} {c.gpu:>4} {c.rank:>6} {c.tp:>5}{sp} {c.pp:>5} {c.dp:>5}")
+        tokens = "  {}-{}".format(*sequence_slice(layout, c)) if show_tokens else ""
+        lines.append(f"{c.node:>4} {c.gpu:>4} {c.rank:>6} {c.tp:>5}{sp} {c.pp:>5} {c.dp:>5}{tokens}")
     crossing = tensor_groups_crossing_nodes(layout)
     lines.append(f"# {len(tensor_groups(layout))} tensor-parallel groups, "
                  + ("all inside one node" if not crossing else f"{len(crossing)} crossing nodes, e.g. ranks {crossing[0]}"))

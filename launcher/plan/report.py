@@ -31,6 +31,7 @@ def plan_summary(cfg, layout: Layout) -> dict:
         "tensor_degree": layout.tensor_degree,
         "pipeline_degree": layout.pipeline_degree,
         "sequence_degree": layout.sequence_degree,
+        "sequence_parallel": layout.sequence_parallel,
         "data_degree": layout.data_degree,
         "zero_stage": layout.zero_stage,
         "precision": layout.dtype,
@@ -230,6 +231,9 @@ def _rows(s: dict) -> list[tuple[str, str, str]]:
         ("model", f"{s['model']} ({s['arch']})", f"recipe {s['recipe']}" if s["recipe"] else ""),
         ("world size", f"{s['world_size']:,}", f"nodes x gpus_per_node = {s['nodes']} x {s['gpus_per_node']} ({s['gpu']})"),
         ("tensor x pipeline" + (" x sequence" if sp > 1 else ""), mp, "ranks per model replica = " + f"{tp * pp * sp:,}"),
+        *([("Megatron SP", f"{s['seq_length'] // tp:,} tokens per TP rank",
+             f"seq_length / TP = {s['seq_length']:,} / {tp} (parallel.sequence_parallel)")]
+          if s.get("sequence_parallel") else []),
         ("data parallel", f"{dp:,}", f"world / (TP x PP{' x SP' if sp > 1 else ''}) = {s['world_size']:,} / {tp * pp * sp:,}"),
         ("ZeRO stage / precision", f"{s['zero_stage']} / {s['precision']}", ""),
         ("micro batch", f"{s['micro_batch_size']}", "sequences per rank per forward"),

@@ -3,6 +3,8 @@
 Candidates: sequence_degree (Ulysses SP: divisors of the heads and of the sequence, within one node, llama
 only, without TP or PP: what launcher/train.py runs), tensor_degree (divisors of the heads, within one node),
 pipeline_degree (what divides the rest of the world, at most one block per stage, llama and bloom only),
+Megatron sequence parallelism on and off wherever TP > 1 (LLaMA family; it runs on the pipeline engine, so with
+ZeRO 0-1 only),
 ZeRO stage 0-3 (0-1 with a pipeline), micro batch (divisors of the per-replica batch), recompute (off / full,
 the two the launcher can run: model.activation_checkpointing). Held as configured: the global batch and the
 sequence length (so the tokens per step), precision, cluster and model. The configured TP / PP / SP / ZeRO /
@@ -27,7 +29,7 @@ from omegaconf import OmegaConf
 
 from launcher.config.errors import ConfigError
 from launcher.config.layout import Layout, resolve_layout
-from launcher.config.supported import PIPELINE_ARCHS, check_supported
+from launcher.config.supported import LLAMA_FAMILY, PIPELINE_ARCHS, check_supported
 from launcher.plan.inputs import Hardware, ModelShape, Strategy, model_shape, resolve_hardware, strategy
 from launcher.plan.memory import MemoryEstimate, estimate_memory
 from launcher.plan.steptime import StepTime, estimate_step_time
@@ -54,9 +56,10 @@ def plain_config(cfg) -> SimpleNamespace:
     return _namespace(OmegaConf.to_container(cfg, resolve=True))
 
 
-def _with(cfg: SimpleNamespace, tp: int, pp: int, zero: int, micro: int, recompute: bool, sp: int = 1) -> SimpleNamespace:
+def _with(cfg: SimpleNamespace, tp: int, pp: int, zero: int, micro: int, recompute: bool, sp: int = 1,
+          megatron_sp: bool = False) -> SimpleNamespace:
     parallel = SimpleNamespace(**{**vars(cfg.parallel), "tensor_degree": tp, "pipeline_degree": pp, "sequence_degree": sp,
-                                  "zero_stage": zero, "data_degree": None})
+                                  "sequence_parallel": megatron_sp, "zero_stage": zero, "data_degree": None})
     batch = SimpleNamespace(**{**vars(cfg.batch), "micro_batch_size": micro})
     model = SimpleNamespace(**{**vars(cfg.model), "activation_checkpointing": recompute})
     return SimpleNamespace(**{**vars(cfg), "parallel": parallel, "batch": batch, "model": model})
@@ -112,9 +115,9 @@ def node_stage_sets(layout: Layout) -> list[tuple[int, ...]]:
     return sorted({tuple(r // block for r in range(n * g, n * g + g)) for n in range(layout.nodes)})
 
 
-def _zero_stages(tp: int, pp: int) -> tuple[int, ...]:
-    if pp > 1:
-        return (0, 1)  # DeepSpeed's pipeline engine: ZeRO 0-1 only (layout.py)
+def _zero_stages(tp: int, pp: int, megatron_sp: bool = False) -> tuple[int, ...]:
+    if pp > 1 or megatron_sp:
+        return (0, 1)  # DeepSpeed's pipeline engine: ZeRO 0-1 only (layout.py, supported.py)
     if tp > 1:
         return (0, 1, 2)  # AutoTP under ZeRO-3 is refused (config/supported.py)
     return (0, 1, 2, 3)
@@ -147,11 +150,12 @@ def search_layouts(cfg) -> tuple[list[Candidate], dict]:
                 dp = world // (tp * sp * pp)
                 if gbs % dp:
                     continue
-                for zero in _zero_stages(tp, pp):
+                for msp, zero in [(msp, z) for msp in ((False, True) if tp > 1 and arch in LLAMA_FAMILY else (False,))
+                                  for z in _zero_stages(tp, pp, msp)]:
                     for micro in _divisors(gbs // dp):
                         for recompute in (False, True):
                             counts["enumerated"] += 1
-                            c = _with(plain, tp, pp, zero, micro, recompute, sp)
+                            c = _with(plain, tp, pp, zero, micro, recompute, sp, msp)
                             try:
                                 layout = resolve_layout(c)
                                 check_supported(c, layout)
@@ -174,7 +178,8 @@ def search_layouts(cfg) -> tuple[list[Candidate], dict]:
 def _label(c: Candidate) -> str:
     st = c.strategy
     sp = f" SP{st.sequence_degree}" if st.sequence_degree > 1 else ""
-    return (f"TP{st.tensor_degree} PP{st.pipeline_degree}{sp} DP{st.data_degree} Z{st.zero_stage} "
+    tp = f"TP{st.tensor_degree}+SP" if st.sequence_parallel else f"TP{st.tensor_degree}"   # Megatron SP inside TP
+    return (f"{tp} PP{st.pipeline_degree}{sp} DP{st.data_degree} Z{st.zero_stage} "
             f"mb{st.micro_batch_size} {'recompute' if st.recompute == 'full' else 'no-recompute'}")
 
 
@@ -200,7 +205,8 @@ def search_rows(ranked: list[Candidate], top: int = 10) -> list[dict]:
     for c in ranked[:top]:
         st, t = c.strategy, c.time
         out.append({"layout": _label(c), "tensor_degree": st.tensor_degree, "pipeline_degree": st.pipeline_degree,
-                    "sequence_degree": st.sequence_degree, "data_degree": st.data_degree, "zero_stage": st.zero_stage,
+                    "sequence_degree": st.sequence_degree, "sequence_parallel": st.sequence_parallel,
+                    "data_degree": st.data_degree, "zero_stage": st.zero_stage,
                     "micro_batch_size": st.micro_batch_size, "recompute": st.recompute,
                     "tokens_per_s": t.tokens_per_s, "step_time_s": t.step_time_s, "mfu": t.mfu,
                     "memory_total_bytes": c.memory.peak.total, "why": explain(c, ranked[0])})

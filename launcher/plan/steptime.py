@@ -26,6 +26,9 @@ One micro-batch on one rank (n = b s / sp tokens outside attention; t = TP, sp =
                             fig. 3), + 2 with full recompute; the embedding, head and loss are replicated on
                             the TP ranks (as the runtime builds them). all-reduce of B bytes over r ranks:
                             latency + 2 (r - 1)/r B / bus bandwidth (ring; NCCL-tests' busbw convention).
+    TP + Megatron SP        (parallel.sequence_parallel; Korthikanti et al. 2022, section 4.2.2) each all-reduce
+                            becomes an all-gather and a reduce-scatter of the same tensor: the same ring bytes,
+                            so the TP charge is unchanged; the norms and residual adds run on n / t tokens.
     Ulysses SP              4 all-to-alls (q, k, v, output) forward and 4 backward per block, (sp-1)/sp of
                             each tensor crosses the link (Jacobs et al. 2023, section 3.1).
     recompute (full)        the forward of every block again before its backward.
@@ -176,7 +179,9 @@ def block_costs(shape: ModelShape, st: Strategy, prof: Profile, links: dict) -> 
         fwd.memory += memory_s(nbytes, kernels, prof)
         bwd.memory += memory_s(2 * nbytes, 2 * kernels, prof)
 
-    norm_b, norm_k = _norm_bytes(x, shape.arch, w)
+    # Megatron SP: the norms and residual adds outside the TP regions see this rank's n / t tokens only.
+    x_out = x / t if st.sequence_parallel else x
+    norm_b, norm_k = _norm_bytes(x_out, shape.arch, w)
     q_el, kv_el = n * a * d / t, n * kv * d / t
     # attention block
     mem(norm_b, norm_k)
@@ -205,7 +210,7 @@ def block_costs(shape: ModelShape, st: Strategy, prof: Profile, links: dict) -> 
         mem(scores * (w + F32 + F32 + w) + scores * w, 4)   # baddbmm alibi add, upcast, softmax, downcast
     mem(2 * q_el * w, 1)                          # attention output (b, a, s, d) -> (b, s, a d) contiguous copy
     gemm(n, h, a * d / t)                         # o_proj / dense
-    mem(3 * x * w, 1)                             # residual add
+    mem(3 * x_out * w, 1)                         # residual add
     # MLP
     mem(norm_b, norm_k)
     if shape.arch == "llama":
@@ -216,7 +221,7 @@ def block_costs(shape: ModelShape, st: Strategy, prof: Profile, links: dict) -> 
         gemm(n, f / t, h)                         # fc / dense_h_to_4h
         mem(8 * 2 * n * f / t * w, 8)             # tanh-GELU in eager ops (GPT2 gelu_new, bloom_gelu): ~8 kernels
     gemm(n, h, f / t)                             # down_proj / c_proj / dense_4h_to_h
-    mem(3 * x * w, 1)                             # residual add
+    mem(3 * x_out * w, 1)                         # residual add
     if t > 1:
         ar = all_reduce_s(x * w, t, links["tp"])
         fwd.tp += 2 * ar

@@ -130,6 +130,10 @@ def run_pipe(cfg, layout, sgd):
     engine = initialize(module, cfg, layout, sgd)
     grid = engine.grid
     dp_rank = grid.get_data_parallel_rank()
+    block_tokens = set()  # the sequence length each decoder block of this rank receives (s/tp under Megatron SP)
+    for m in module.modules():
+        if isinstance(m, (DecoderBlockPipe, BloomDecoderBlockPipe)):
+            m.register_forward_hook(lambda _m, args, _out: block_tokens.add(args[0].shape[1]))
     losses, norms = [], []
     for step in range(STEPS):
         batches = [(mb, mb) for mb in my_micro_batches(step, layout, dp_rank)]
@@ -155,6 +159,8 @@ def run_pipe(cfg, layout, sgd):
         "optimizer": type(engine.optimizer).__name__,
         "param_dtype": str(next(module.parameters()).dtype),
         "pipeline_eval_loss": info_eval,
+        "block_tokens": sorted(block_tokens),
+        "sequence_parallel_params": sum(p.numel() for p in module.parameters() if getattr(p, "sequence_parallel", False)),
     }
     return engine, losses, norms, info, exported
 
@@ -257,6 +263,10 @@ def run_case(spec: str) -> dict:
     name, mode, rest = spec.split(":", 2)
     kvs = [kv for kv in rest.split(",") if kv]
     sgd = "opt=sgd" in kvs
+    # `break=norm_grads`: Megatron SP without the all-reduce of the norm weights' gradients (each TP rank keeps
+    # the partial sum over its s/tp tokens): a negative control that the comparison sees that error.
+    broken = "break=norm_grads" in kvs
+    kvs = [kv for kv in kvs if kv != "break=norm_grads"]
     bucket = [int(kv.split("=")[1]) for kv in kvs if kv.startswith("bucket=")]
     kvs = [kv for kv in kvs if kv != "opt=sgd" and not kv.startswith("bucket=")] + (["optimizer.grad_clip=0"] if sgd else [])
     dsc.REDUCE_BUCKET_SIZE = bucket[0] if bucket else DEFAULT_REDUCE_BUCKET_SIZE
@@ -264,10 +274,19 @@ def run_case(spec: str) -> dict:
     cfg = compose(overrides)
     layout = resolve_layout(cfg)
     ref_cfg = compose(overrides + ["parallel.tensor_degree=1", "parallel.pipeline_degree=1", "parallel.sequence_degree=1",
+                                   "parallel.sequence_parallel=false",
                                    "precision=fp32", "precision.grad_accum_dtype=null", "cluster.gpus_per_node=1"])
     t0 = time.perf_counter()
     zero_cfg = dsc.build_deepspeed_config(cfg, layout)["zero_optimization"]
-    engine, losses, norms, info, exported = {"pipe": run_pipe, "autotp": run_autotp, "ulysses": run_ulysses}[mode](cfg, layout, sgd)
+    import launcher.parallel.tensor as tensor_mod
+
+    hooks = tensor_mod.register_sequence_parallel_grad_hooks
+    if broken:
+        tensor_mod.register_sequence_parallel_grad_hooks = lambda module, group: 0
+    try:
+        engine, losses, norms, info, exported = {"pipe": run_pipe, "autotp": run_autotp, "ulysses": run_ulysses}[mode](cfg, layout, sgd)
+    finally:
+        tensor_mod.register_sequence_parallel_grad_hooks = hooks
     seconds = time.perf_counter() - t0
     infos = [None] * dist.get_world_size()
     dist.all_gather_object(infos, info)

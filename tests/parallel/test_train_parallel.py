@@ -1,14 +1,15 @@
 """`launcher train` / `launcher export` with pipeline and tensor parallelism, as a user runs them (real torchrun, CPU ranks).
 
 - a 1-rank run is the reference; TP2 x PP2 (4 ranks, Megatron TP inside a PipelineModule, ZeRO-1), AutoTP
-  TP2 x DP2 (4 ranks, ZeRO-1) and Ulysses SP2 (2 ranks, ZeRO-1) follow its loss and grad-norm trajectory,
+  TP2 x DP2 (4 ranks, ZeRO-1), TP2 + Megatron SP (2 ranks, ZeRO-1, one pipeline stage) and Ulysses SP2 (2 ranks,
+  ZeRO-1) follow its loss and grad-norm trajectory,
   save, resume exactly and export a transformers model that reproduces the training run's own held-out
   loss (i.e. its logits); Ulysses SP2 under ZeRO-3 follows it too (its gradients were 1/2 with DeepSpeed's
   reduce-scatter: launcher/deepspeed_config.py, zero3_sequence_parallel_reduction);
 - the scaled-down BLOOM: `recipe=bloom-176b` with a tiny model on 1 node x 8 CPU ranks -> TP 2 x PP 2 x DP 2,
   the recipe's bf16 + ZeRO-1 + fp32 accumulation + activation checkpointing + tied embeddings, with a
   checkpoint and an export.
-Nine launches (~4.5 min on 2 cores); the 1-rank equivalence of each layout in isolation is test_parallel.py's.
+Eleven launches (~5.5 min on 2 cores); the 1-rank equivalence of each layout in isolation is test_parallel.py's.
 """
 
 from __future__ import annotations
@@ -80,6 +81,11 @@ def runs(tmp_path_factory):
     out["autotp"] = train(llama(tmp, "autotp", "cluster.gpus_per_node=4", "parallel.tensor_degree=2", z1), ext)
     out["autotp-resumed"] = train(llama(tmp, "autotp-resumed", "cluster.gpus_per_node=4", "parallel.tensor_degree=2", z1,
                                         f"resume={out['autotp']['dir'] / 'checkpoints' / 'step_00000002'}"), ext)
+    # Megatron SP without a pipeline: our TP on a one-stage PipelineModule (launcher/config/layout.py, pipeline_engine)
+    tp2sp = ("cluster.gpus_per_node=2", "parallel.tensor_degree=2", "parallel.sequence_parallel=true", z1)
+    out["tp2sp"] = train(llama(tmp, "tp2sp", *tp2sp), ext)
+    out["tp2sp-resumed"] = train(llama(tmp, "tp2sp-resumed", *tp2sp,
+                                       f"resume={out['tp2sp']['dir'] / 'checkpoints' / 'step_00000002'}"), ext)
     sp2 = ("cluster.gpus_per_node=2", "parallel.sequence_degree=2", z1)
     out["sp2"] = train(llama(tmp, "sp2", *sp2), ext)
     out["sp2-resumed"] = train(llama(tmp, "sp2-resumed", *sp2, f"resume={out['sp2']['dir'] / 'checkpoints' / 'step_00000002'}"), ext)
@@ -120,18 +126,18 @@ def test_reference_learns(runs):
     assert len(losses) == STEPS and losses[-1] < losses[0]
 
 
-@pytest.mark.parametrize("name", ["tp2pp2", "autotp", "sp2", "sp2z3"])
+@pytest.mark.parametrize("name", ["tp2pp2", "autotp", "tp2sp", "sp2", "sp2z3"])
 def test_parallel_run_follows_one_rank(runs, name):
     assert_follows(runs[name]["train"], runs["one"]["train"])
 
 
-@pytest.mark.parametrize("name", ["tp2pp2", "sp2", "sp2z3"])
+@pytest.mark.parametrize("name", ["tp2pp2", "tp2sp", "sp2", "sp2z3"])
 def test_val_loss_equals_one_rank(runs, name):
     # dp = 1 in these runs and the reference: the same held-out batches (for sp2 each rank evaluates half of every sequence).
     assert abs(runs[name]["eval"][0]["val_loss"] - runs["one"]["eval"][0]["val_loss"]) <= 1e-5 * runs["one"]["eval"][0]["val_loss"]
 
 
-@pytest.mark.parametrize("name", ["tp2pp2", "autotp", "sp2"])
+@pytest.mark.parametrize("name", ["tp2pp2", "autotp", "tp2sp", "sp2"])
 def test_resume_continues_exactly(runs, name):
     resumed, full = runs[f"{name}-resumed"]["train"], runs[name]["train"]
     assert [r["step"] for r in resumed] == [3, 4]
@@ -146,7 +152,7 @@ def test_checkpoint_holds_every_layer_and_tp_shard(runs):
         "mp_rank_00_model_states.pt", "mp_rank_01_model_states.pt"]
 
 
-@pytest.mark.parametrize("name", ["tp2pp2", "autotp", "sp2"])
+@pytest.mark.parametrize("name", ["tp2pp2", "autotp", "tp2sp", "sp2"])
 def test_export_reproduces_training(runs, name):
     """The merged export loads with from_pretrained, gives the run's own logged held-out loss, and equals
     the 1-rank run's export (same training, so the same weights)."""

@@ -10,6 +10,7 @@ runs backward, and writes {name: bytes} to OUT_DIR/rank<r>.json. Modes:
             blocks checkpointed with DeepSpeed's checkpoint (PipelineModule's activation_checkpoint_func)
     autotp  the transformers model under deepspeed.initialize with tensor_parallel.autotp_size = 2
     ulysses launcher.parallel.sequence's model and loss with sequence_degree 2
+    pipe-sp pipe with Megatron sequence parallelism (parallel.sequence_parallel=true): blocks on s/2 tokens
 """
 
 import json
@@ -37,7 +38,8 @@ def overrides(case) -> list:
     degree = "parallel.sequence_degree" if case["mode"] == "ulysses" else "parallel.tensor_degree"
     return BASE + ARCH_OVERRIDES[case["arch"]] + [
         f"precision={case['dtype']}", f"model.num_hidden_layers={case['layers']}", f"{degree}={RANKS}",
-        f"batch.global_batch_size={MICRO}", f"model.activation_checkpointing={str(case['ckpt']).lower()}"]
+        f"batch.global_batch_size={MICRO}", f"model.activation_checkpointing={str(case['ckpt']).lower()}",
+        f"parallel.sequence_parallel={str(case['mode'] == 'pipe-sp').lower()}"]
 
 
 def ids_for(cfg):
@@ -48,15 +50,16 @@ def run_pipe(case, cfg, layout, held):
     from deepspeed.runtime.activation_checkpointing import checkpointing
 
     from launcher.parallel.pipeline import causal_lm_loss, layer_specs
-    from launcher.parallel.tensor import TensorParallel
+    from launcher.parallel.tensor import TensorParallel, register_sequence_parallel_grad_hooks
     from launcher.runtime.build import SeededInit, init_rules, meta_model
     from launcher.runtime.model import attn_implementation
 
-    tp = TensorParallel(dist.new_group(list(range(RANKS))), dist.get_rank(), RANKS)
+    tp = TensorParallel(dist.new_group(list(range(RANKS))), dist.get_rank(), RANKS, layout.sequence_parallel)
     full = meta_model(cfg.model, vocab_size=layout.padded_vocab_size)
     specs = layer_specs(full, cfg.model.arch, attn_implementation(cfg.model.arch), False, tp,
                         SeededInit(cfg.train.seed, init_rules(full)))
     layers = torch.nn.ModuleList([spec.build() for spec in specs]).to(DTYPES[case["dtype"]])
+    register_sequence_parallel_grad_hooks(layers, tp.group)   # as build_pipeline_module does (0 without SP)
     ids = ids_for(cfg)
 
     def forward():
@@ -114,10 +117,10 @@ def measure(case) -> int:
     cfg = compose(overrides(case))
     layout = resolve_layout(cfg)
     held = {}   # storages kept outside autograd's saved tensors, measured where they are kept
-    run = {"pipe": run_pipe, "autotp": run_autotp, "ulysses": run_ulysses}[case["mode"]]
+    run = {"pipe": run_pipe, "pipe-sp": run_pipe, "autotp": run_autotp, "ulysses": run_ulysses}[case["mode"]]
     module, forward, backward = run(case, cfg, layout, held)
     module.train()
-    if case["ckpt"] and case["mode"] != "pipe" and case["arch"] == "llama":
+    if case["ckpt"] and not case["mode"].startswith("pipe") and case["arch"] == "llama":
         # cos/sin reach checkpointed blocks as keyword arguments, kept by the checkpoint's closure (the hook
         # cannot see them): measured at their source, as in test_activations.py.
         module.model.rotary_emb.register_forward_hook(

@@ -87,7 +87,8 @@ def test_saved_bytes_match_planner(compose, arch, dtype, checkpointing):
 
 # --- 2 CPU ranks: our pipeline-grid TP, DeepSpeed AutoTP, Ulysses SP (tests/plan/activation_worker.py) -----------
 RANK_CASES = [(mode, arch, dtype, ckpt)
-              for mode, archs in (("pipe", ("llama", "bloom")), ("autotp", ("llama",)), ("ulysses", ("llama",)))
+              for mode, archs in (("pipe", ("llama", "bloom")), ("pipe-sp", ("llama",)), ("autotp", ("llama",)),
+                                  ("ulysses", ("llama",)))
               for arch in archs for dtype in ("bf16", "fp32") for ckpt in (False, True)]
 
 
@@ -124,8 +125,10 @@ def test_parallel_saved_bytes_match_planner(rank_measurements, mode, arch, dtype
     shapes = {"llama": act.ActivationShape("llama", 128, 4, 2, 352, 256),
               "bloom": act.ActivationShape("bloom", 128, 4, 4, 512, 256)}   # the worker's ARCH_OVERRIDES
     m = shapes[arch]
-    tp = 2 if mode in ("pipe", "autotp") else 1
+    tp = 2 if mode in ("pipe", "pipe-sp", "autotp") else 1
     u = 2 if mode == "ulysses" else 1
+    sp = mode == "pipe-sp"
+    pipe = mode.startswith("pipe")
     recompute = "full" if ckpt else "none"
     one = rank_measurements[_case_name(mode, arch, dtype, ckpt, 1)]
     three = rank_measurements[_case_name(mode, arch, dtype, ckpt, 3)]
@@ -133,12 +136,12 @@ def test_parallel_saved_bytes_match_planner(rank_measurements, mode, arch, dtype
     measured_block = (three[0] - one[0]) / 2
     tokens = SEQ * MICRO / u
     if ckpt:
-        planned_block = tokens * act.checkpointed_block_bytes_per_token(m, dtype)
+        planned_block = tokens * act.checkpointed_block_bytes_per_token(m, dtype, tp if sp else 1)
     else:
-        planned_block = tokens * act.block_bytes_per_token(m, SEQ, dtype, tp, u)
-        if mode == "pipe":
+        planned_block = tokens * act.block_bytes_per_token(m, SEQ, dtype, tp, u, sp)
+        if pipe:
             planned_block += act.rotary_bytes(m, SEQ, dtype)   # each pipeline block computes its own cos/sin
-    planned_total = act.stage_saved_bytes(m, 3, SEQ, MICRO, dtype, recompute, tp, u, pipeline=mode == "pipe")
+    planned_total = act.stage_saved_bytes(m, 3, SEQ, MICRO, dtype, recompute, tp, u, pipeline=pipe, sp=sp)
     print(f"{mode} {arch} {dtype} {recompute}: block planned/measured {planned_block / measured_block:.4f}, "
           f"stage {planned_total / three[0]:.4f}")
     assert planned_block == pytest.approx(measured_block, rel=0.02)

@@ -35,6 +35,7 @@ def _candidate_config(cfg, st):
     OmegaConf.set_readonly(c, False)  # compose freezes the resolved config; this copy is the candidate's
     for key, value in (("parallel.tensor_degree", st.tensor_degree), ("parallel.pipeline_degree", st.pipeline_degree),
                        ("parallel.sequence_degree", st.sequence_degree), ("parallel.data_degree", None),
+                       ("parallel.sequence_parallel", st.sequence_parallel),
                        ("parallel.zero_stage", st.zero_stage), ("batch.micro_batch_size", st.micro_batch_size),
                        ("model.activation_checkpointing", st.recompute == "full")):
         OmegaConf.update(c, key, value)
@@ -55,6 +56,7 @@ def test_every_proposed_layout_passes_train_validation(overrides, tmp_path):
                 layout.zero_stage, layout.micro_batch_size) == (st.tensor_degree, st.pipeline_degree, st.sequence_degree,
                                                                 st.data_degree, st.zero_stage, st.micro_batch_size)
         assert (layout.global_batch_size, layout.seq_length) == (gbs, seq)  # tokens per step held
+        assert layout.sequence_parallel == st.sequence_parallel
 
 
 def test_search_proposes_ulysses_and_never_what_train_refuses():
