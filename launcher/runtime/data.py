@@ -10,8 +10,9 @@
     or token files made elsewhere (data=tokens: ours, Megatron .bin/.idx, flat nanoGPT .bin), or a weighted
     blend of them (data=blend); for those the held-out samples are the last val_fraction of each file.
 
-A warm start reads no raw data: a manifest keyed by the corpus files' paths, sizes and mtimes, the tokenizer's
-identity and the settings (_manifest_key) names the packed files, so start-up costs a stat per corpus file and
+A warm start reads no raw data: a manifest keyed by the corpus files' paths, sizes and mtimes (for data.hf_name,
+the dataset's cache files: launcher/runtime/hubdata.py), the tokenizer's identity and the settings (_manifest_key)
+names the packed files, so start-up costs a stat per corpus file and
 two small JSON reads, whatever the corpus size. Only a cold start reads the corpus (a hashing pass, the BPE
 training pass when no tokenizer is given, the tokenizing pass); a file lock per manifest makes the first process
 build and the others wait and reuse (every rank under SLURM calls this).
@@ -176,7 +177,8 @@ class Documents:
             except Exception as exc:  # datasets' errors name neither file nor line: find them
                 raise inputs.explain_hf_read_error(list(d.paths), self._builder, exc) from None
         elif d.hf_name:
-            inputs.check_hub_reachable(d.hf_name)
+            if not Path(d.hf_name).expanduser().is_dir():   # a local dataset directory needs no hub
+                inputs.check_hub_reachable(d.hf_name)
             try:
                 with inputs.quiet_datasets():
                     self._ds = datasets.load_dataset(d.hf_name, split="train")
@@ -351,14 +353,19 @@ def _file_stat(name: str, path: Path) -> list:
 
 def _manifest_key(cfg, docs: Documents) -> Optional[str]:
     """What decides the packed files without reading them: the corpus files' identities (stat), the tokenizer's,
-    and every setting the packing depends on. None for a hub dataset (no local files to stat).
+    and every setting the packing depends on. A data.hf_name dataset is known by its cache files (_hub_identity);
+    None when it has none (an in-memory dataset: hashed at each start).
 
     Size + mtime_ns is the check make, rsync and ccache (its "direct mode" also hashes) use; a file rewritten
     with the same size within the filesystem's timestamp granularity would be missed, as it is by them.
     """
     d = cfg.data
     if d.source == "hf" and not d.paths:
-        return None
+        files = _hub_identity(cfg, docs) if d.hf_name else None
+        if files is None:
+            return None
+    else:
+        files = [_file_stat(name, path) for name, path in docs.files()]
     if d.tokenizer_path:
         tok = ["file", _stat_identity(Path(d.tokenizer_path))]
     else:
@@ -367,8 +374,20 @@ def _manifest_key(cfg, docs: Documents) -> Optional[str]:
         tok = ["bpe", cfg.model.vocab_size, tokenizers.__version__]
     settings = {"format": FORMAT_VERSION, "source": d.source, "max_bytes": d.max_bytes, "text_field": d.text_field if d.source == "hf" else None,
                 "vocab_size": cfg.model.vocab_size, "tokenizer": tok, "val_fraction": d.val_fraction, "split_seed": d.split_seed,
-                "files": [_file_stat(name, path) for name, path in docs.files()]}
+                "files": files}
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _hub_identity(cfg, docs: Documents) -> Optional[list]:
+    """A data.hf_name dataset's identity by stat (launcher/runtime/hubdata.py): from the pointer a cold start
+    wrote, else by loading the dataset (the cold start, which reads it anyway) and writing that pointer."""
+    from launcher.runtime import hubdata
+
+    cache = Path(cfg.data.cache_dir).expanduser()
+    source, ident = hubdata.cached_identity(cache, cfg.data.hf_name)
+    if ident is None:
+        ident = hubdata.record_identity(cache, cfg.data.hf_name, source, docs._dataset())
+    return None if ident is None else ["hf_name", source, ident]
 
 
 def _read_manifest(path: Path) -> Optional[tuple[Path, dict]]:

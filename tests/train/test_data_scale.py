@@ -80,6 +80,68 @@ def test_warm_start_trusts_size_and_mtime_not_content(tmp_path):
     assert info.value.key == "data.paths" and "UTF-8" in info.value.rule
 
 
+HF_NAME_PROBE = r"""
+import json, os, sys
+from launcher.config.compose import compose
+from launcher.config.layout import resolve_layout
+from launcher.runtime.data import prepare_data
+cfg = compose(json.loads(sys.argv[1]))
+layout = resolve_layout(cfg)
+opened = []
+sys.addaudithook(lambda event, args: opened.append(os.fsdecode(args[0])) if event == "open" and isinstance(args[0], (str, bytes, os.PathLike)) else None)
+prepared = prepare_data(cfg, layout)
+print(json.dumps({"prepared": prepared.as_dict(), "opened": opened, "datasets_imported": "datasets" in sys.modules}))
+"""
+
+
+def _hf_name_start(tmp_path, overrides):
+    """prepare_data in a fresh process (as a rank starts), with its own datasets cache and no hub."""
+    import subprocess
+
+    from train_helpers import PYTHON, REPO, child_env
+
+    env = child_env(HF_DATASETS_CACHE=tmp_path / "hf-datasets", HF_HOME=tmp_path / "hf-home", HF_HUB_OFFLINE=1,
+                    HF_DATASETS_OFFLINE=1)
+    out = subprocess.run([PYTHON, "-c", HF_NAME_PROBE, json.dumps(overrides)], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.splitlines()[-1])
+
+
+def test_hf_name_warm_start_reads_no_data(tmp_path):
+    """data.hf_name (a dataset directory, loaded by datasets.load_dataset as a hub dataset is, into its Arrow cache):
+    the cold start loads it and records its cache files; a warm start in a fresh process imports no datasets,
+    opens nothing under the dataset or its cache, and does not read the Arrow files (overwritten with garbage of
+    the same size and mtime, it still returns the same tokens). New rows in the dataset are a new dataset."""
+    ds_dir = tmp_path / "my-dataset"
+    (ds_dir / "data").mkdir(parents=True)
+    rows = [{"text": f"def h{i}(b):\n    return b * {i % 11} - {i}\n" * 10} for i in range(500)]
+    (ds_dir / "data" / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    overrides = [*base_overrides(tmp_path / "cache"), "data=hf", f"data.hf_name={ds_dir}", "data.max_bytes=null",
+                 "data.seq_length=32"]
+    cold = _hf_name_start(tmp_path, overrides)
+    assert cold["datasets_imported"]
+    arrow = sorted((tmp_path / "hf-datasets").rglob("*.arrow"))
+    assert arrow
+    warm = _hf_name_start(tmp_path, overrides)
+    assert warm["prepared"] == cold["prepared"]
+    assert not warm["datasets_imported"]
+    touched = [p for p in warm["opened"] if str(ds_dir) in p or str(tmp_path / "hf-datasets") in p]
+    assert touched == [], touched
+    for f in arrow:   # a read by Arrow (C++, unseen by the audit hook) would now fail
+        st = f.stat()
+        f.write_bytes(b"\xff" * st.st_size)
+        os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert _hf_name_start(tmp_path, overrides)["prepared"] == cold["prepared"]
+    # More rows: the directory's stat changes, the dataset is loaded anew (a new Arrow cache) and re-tokenized.
+    with open(ds_dir / "data" / "train.jsonl", "a") as fh:
+        fh.write("".join(json.dumps(r) + "\n" for r in rows[:200]))
+    grown = _hf_name_start(tmp_path, overrides)
+    assert grown["datasets_imported"]
+    assert grown["prepared"]["num_tokens"] + grown["prepared"]["val_num_tokens"] > \
+        cold["prepared"]["num_tokens"] + cold["prepared"]["val_num_tokens"]
+
+
 # ----------------------------------------------------------------------------- memory
 
 
