@@ -84,7 +84,7 @@ class DataConfig:
     max_bytes: Optional[int] = None
     """data=stdlib/hf: stop reading documents once this many bytes are read (a deterministic prefix); null = all. Range: >= 1, or null."""
     sources: list[Any] = field(default_factory=list)
-    """data=blend: `[{path: ..., weight: ...}, ...]`, a token file (see data.tokens_path) and its positive weight; each sample comes from source i with probability weight_i / sum(weights) (checked in layout.py)."""
+    """data=blend: `[{path: ..., weight: ...}, ...]`, a token file (see data.tokens_path) or a raw corpus (pretokenized first) and its positive weight; each sample comes from source i with probability weight_i / sum(weights) (checked in layout.py)."""
     token_dtype: Optional[str] = None
     """data=tokens/blend: `uint16` or `uint32` for flat token files without an index (nanoGPT's `train.bin` is uint16)."""
     num_workers: int = 1

@@ -306,6 +306,59 @@ def test_blend_proportions_and_exact_resume(tmp_path):
         assert got == sorted(ids[s * 8:(s + 1) * 8])
 
 
+def test_blend_raw_sources_are_pretokenized_with_the_runs_tokenizer(tmp_path):
+    """Blend sources that are raw corpora (a jsonl file, a directory of .py files) beside one of our token files:
+    each is pretokenized with the token file's tokenizer into the cache, then blended as token files are.
+    Proportions within 4.5 sigma of Binomial(n, w); each row decodes to its own source's text; a fresh reader
+    resumes exactly; a warm start reads neither raw corpus (overwritten with garbage of the same size and mtime,
+    the blend is unchanged). Without a tokenizer of the run, a raw source is refused."""
+    from tokenizers import Tokenizer
+
+    corpus = _corpus(tmp_path / "corpus")
+    ours = prepare_data(*_cfg(tmp_path / "cache", f"data.paths=[{corpus}]", "data.max_bytes=null"))
+    jsonl = tmp_path / "animals.jsonl"
+    jsonl.write_text("".join(json.dumps({"text": f"zebra quokka {i} " * 30}) + "\n" for i in range(300)))
+    pydir = tmp_path / "walrus"
+    pydir.mkdir()
+    for i in range(40):
+        (pydir / f"w{i}.py").write_text(f"class Walrus{i}:\n    tusk = {i}\n" * 20)
+    weights = (0.5, 0.3, 0.2)
+    paths = (ours.bin_path, jsonl, pydir)
+    sources = ",".join(f"{{path: {p}, weight: {w}}}" for p, w in zip(paths, weights))
+    cfg, layout = _cfg(tmp_path / "cache", "data=blend", f"data.sources=[{sources}]", "data.max_bytes=null")
+    prepared = prepare_data(cfg, layout)
+    assert [s["format"] for s in prepared.blend] == ["launcher"] * 3
+    assert all(s["path"].startswith(str(tmp_path / "cache")) and s["val_path"] for s in prepared.blend[1:])
+    layout = replace(layout, data_degree=1, micro_batch_size=4, grad_accum_steps=2, global_batch_size=8)
+    b = TokenBatches(prepared, layout, seed=5, dp_rank=0)
+    ids = [i for s in range(1000) for m in range(2) for i in b.train_sample_ids(s, m)]
+    src = np.searchsorted(b.train_offsets, ids, side="right") - 1
+    n = len(ids)
+    for i, w in enumerate(weights):
+        count = int((src == i).sum())
+        assert abs(count - n * w) <= 4.5 * (n * w * (1 - w)) ** 0.5, (i, count, n * w)
+    tok = Tokenizer.from_file(ours.tokenizer_path)
+    for j in range(0, 8000, 97):
+        text = tok.decode(b.batch([ids[j]])[0].tolist())
+        seen = ("zebra" in text or "quokka" in text, "Walrus" in text or "tusk" in text)
+        assert seen == (src[j] == 1, src[j] == 2), (src[j], text)
+    again = TokenBatches(prepared, layout, seed=5, dp_rank=0)
+    assert [again.train_sample_ids(s, m) for s in range(600, 620) for m in range(2)] == \
+        [ids[(s * 2 + m) * 4:(s * 2 + m + 1) * 4] for s in range(600, 620) for m in range(2)]
+    for f in [jsonl, *pydir.iterdir()]:
+        st = f.stat()
+        f.write_bytes(b"\xff" * st.st_size)
+        os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert prepare_data(cfg, layout) == prepared
+    flat = tmp_path / "flat.bin"
+    np.zeros(10_000, dtype=np.uint16).tofile(flat)
+    cfg, layout = _cfg(tmp_path / "cache", "data=blend", f"data.sources=[{{path: {flat}, weight: 1}}, {{path: {corpus}, weight: 1}}]",
+                       "data.token_dtype=uint16")
+    with pytest.raises(ConfigError) as info:
+        prepare_data(cfg, layout)
+    assert info.value.key == "data.tokenizer_path" and "data.sources[1].path" in info.value.rule, info.value
+
+
 def test_blend_bad_inputs(tmp_path):
     p = tmp_path / "a.bin"
     np.zeros(10_000, dtype=np.uint16).tofile(p)
@@ -381,8 +434,9 @@ def _losses(run_dir: Path) -> dict[int, float]:
 
 
 def test_blend_trains_and_resumes_exactly(cache_dir, tmp_path):
-    """2 CPU ranks on a 3-source blend (one of our token files, a Megatron pair, a flat file): 6 steps straight,
-    and 3 steps + a resume to 6, give the same losses (the data position is the step, through the blend)."""
+    """2 CPU ranks on a 4-source blend (one of our token files, a Megatron pair, a flat file, a raw jsonl corpus
+    pretokenized with the token file's tokenizer): 6 steps straight, and 3 steps + a resume to 6, give the same
+    losses (the data position is the step, through the blend)."""
     from train_helpers import launcher
 
     stdlib = prepare_data(*_cfg(cache_dir))
@@ -390,7 +444,10 @@ def test_blend_trains_and_resumes_exactly(cache_dir, tmp_path):
     third = len(ids) // 3
     write_megatron(tmp_path / "mega", [ids[third:2 * third]], 8, np.uint16)
     ids[2 * third:].tofile(tmp_path / "flat.bin")
-    sources = f"[{{path: {stdlib.bin_path}, weight: 5}}, {{path: {tmp_path / 'mega'}, weight: 3}}, {{path: {tmp_path / 'flat.bin'}, weight: 2}}]"
+    raw = tmp_path / "raw.jsonl"
+    raw.write_text("".join(json.dumps({"text": f"def r{i}(q):\n    return q + {i}\n" * 8}) + "\n" for i in range(200)))
+    sources = (f"[{{path: {stdlib.bin_path}, weight: 5}}, {{path: {tmp_path / 'mega'}, weight: 3}}, {{path: {tmp_path / 'flat.bin'}, weight: 2}}, "
+               f"{{path: {raw}, weight: 2}}]")
     common = [*base_overrides(cache_dir, 6), "data=blend", "data.seq_length=32", f"data.sources={sources}", "data.token_dtype=uint16",
               "scheduler.decay_steps=6", f"runs_dir={tmp_path / 'runs'}"]
     a = launcher(["train", *common, "run_name=a", "checkpoint.save_every=0"])
@@ -403,4 +460,4 @@ def test_blend_trains_and_resumes_exactly(cache_dir, tmp_path):
     assert sorted(ref) == sorted(got) == list(range(1, 7))
     assert max(abs(got[s] - ref[s]) for s in ref) < 1e-6, (ref, got)
     saved = json.loads((tmp_path / "runs" / "a" / "data.json").read_text())
-    assert saved["source"] == "blend" and [s["format"] for s in saved["blend"]] == ["launcher", "megatron", "flat"]
+    assert saved["source"] == "blend" and [s["format"] for s in saved["blend"]] == ["launcher", "megatron", "flat", "launcher"]
