@@ -279,16 +279,25 @@ def _eos_id(tok, path: str) -> int:
                       "add one of them as a special token, or leave data.tokenizer_path=null to train one")
 
 
+def tokenizer_location(cfg) -> Optional[Path]:
+    """data.tokenizer_path as a local path (a hub name: its snapshot in the local HF cache), or None."""
+    from launcher.config.hubcache import local_path
+
+    value = cfg.data.tokenizer_path
+    return Path(str(local_path("data.tokenizer_path", value))).expanduser() if value else None
+
+
 def build_tokenizer(cfg, docs, chash: str, cache: Path, console=None) -> tuple[Path, object]:
     """The tokenizer file for this corpus and vocab size: the user's, or a cached / freshly trained BPE."""
     from tokenizers import Tokenizer
     import tokenizers
 
     vocab = cfg.model.vocab_size
-    if cfg.data.tokenizer_path and Path(cfg.data.tokenizer_path).expanduser().is_dir():
-        return _pretrained_tokenizer(cfg, Path(cfg.data.tokenizer_path).expanduser(), cache)
-    if cfg.data.tokenizer_path:
-        path = Path(cfg.data.tokenizer_path).expanduser()
+    where = tokenizer_location(cfg)
+    if where is not None and where.is_dir():
+        return _pretrained_tokenizer(cfg, where, cache)
+    if where is not None:
+        path = where
         tok = inputs.load_tokenizer_file(path)
         if tok.get_vocab_size() != vocab:
             raise ConfigError("data.tokenizer_path", str(path),
@@ -368,7 +377,7 @@ def _manifest_key(cfg, docs: Documents) -> Optional[str]:
     else:
         files = [_file_stat(name, path) for name, path in docs.files()]
     if d.tokenizer_path:
-        tok = ["file", _stat_identity(Path(d.tokenizer_path))]
+        tok = ["file", _stat_identity(tokenizer_location(cfg))]
     else:
         import tokenizers
 
