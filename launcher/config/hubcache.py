@@ -46,8 +46,8 @@ def local_path(key: str, value):
     try:
         snap = Path(snapshot_download(name, local_files_only=True))
     except Exception as exc:  # LocalEntryNotFoundError (not cached), HFValidationError (not a repo id)
-        raise ConfigError(key, name, f"is a hub name that is not in the local Hugging Face cache {constants.HF_HUB_CACHE} "
-                          f"({type(exc).__name__}); the ranks read local files only", fix) from None
+        raise ConfigError(key, name, f"is not an existing path, and as a hub name it is not in the local Hugging Face cache "
+                          f"{constants.HF_HUB_CACHE} ({type(exc).__name__}); the ranks read local files only", fix) from None
     for group in NEEDS.get(key, ()):
         if not any((snap / f).exists() for f in group):
             raise ConfigError(key, name, f"its cached snapshot {snap} has none of {', '.join(group)} (a partial download)",
