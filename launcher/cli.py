@@ -364,9 +364,10 @@ def print_cfg_or_info(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from launcher.export import export_checkpoint
+    from launcher.export import export_checkpoint, parse_shard_size
 
-    out = export_checkpoint(args.checkpoint, args.out)
+    max_bytes = parse_shard_size(args.max_shard_size)   # refused before the checkpoint is read
+    out = export_checkpoint(args.checkpoint, args.out, max_shard_bytes=max_bytes)
     _console().print(f"wrote {out}", markup=False)
     return 0
 
@@ -423,6 +424,8 @@ def build_parser() -> argparse.ArgumentParser:
                             description="write a transformers directory (safetensors, config, tokenizer) from a checkpoint of any ZeRO stage")
     export.add_argument("checkpoint", help="<run_dir>/checkpoints/latest, a checkpoints dir or a step_* dir")
     export.add_argument("out", help="output directory")
+    export.add_argument("--max-shard-size", default="5GB", metavar="SIZE",
+                        help="largest safetensors shard, in transformers' units: 5GB (default), 500MB, 2GiB")
     export.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     export.set_defaults(func=cmd_export)
     return parser

@@ -2,7 +2,7 @@
 
 Runs offline in one process, without a process group, and streams: tensors are read from the checkpoint one at a
 time (mmap-loaded module files, or DeepSpeed's zero_to_fp32 in lazy mode for ZeRO-3 partitions) and written into
-safetensors shards of at most 5 GB (save_pretrained's default), so peak memory is one shard plus one tensor, never a
+safetensors shards of at most 5 GB (save_pretrained's default; `--max-shard-size` changes it), so peak memory is one shard plus one tensor, never a
 whole state dict. Weights are written in the training dtype: the values the forward pass used (a bf16 run's bf16
 module weights = bf16(fp32 master)), which is what a model trained in bf16 is published as.
 
@@ -59,6 +59,29 @@ def check_export_target(out: Path, tag_dir: Path) -> None:
 
 
 DEFAULT_MAX_SHARD_BYTES = 5 * 10**9   # transformers' save_pretrained default max_shard_size ("5GB")
+# transformers' units (transformers.utils.hub.convert_file_size_to_int): GB/MB/KB are powers of 10, GiB/MiB/KiB of
+# 2; a lowercase final "b" (e.g. "5Gb") means bits, as there.
+SIZE_UNITS = {"GIB": 2**30, "MIB": 2**20, "KIB": 2**10, "GB": 10**9, "MB": 10**6, "KB": 10**3}
+
+
+def parse_shard_size(text: str) -> int:
+    """`--max-shard-size` in bytes: an integer followed by transformers' unit ("5GB", "500MB", "2GiB"), or a plain
+    number of bytes. Anything else, or a size below 1 byte, is refused naming the flag, the value and the rule."""
+    value = str(text).strip()
+    upper = value.upper()
+    for unit, scale in SIZE_UNITS.items():
+        if upper.endswith(unit) and value[:-len(unit)].strip().isdigit():
+            n = int(value[:-len(unit)]) * scale
+            n = n // 8 if unit in ("GB", "MB", "KB") and value.endswith("b") else n
+            break
+    else:
+        n = int(value) if value.isdigit() else None
+    if not n:
+        raise ConfigError("--max-shard-size", text, "is not a shard size: an integer followed by a unit (KB, MB, GB = "
+                          "10^3, 10^6, 10^9 bytes; KiB, MiB, GiB = 2^10, 2^20, 2^30 bytes) or a number of bytes, at "
+                          "least 1 byte, as transformers' save_pretrained(max_shard_size=...) reads it",
+                          "e.g. --max-shard-size 5GB (the default) or --max-shard-size 500MB")
+    return n
 TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 

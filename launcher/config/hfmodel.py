@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Optional
 
 from launcher.config.errors import ConfigError
+from launcher.config.hubcache import local_path
 from launcher.config.secrets import refuse_secrets_in_config
 
 # transformers model_type -> model.arch. The llama family shares one decoder layout (q/k/v/o, SwiGLU, RMSNorm);
@@ -49,16 +50,15 @@ def source_key(model_cfg) -> Optional[str]:
 
 
 def config_path(key: str, value: str) -> Path:
-    """The config.json a `model.init_from` / `model.hf_config` value names (a directory, or for hf_config a .json)."""
-    path = Path(str(value)).expanduser()
+    """The config.json a `model.init_from` / `model.hf_config` value names (a directory, for hf_config also a .json,
+    or a hub name in the local Hugging Face cache: launcher/config/hubcache.py)."""
+    path = Path(str(local_path(key, value))).expanduser()
     if path.is_dir():
         path = path / "config.json"
     if not path.is_file():
-        hub = "/" in str(value) and not str(value).startswith(("/", ".", "~")) and not Path(str(value)).exists()
-        raise ConfigError(key, value, f"{path} does not exist" + (
-            " (a hub name needs a download, and the ranks read local files only)" if hub else ""),
-            "give a local transformers model directory holding config.json" + (
-                " (e.g. `huggingface-cli download NAME --local-dir DIR`, then " + key + "=DIR)" if hub else ""))
+        raise ConfigError(key, value, f"{path} does not exist",
+                          "give a local transformers model directory holding config.json, or a hub name downloaded into "
+                          "the local Hugging Face cache (`hf download owner/name`)")
     return path
 
 

@@ -51,7 +51,7 @@ class ModelConfig:
     activation_checkpointing: bool = False
     """Recompute each block's activations in the backward pass (saves memory, costs ~33% more compute)."""
     init_from: Optional[str] = None
-    """Path of a transformers checkpoint directory to start from instead of random init. Its config.json is then the
+    """Path of a transformers checkpoint directory (or an `owner/name` in the local HF cache) to start from instead of random init. Its config.json is then the
     model (trained and exported unchanged); every model.* value must equal it (launcher/config/hfmodel.py)."""
     hf_config: Optional[str] = None
     """A transformers config.json (or its directory) without weights: the model to build with the launcher's init,
@@ -75,7 +75,7 @@ class DataConfig:
     tokens_path: Optional[str] = None
     """data=tokens: a packed token file written by a previous run (`*.bin` with its `*.idx.json`)."""
     tokenizer_path: Optional[str] = None
-    """A trained tokenizer.json, or a transformers model/tokenizer directory (AutoTokenizer, local files only; e.g. the
+    """A trained tokenizer.json, or a transformers model/tokenizer directory or `owner/name` in the local HF cache (AutoTokenizer, local files only; e.g. the
     model.init_from directory), to use instead of training a byte-level BPE on the corpus."""
     val_fraction: float = 0.01
     """Fraction held out for evaluation: a seeded random set of documents (data=stdlib/hf), the last samples of a token file (data=tokens/blend). Range: [0, 0.5); > 0 when train.eval_every > 0."""
@@ -84,7 +84,7 @@ class DataConfig:
     max_bytes: Optional[int] = None
     """data=stdlib/hf: stop reading documents once this many bytes are read (a deterministic prefix); null = all. Range: >= 1, or null."""
     sources: list[Any] = field(default_factory=list)
-    """data=blend: `[{path: ..., weight: ...}, ...]`, a token file (see data.tokens_path) and its positive weight; each sample comes from source i with probability weight_i / sum(weights) (checked in layout.py)."""
+    """data=blend: `[{path: ..., weight: ...}, ...]`, a token file (see data.tokens_path) or a raw corpus (pretokenized first) and its positive weight; each sample comes from source i with probability weight_i / sum(weights) (checked in layout.py)."""
     token_dtype: Optional[str] = None
     """data=tokens/blend: `uint16` or `uint32` for flat token files without an index (nanoGPT's `train.bin` is uint16)."""
     num_workers: int = 1

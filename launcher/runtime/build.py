@@ -90,7 +90,9 @@ class CheckpointSlices:
 
         from safetensors import safe_open
 
-        self.root = Path(path)
+        from launcher.config.hubcache import local_path
+
+        self.root = Path(local_path("model.init_from", path))   # a hub name: its snapshot in the local HF cache
         index = self.root / "model.safetensors.index.json"
         if index.exists():
             self.weight_map = json.loads(index.read_text())["weight_map"]

@@ -8,10 +8,12 @@
       -> fixed-length samples of data.seq_length tokens
       -> sample ids for (step, micro step, dp rank) from a seeded permutation
     or token files made elsewhere (data=tokens: ours, Megatron .bin/.idx, flat nanoGPT .bin), or a weighted
-    blend of them (data=blend); for those the held-out samples are the last val_fraction of each file.
+    blend of them (data=blend; a raw corpus among its sources is pretokenized first, with the run's tokenizer);
+    for token files made elsewhere the held-out samples are the last val_fraction of each file.
 
-A warm start reads no raw data: a manifest keyed by the corpus files' paths, sizes and mtimes, the tokenizer's
-identity and the settings (_manifest_key) names the packed files, so start-up costs a stat per corpus file and
+A warm start reads no raw data: a manifest keyed by the corpus files' paths, sizes and mtimes (for data.hf_name,
+the dataset's cache files: launcher/runtime/hubdata.py), the tokenizer's identity and the settings (_manifest_key)
+names the packed files, so start-up costs a stat per corpus file and
 two small JSON reads, whatever the corpus size. Only a cold start reads the corpus (a hashing pass, the BPE
 training pass when no tokenizer is given, the tokenizing pass); a file lock per manifest makes the first process
 build and the others wait and reuse (every rank under SLURM calls this).
@@ -176,7 +178,8 @@ class Documents:
             except Exception as exc:  # datasets' errors name neither file nor line: find them
                 raise inputs.explain_hf_read_error(list(d.paths), self._builder, exc) from None
         elif d.hf_name:
-            inputs.check_hub_reachable(d.hf_name)
+            if not Path(d.hf_name).expanduser().is_dir():   # a local dataset directory needs no hub
+                inputs.check_hub_reachable(d.hf_name)
             try:
                 with inputs.quiet_datasets():
                     self._ds = datasets.load_dataset(d.hf_name, split="train")
@@ -276,16 +279,25 @@ def _eos_id(tok, path: str) -> int:
                       "add one of them as a special token, or leave data.tokenizer_path=null to train one")
 
 
+def tokenizer_location(cfg) -> Optional[Path]:
+    """data.tokenizer_path as a local path (a hub name: its snapshot in the local HF cache), or None."""
+    from launcher.config.hubcache import local_path
+
+    value = cfg.data.tokenizer_path
+    return Path(str(local_path("data.tokenizer_path", value))).expanduser() if value else None
+
+
 def build_tokenizer(cfg, docs, chash: str, cache: Path, console=None) -> tuple[Path, object]:
     """The tokenizer file for this corpus and vocab size: the user's, or a cached / freshly trained BPE."""
     from tokenizers import Tokenizer
     import tokenizers
 
     vocab = cfg.model.vocab_size
-    if cfg.data.tokenizer_path and Path(cfg.data.tokenizer_path).expanduser().is_dir():
-        return _pretrained_tokenizer(cfg, Path(cfg.data.tokenizer_path).expanduser(), cache)
-    if cfg.data.tokenizer_path:
-        path = Path(cfg.data.tokenizer_path).expanduser()
+    where = tokenizer_location(cfg)
+    if where is not None and where.is_dir():
+        return _pretrained_tokenizer(cfg, where, cache)
+    if where is not None:
+        path = where
         tok = inputs.load_tokenizer_file(path)
         if tok.get_vocab_size() != vocab:
             raise ConfigError("data.tokenizer_path", str(path),
@@ -351,24 +363,41 @@ def _file_stat(name: str, path: Path) -> list:
 
 def _manifest_key(cfg, docs: Documents) -> Optional[str]:
     """What decides the packed files without reading them: the corpus files' identities (stat), the tokenizer's,
-    and every setting the packing depends on. None for a hub dataset (no local files to stat).
+    and every setting the packing depends on. A data.hf_name dataset is known by its cache files (_hub_identity);
+    None when it has none (an in-memory dataset: hashed at each start).
 
     Size + mtime_ns is the check make, rsync and ccache (its "direct mode" also hashes) use; a file rewritten
     with the same size within the filesystem's timestamp granularity would be missed, as it is by them.
     """
     d = cfg.data
     if d.source == "hf" and not d.paths:
-        return None
+        files = _hub_identity(cfg, docs) if d.hf_name else None
+        if files is None:
+            return None
+    else:
+        files = [_file_stat(name, path) for name, path in docs.files()]
     if d.tokenizer_path:
-        tok = ["file", _stat_identity(Path(d.tokenizer_path))]
+        tok = ["file", _stat_identity(tokenizer_location(cfg))]
     else:
         import tokenizers
 
         tok = ["bpe", cfg.model.vocab_size, tokenizers.__version__]
     settings = {"format": FORMAT_VERSION, "source": d.source, "max_bytes": d.max_bytes, "text_field": d.text_field if d.source == "hf" else None,
                 "vocab_size": cfg.model.vocab_size, "tokenizer": tok, "val_fraction": d.val_fraction, "split_seed": d.split_seed,
-                "files": [_file_stat(name, path) for name, path in docs.files()]}
+                "files": files}
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _hub_identity(cfg, docs: Documents) -> Optional[list]:
+    """A data.hf_name dataset's identity by stat (launcher/runtime/hubdata.py): from the pointer a cold start
+    wrote, else by loading the dataset (the cold start, which reads it anyway) and writing that pointer."""
+    from launcher.runtime import hubdata
+
+    cache = Path(cfg.data.cache_dir).expanduser()
+    source, ident = hubdata.cached_identity(cache, cfg.data.hf_name)
+    if ident is None:
+        ident = hubdata.record_identity(cache, cfg.data.hf_name, source, docs._dataset())
+    return None if ident is None else ["hf_name", source, ident]
 
 
 def _read_manifest(path: Path) -> Optional[tuple[Path, dict]]:
@@ -724,12 +753,67 @@ def _tokens_source(cfg, layout) -> PreparedData:
                         train, val, "tokens", f["val_path"], f["val_num_tokens"], f["format"])
 
 
-def _blend_source(cfg, layout) -> PreparedData:
+def raw_corpus(path: str) -> Optional[dict]:
+    """The data.* settings that read a blend source as a raw corpus, or None for a token file: a .json/.jsonl/
+    .parquet/.txt/.csv file (as data=hf data.paths reads it), a directory holding such files (as data.hf_name
+    reads a local dataset directory), or a directory of .py files (as data=stdlib data.paths reads it)."""
+    p = Path(path).expanduser()
+    if p.is_dir():
+        if any(f.suffix.lower() in HF_BUILDERS for f in p.rglob("*") if f.is_file()):
+            return {"source": "hf", "paths": [], "hf_name": str(p)}
+        return {"source": "stdlib", "paths": [str(p)], "hf_name": None}
+    if p.suffix.lower() in HF_BUILDERS:
+        return {"source": "hf", "paths": [str(p)], "hf_name": None}
+    return None
+
+
+def _raw_source(cfg, i: int, raw: dict, tokenizer: str, progress: bool, console) -> str:
+    """Pretokenize blend source i (a raw corpus) with the run's tokenizer into the cache, as a data=stdlib/hf run
+    would (manifest included: a warm start stats it only), and return its token file (ours, with held-out documents)."""
+    from omegaconf import OmegaConf
+
+    sub = OmegaConf.to_container(cfg, resolve=True)
+    sub["data"].update(raw, tokenizer_path=tokenizer, sources=[], tokens_path=None)
+    path = str(cfg.data.sources[i]["path"])
+    try:
+        bin_path, _, _ = _packed(OmegaConf.create(sub), progress, console)
+    except ConfigError as err:   # the corpus's own keys name this source here
+        if err.key in ("data.paths", "data.hf_name", "data.text_field"):
+            raise ConfigError(f"data.sources[{i}].path", path, err.rule, err.fix) from None
+        raise
+    return str(bin_path)
+
+
+def _blend_tokenizer(cfg, opened: dict, raw: dict) -> str:
+    """The tokenizer raw blend sources are tokenized with: data.tokenizer_path, else the one our token-file sources
+    were made with (their index names it). Several different ones, or none, is refused."""
+    if cfg.data.tokenizer_path:
+        return str(cfg.data.tokenizer_path)
+    ours = sorted({f["tokenizer_path"] for f in opened.values() if f.get("tokenizer_path")})
+    if len(ours) == 1:
+        return ours[0]
+    i = min(raw)
+    raise ConfigError("data.tokenizer_path", cfg.data.tokenizer_path,
+                      f"data.sources[{i}].path = {cfg.data.sources[i]['path']} is a raw corpus, tokenized with the run's tokenizer "
+                      f"before it is blended, and there is " + ("none: no token file among the sources names one" if not ours else
+                                                              f"no single one: the token files were made with {', '.join(ours)}"),
+                      "set data.tokenizer_path to the tokenizer the token-file sources were made with (a tokenizer.json or a "
+                      "model directory)")
+
+
+def _blend_source(cfg, layout, progress: bool = False, console=None) -> PreparedData:
     seq = layout.seq_length
+    raw = {i: r for i, src in enumerate(cfg.data.sources) if (r := raw_corpus(str(src["path"]))) is not None}
+    opened = {i: open_token_file(cfg, str(src["path"]), f"data.sources[{i}].path")
+              for i, src in enumerate(cfg.data.sources) if i not in raw}
+    if raw:
+        tokenizer = _blend_tokenizer(cfg, opened, raw)
+        for i, r in sorted(raw.items()):
+            opened[i] = open_token_file(cfg, _raw_source(cfg, i, r, tokenizer, progress, console), f"data.sources[{i}].path")
     parts = []
     for i, src in enumerate(cfg.data.sources):
         key = f"data.sources[{i}].path"
-        f = open_token_file(cfg, str(src["path"]), key)
+        f = opened[i]
         if f["val_path"]:
             train, val = f["num_tokens"] // seq, f["val_num_tokens"] // seq
         else:
@@ -738,7 +822,8 @@ def _blend_source(cfg, layout) -> PreparedData:
             raise ConfigError(key, str(src["path"]), f"has {f['num_tokens']:,} tokens = {f['num_tokens'] // seq} samples of data.seq_length "
                               f"{seq}; a blend source needs >= 1 train sample{' and >= 1 held-out sample' if cfg.data.val_fraction > 0 else ''}",
                               "use a larger file, or lower data.seq_length")
-        parts.append(dict(f, weight=float(src["weight"]), train_samples=train, val_samples=val))
+        parts.append(dict(f, weight=float(src["weight"]), train_samples=train, val_samples=val,
+                          **({"corpus": str(src["path"])} if i in raw else {})))
     first = parts[0]
     eos = {p["eos_id"] for p in parts}
     return PreparedData(first["path"], next((p["tokenizer_path"] for p in parts if p["tokenizer_path"]), None), first["dtype"],
@@ -752,11 +837,24 @@ def prepare_data(cfg, layout, progress: bool = False, console=None) -> PreparedD
     if cfg.data.source == "tokens":
         return _tokens_source(cfg, layout)
     if cfg.data.source == "blend":
-        return _blend_source(cfg, layout)
+        return _blend_source(cfg, layout, progress, console)
     if cfg.data.source not in ("stdlib", "hf"):
         raise ConfigError("data.source", cfg.data.source, "must be stdlib, hf, tokens or blend", "select data=stdlib, data=hf, data=tokens or data=blend")
     if not 0.0 <= cfg.data.val_fraction < 1.0:
         raise ConfigError("data.val_fraction", cfg.data.val_fraction, "must be in [0, 1)", "use e.g. data.val_fraction=0.01")
+    bin_path, index, docs = _packed(cfg, progress, console)
+    val_bin = bin_path.with_name(index["val_bin"]) if index.get("val_bin") else None
+    f = {"num_tokens": index["num_tokens"], "val_path": str(val_bin) if val_bin else None, "val_num_tokens": index.get("val_num_tokens", 0)}
+    key_name, key_value = docs.key, list(cfg.data.paths) or (cfg.data.hf_name if cfg.data.source == "hf" else "stdlib")
+    if cfg.data.max_bytes is not None:
+        key_name, key_value = "data.max_bytes", cfg.data.max_bytes
+    train, val = _split(cfg, layout, f, key_name, key_value)
+    return PreparedData(str(bin_path), index["tokenizer_path"], index["dtype"], index["num_tokens"], cfg.model.vocab_size, index["eos_id"],
+                        layout.seq_length, train, val, cfg.data.source, f["val_path"], f["val_num_tokens"], "launcher")
+
+
+def _packed(cfg, progress: bool, console) -> tuple[Path, dict, Documents]:
+    """The packed files of a data=stdlib/hf corpus: found through the manifest (a warm start: stat only), else built."""
     cache = Path(cfg.data.cache_dir).expanduser()
     inputs.check_writable_dir("data.cache_dir", cfg.data.cache_dir)
     docs = Documents(cfg)
@@ -771,15 +869,7 @@ def prepare_data(cfg, layout, progress: bool = False, console=None) -> PreparedD
                 found = _build_packed(cfg, docs, cache, progress, console)
                 if manifest is not None:
                     write_atomic(manifest, json.dumps({"bin_path": str(found[0]), "tokenizer_path": found[1]["tokenizer_path"]}, indent=2).encode())
-    bin_path, index = found
-    val_bin = bin_path.with_name(index["val_bin"]) if index.get("val_bin") else None
-    f = {"num_tokens": index["num_tokens"], "val_path": str(val_bin) if val_bin else None, "val_num_tokens": index.get("val_num_tokens", 0)}
-    key_name, key_value = docs.key, list(cfg.data.paths) or (cfg.data.hf_name if cfg.data.source == "hf" else "stdlib")
-    if cfg.data.max_bytes is not None:
-        key_name, key_value = "data.max_bytes", cfg.data.max_bytes
-    train, val = _split(cfg, layout, f, key_name, key_value)
-    return PreparedData(str(bin_path), index["tokenizer_path"], index["dtype"], index["num_tokens"], cfg.model.vocab_size, index["eos_id"],
-                        layout.seq_length, train, val, cfg.data.source, f["val_path"], f["val_num_tokens"], "launcher")
+    return found[0], found[1], docs
 
 
 def _build_packed(cfg, docs: Documents, cache: Path, progress: bool, console) -> tuple[Path, dict]:

@@ -128,7 +128,9 @@ def hf_meta(cfg) -> dict:
         gen = path.parent / "generation_config.json"
         if gen.is_file():
             meta["generation_config"] = json.loads(gen.read_text(encoding="utf-8"))
-    tok = Path(cfg.data.tokenizer_path).expanduser() if getattr(cfg.data, "tokenizer_path", None) else None
+    from launcher.runtime.data import tokenizer_location
+
+    tok = tokenizer_location(cfg) if getattr(cfg.data, "tokenizer_path", None) else None
     if tok is not None and tok.is_dir():
         meta["tokenizer_files"] = {n: (tok / n).read_text(encoding="utf-8") for n in TOKENIZER_FILES if (tok / n).is_file()}
     return meta

@@ -60,7 +60,7 @@ def test_transformers5_rope_parameters_read(resolve, tmp_path):
 def test_missing_path_and_hub_name(resolve, tmp_path):
     with pytest.raises(ConfigError) as err:
         resolve(["recipe=llama3.1-8b", "model.init_from=meta-llama/Llama-3.1-8B"])
-    assert err.value.key == "model.init_from" and "hub name" in str(err.value) and "--local-dir" in str(err.value)
+    assert err.value.key == "model.init_from" and "hub name" in str(err.value) and "`hf download meta-llama/Llama-3.1-8B`" in str(err.value)
     with pytest.raises(ConfigError) as err:
         resolve(["recipe=llama3.1-8b", f"model.hf_config={tmp_path / 'none.json'}"])
     assert err.value.key == "model.hf_config"

@@ -80,6 +80,68 @@ def test_warm_start_trusts_size_and_mtime_not_content(tmp_path):
     assert info.value.key == "data.paths" and "UTF-8" in info.value.rule
 
 
+HF_NAME_PROBE = r"""
+import json, os, sys
+from launcher.config.compose import compose
+from launcher.config.layout import resolve_layout
+from launcher.runtime.data import prepare_data
+cfg = compose(json.loads(sys.argv[1]))
+layout = resolve_layout(cfg)
+opened = []
+sys.addaudithook(lambda event, args: opened.append(os.fsdecode(args[0])) if event == "open" and isinstance(args[0], (str, bytes, os.PathLike)) else None)
+prepared = prepare_data(cfg, layout)
+print(json.dumps({"prepared": prepared.as_dict(), "opened": opened, "datasets_imported": "datasets" in sys.modules}))
+"""
+
+
+def _hf_name_start(tmp_path, overrides):
+    """prepare_data in a fresh process (as a rank starts), with its own datasets cache and no hub."""
+    import subprocess
+
+    from train_helpers import PYTHON, REPO, child_env
+
+    env = child_env(HF_DATASETS_CACHE=tmp_path / "hf-datasets", HF_HOME=tmp_path / "hf-home", HF_HUB_OFFLINE=1,
+                    HF_DATASETS_OFFLINE=1)
+    out = subprocess.run([PYTHON, "-c", HF_NAME_PROBE, json.dumps(overrides)], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.splitlines()[-1])
+
+
+def test_hf_name_warm_start_reads_no_data(tmp_path):
+    """data.hf_name (a dataset directory, loaded by datasets.load_dataset as a hub dataset is, into its Arrow cache):
+    the cold start loads it and records its cache files; a warm start in a fresh process imports no datasets,
+    opens nothing under the dataset or its cache, and does not read the Arrow files (overwritten with garbage of
+    the same size and mtime, it still returns the same tokens). New rows in the dataset are a new dataset."""
+    ds_dir = tmp_path / "my-dataset"
+    (ds_dir / "data").mkdir(parents=True)
+    rows = [{"text": f"def h{i}(b):\n    return b * {i % 11} - {i}\n" * 10} for i in range(500)]
+    (ds_dir / "data" / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    overrides = [*base_overrides(tmp_path / "cache"), "data=hf", f"data.hf_name={ds_dir}", "data.max_bytes=null",
+                 "data.seq_length=32"]
+    cold = _hf_name_start(tmp_path, overrides)
+    assert cold["datasets_imported"]
+    arrow = sorted((tmp_path / "hf-datasets").rglob("*.arrow"))
+    assert arrow
+    warm = _hf_name_start(tmp_path, overrides)
+    assert warm["prepared"] == cold["prepared"]
+    assert not warm["datasets_imported"]
+    touched = [p for p in warm["opened"] if str(ds_dir) in p or str(tmp_path / "hf-datasets") in p]
+    assert touched == [], touched
+    for f in arrow:   # a read by Arrow (C++, unseen by the audit hook) would now fail
+        st = f.stat()
+        f.write_bytes(b"\xff" * st.st_size)
+        os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert _hf_name_start(tmp_path, overrides)["prepared"] == cold["prepared"]
+    # More rows: the directory's stat changes, the dataset is loaded anew (a new Arrow cache) and re-tokenized.
+    with open(ds_dir / "data" / "train.jsonl", "a") as fh:
+        fh.write("".join(json.dumps(r) + "\n" for r in rows[:200]))
+    grown = _hf_name_start(tmp_path, overrides)
+    assert grown["datasets_imported"]
+    assert grown["prepared"]["num_tokens"] + grown["prepared"]["val_num_tokens"] > \
+        cold["prepared"]["num_tokens"] + cold["prepared"]["val_num_tokens"]
+
+
 # ----------------------------------------------------------------------------- memory
 
 
@@ -244,6 +306,59 @@ def test_blend_proportions_and_exact_resume(tmp_path):
         assert got == sorted(ids[s * 8:(s + 1) * 8])
 
 
+def test_blend_raw_sources_are_pretokenized_with_the_runs_tokenizer(tmp_path):
+    """Blend sources that are raw corpora (a jsonl file, a directory of .py files) beside one of our token files:
+    each is pretokenized with the token file's tokenizer into the cache, then blended as token files are.
+    Proportions within 4.5 sigma of Binomial(n, w); each row decodes to its own source's text; a fresh reader
+    resumes exactly; a warm start reads neither raw corpus (overwritten with garbage of the same size and mtime,
+    the blend is unchanged). Without a tokenizer of the run, a raw source is refused."""
+    from tokenizers import Tokenizer
+
+    corpus = _corpus(tmp_path / "corpus")
+    ours = prepare_data(*_cfg(tmp_path / "cache", f"data.paths=[{corpus}]", "data.max_bytes=null"))
+    jsonl = tmp_path / "animals.jsonl"
+    jsonl.write_text("".join(json.dumps({"text": f"zebra quokka {i} " * 30}) + "\n" for i in range(300)))
+    pydir = tmp_path / "walrus"
+    pydir.mkdir()
+    for i in range(40):
+        (pydir / f"w{i}.py").write_text(f"class Walrus{i}:\n    tusk = {i}\n" * 20)
+    weights = (0.5, 0.3, 0.2)
+    paths = (ours.bin_path, jsonl, pydir)
+    sources = ",".join(f"{{path: {p}, weight: {w}}}" for p, w in zip(paths, weights))
+    cfg, layout = _cfg(tmp_path / "cache", "data=blend", f"data.sources=[{sources}]", "data.max_bytes=null")
+    prepared = prepare_data(cfg, layout)
+    assert [s["format"] for s in prepared.blend] == ["launcher"] * 3
+    assert all(s["path"].startswith(str(tmp_path / "cache")) and s["val_path"] for s in prepared.blend[1:])
+    layout = replace(layout, data_degree=1, micro_batch_size=4, grad_accum_steps=2, global_batch_size=8)
+    b = TokenBatches(prepared, layout, seed=5, dp_rank=0)
+    ids = [i for s in range(1000) for m in range(2) for i in b.train_sample_ids(s, m)]
+    src = np.searchsorted(b.train_offsets, ids, side="right") - 1
+    n = len(ids)
+    for i, w in enumerate(weights):
+        count = int((src == i).sum())
+        assert abs(count - n * w) <= 4.5 * (n * w * (1 - w)) ** 0.5, (i, count, n * w)
+    tok = Tokenizer.from_file(ours.tokenizer_path)
+    for j in range(0, 8000, 97):
+        text = tok.decode(b.batch([ids[j]])[0].tolist())
+        seen = ("zebra" in text or "quokka" in text, "Walrus" in text or "tusk" in text)
+        assert seen == (src[j] == 1, src[j] == 2), (src[j], text)
+    again = TokenBatches(prepared, layout, seed=5, dp_rank=0)
+    assert [again.train_sample_ids(s, m) for s in range(600, 620) for m in range(2)] == \
+        [ids[(s * 2 + m) * 4:(s * 2 + m + 1) * 4] for s in range(600, 620) for m in range(2)]
+    for f in [jsonl, *pydir.iterdir()]:
+        st = f.stat()
+        f.write_bytes(b"\xff" * st.st_size)
+        os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert prepare_data(cfg, layout) == prepared
+    flat = tmp_path / "flat.bin"
+    np.zeros(10_000, dtype=np.uint16).tofile(flat)
+    cfg, layout = _cfg(tmp_path / "cache", "data=blend", f"data.sources=[{{path: {flat}, weight: 1}}, {{path: {corpus}, weight: 1}}]",
+                       "data.token_dtype=uint16")
+    with pytest.raises(ConfigError) as info:
+        prepare_data(cfg, layout)
+    assert info.value.key == "data.tokenizer_path" and "data.sources[1].path" in info.value.rule, info.value
+
+
 def test_blend_bad_inputs(tmp_path):
     p = tmp_path / "a.bin"
     np.zeros(10_000, dtype=np.uint16).tofile(p)
@@ -319,8 +434,9 @@ def _losses(run_dir: Path) -> dict[int, float]:
 
 
 def test_blend_trains_and_resumes_exactly(cache_dir, tmp_path):
-    """2 CPU ranks on a 3-source blend (one of our token files, a Megatron pair, a flat file): 6 steps straight,
-    and 3 steps + a resume to 6, give the same losses (the data position is the step, through the blend)."""
+    """2 CPU ranks on a 4-source blend (one of our token files, a Megatron pair, a flat file, a raw jsonl corpus
+    pretokenized with the token file's tokenizer): 6 steps straight, and 3 steps + a resume to 6, give the same
+    losses (the data position is the step, through the blend)."""
     from train_helpers import launcher
 
     stdlib = prepare_data(*_cfg(cache_dir))
@@ -328,7 +444,10 @@ def test_blend_trains_and_resumes_exactly(cache_dir, tmp_path):
     third = len(ids) // 3
     write_megatron(tmp_path / "mega", [ids[third:2 * third]], 8, np.uint16)
     ids[2 * third:].tofile(tmp_path / "flat.bin")
-    sources = f"[{{path: {stdlib.bin_path}, weight: 5}}, {{path: {tmp_path / 'mega'}, weight: 3}}, {{path: {tmp_path / 'flat.bin'}, weight: 2}}]"
+    raw = tmp_path / "raw.jsonl"
+    raw.write_text("".join(json.dumps({"text": f"def r{i}(q):\n    return q + {i}\n" * 8}) + "\n" for i in range(200)))
+    sources = (f"[{{path: {stdlib.bin_path}, weight: 5}}, {{path: {tmp_path / 'mega'}, weight: 3}}, {{path: {tmp_path / 'flat.bin'}, weight: 2}}, "
+               f"{{path: {raw}, weight: 2}}]")
     common = [*base_overrides(cache_dir, 6), "data=blend", "data.seq_length=32", f"data.sources={sources}", "data.token_dtype=uint16",
               "scheduler.decay_steps=6", f"runs_dir={tmp_path / 'runs'}"]
     a = launcher(["train", *common, "run_name=a", "checkpoint.save_every=0"])
@@ -341,4 +460,4 @@ def test_blend_trains_and_resumes_exactly(cache_dir, tmp_path):
     assert sorted(ref) == sorted(got) == list(range(1, 7))
     assert max(abs(got[s] - ref[s]) for s in ref) < 1e-6, (ref, got)
     saved = json.loads((tmp_path / "runs" / "a" / "data.json").read_text())
-    assert saved["source"] == "blend" and [s["format"] for s in saved["blend"]] == ["launcher", "megatron", "flat"]
+    assert saved["source"] == "blend" and [s["format"] for s in saved["blend"]] == ["launcher", "megatron", "flat", "launcher"]

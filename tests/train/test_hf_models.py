@@ -132,16 +132,23 @@ def test_export_is_the_trained_model_under_the_input_config(runs, family):
 
 
 def test_export_shards_stream_in_the_training_dtype(runs, tmp_path):
-    """`launcher export` with small shards: transformers' index format, every shard under the limit, same logits."""
+    """`launcher export --max-shard-size 40KB`: transformers' index format, every shard's tensors within 40,000 bytes
+    (as transformers counts: tensor bytes, a larger tensor alone), from_pretrained loads it with the same logits."""
+    from safetensors import safe_open
     from transformers import AutoModelForCausalLM
 
-    from launcher.export import export_checkpoint
-
     _, run_dir = runs["qwen2"]
-    out = export_checkpoint(run_dir / "checkpoints" / "latest", tmp_path / "sharded", max_shard_bytes=40_000)
+    out = tmp_path / "sharded"
+    result = launcher(["export", str(run_dir / "checkpoints" / "latest"), str(out), "--max-shard-size", "40KB"])
+    assert result.returncode == 0, result.stderr[-3000:]
     index = json.loads((out / "model.safetensors.index.json").read_text())
     files = sorted(set(index["weight_map"].values()))
     assert len(files) > 2 and files[0] == f"model-00001-of-{len(files):05d}.safetensors"
+    for name in files:
+        with safe_open(out / name, "pt") as f:
+            sizes = [f.get_slice(k).get_shape() for k in f.keys()]
+        nbytes = sum(4 * torch.Size(s).numel() for s in sizes)   # fp32 (precision=fp32)
+        assert nbytes <= 40_000 or len(sizes) == 1, (name, nbytes)
     assert index["metadata"]["total_size"] == sum(p.numel() * 4 for p in
                                                   AutoModelForCausalLM.from_pretrained(out).parameters())
     a = AutoModelForCausalLM.from_pretrained(out).eval()
@@ -149,6 +156,16 @@ def test_export_shards_stream_in_the_training_dtype(runs, tmp_path):
     ids = torch.arange(40).view(1, 40)
     with torch.no_grad():
         assert torch.equal(a(input_ids=ids).logits, b(input_ids=ids).logits)
+
+
+@pytest.mark.parametrize("size", ["5XB", "1.5GB", "0MB", "-5GB"])
+def test_export_refuses_a_bad_shard_size_before_reading(tmp_path, size):
+    """A bad --max-shard-size is refused (exit 2, the flag, the value and the units named) before the checkpoint is
+    read: the checkpoint path here does not exist, and that is not what the error is about."""
+    result = launcher(["export", str(tmp_path / "no-such-ckpt"), str(tmp_path / "out"), f"--max-shard-size={size}"])
+    assert result.returncode == 2, result.stderr
+    assert f"--max-shard-size='{size}'" in result.stderr and "KiB, MiB, GiB" in result.stderr, result.stderr
+    assert "no-such-ckpt" not in result.stderr and not (tmp_path / "out").exists()
 
 
 def test_tokenizer_directory_larger_than_the_embedding_is_refused(tmp_path):
@@ -165,3 +182,13 @@ def test_tokenizer_directory_larger_than_the_embedding_is_refused(tmp_path):
     with pytest.raises(ConfigError) as err:
         build_tokenizer(cfg, [], "unused", tmp_path / "cache")
     assert err.value.key == "data.tokenizer_path" and f"has {TOKENS} tokens" in str(err.value)
+
+
+@pytest.mark.parametrize("size", ["5GB", "500MB", "40KB", "2GiB", "10MiB", "3KiB", "5Gb", "8kb"])
+def test_shard_size_units_are_transformers(size):
+    """--max-shard-size reads a size as transformers' save_pretrained(max_shard_size=...) does."""
+    from transformers.utils.hub import convert_file_size_to_int
+
+    from launcher.export import parse_shard_size
+
+    assert parse_shard_size(size) == convert_file_size_to_int(size)
