@@ -300,9 +300,11 @@ def _train_in_run_dir(cfg, layout, run_dir, lock, con, prepared, resume_from) ->
     con.print(f"run dir {run_dir}; starting {layout.gpus_per_node} local ranks"
               + (f", resuming from {resume_from}" if resume_from else ""), markup=False)
     if resume_from is None:
-        return start_local_ranks(config_path, layout.gpus_per_node, run_dir, lock_token=lock.token)
+        return start_local_ranks(config_path, layout.gpus_per_node, run_dir, lock_token=lock.token,
+                                 cpu=layout.device == "cpu")
     return start_local_ranks(config_path, layout.gpus_per_node, run_dir, overrides=[f"resume={resume_from}"],
-                             extra_env={ckpt.VERIFIED_ENV: str(resume_from)}, lock_token=lock.token)
+                             extra_env={ckpt.VERIFIED_ENV: str(resume_from)}, lock_token=lock.token,
+                             cpu=layout.device == "cpu")
 
 
 def cmd_submit(args) -> int:

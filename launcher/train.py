@@ -39,6 +39,7 @@ from launcher.runtime.metrics import (METRICS_FILE, SUMMARY_FILE, IntervalLoss, 
 from launcher.runtime.model import build_model
 from launcher.runtime.nonfinite import UpdateVeto, nonfinite_action
 from launcher.runtime.optimizer import param_groups
+from launcher.runtime.zero3 import shared_fp32_master
 
 def build_engine(cfg, layout, ds_config: dict):
     """The model (fixed-seed init, identical on every rank) wrapped by deepspeed.initialize.
@@ -78,7 +79,9 @@ def build_engine(cfg, layout, ds_config: dict):
         maybe_apply_activation_checkpointing(cfg, model)
     # No weight decay on norm weights and biases (launcher/runtime/optimizer.py: Megatron's rule).
     groups = param_groups(model, cfg.optimizer.weight_decay)
-    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=groups, config=ds_config, mpu=mpu)
+    # ZeRO-3 in fp32 keeps no second copy of the weights as master weights (launcher/runtime/zero3.py).
+    with shared_fp32_master():
+        engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=groups, config=ds_config, mpu=mpu)
     start_lr_schedule(engine)
     return engine
 

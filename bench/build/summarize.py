@@ -15,11 +15,18 @@ def rng(values, fmt="{:.2f}"):
 
 
 def build_table():
-    print("| code | size | layout | params held / rank | build s | HWM built GiB | HWM before step | RSS before step | HWM after step | step s | loss |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| code | size | layout | params held / rank | build s | HWM built GiB | HWM before step | RSS before step | HWM after step | step s | loss | load avg |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     def order(f):   # before/after, then model size (HIDDENxLAYERS), then layout
         _, code, size, mode = f.stem.split("-", 3)
         return code, int(size.split("x")[0]) if "x" in size else 10**9, mode
+
+    def load(f):   # the 1-minute load average at the start and end of the run (run_build.sh), where recorded
+        lf = f.with_name(f.name + ".load")
+        if not lf.exists():
+            return "-"
+        d = json.loads(lf.read_text())
+        return f"{d['load_start']:.1f} -> {d['load_end']:.1f}"
 
     for f in sorted(HERE.glob("build-*.json"), key=order):
         _, code, size, mode = f.stem.split("-", 3)
@@ -27,11 +34,13 @@ def build_table():
         print(f"| {code} | {size} | {mode} | {rng([x['params_held'] / 1e6 for x in r], '{:.1f}')}M | {rng([x['build_s'] for x in r], '{:.1f}')} "
               f"| {rng([x['hwm_built'] / GIB for x in r])} | {rng([x['hwm_before_step'] / GIB for x in r])} "
               f"| {rng([x.get('rss_before_step', 0) / GIB for x in r])} | {rng([x['hwm_after_step'] / GIB for x in r])} "
-              f"| {rng([x['step_s'] for x in r], '{:.1f}')} | {rng([x['loss'] for x in r], '{:.4f}')} |")
+              f"| {rng([x['step_s'] for x in r], '{:.1f}')} | {rng([x['loss'] for x in r], '{:.4f}')} | {load(f)} |")
 
 
 def zero3_traces():
-    for f in sorted(HERE.glob("build-after-*zero3*.json")):
+    for f in sorted(HERE.glob("build-*zero3*.json")):
+        if f.stem.startswith("build-before"):
+            continue
         r = json.loads(f.read_text())["ranks"][0]
         if not r.get("zero3_trace"):
             continue

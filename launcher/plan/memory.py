@@ -7,7 +7,8 @@ Models", section 5 and figure 1), bytes per parameter held by one rank, Psi para
         ZeRO 0: 2 + 2 + 12         ZeRO 1: 2 + 2 + 12/N_d
         ZeRO 2: 2 + (2 + 12)/N_d   ZeRO 3: (2 + 2 + 12)/N_d
     fp32 Adam: 4 + 4 + 8 at ZeRO 0 (torch AdamW on the model's own fp32 weights: no master copy);
-        at ZeRO >= 1 DeepSpeed still clones an fp32 master partition, so K = 12 again.
+        at ZeRO 1/2 DeepSpeed still clones an fp32 master partition, so K = 12 again; at ZeRO 3 the launcher
+        has it use the fp32 partition itself (launcher/runtime/zero3.py), so 4 + 4 + 8 all over N_d.
     bf16 with fp32 gradient accumulation (DeepSpeed's BF16_Optimizer, deepspeed/runtime/bf16_optimizer.py,
         what BLOOM ran): + 4 bytes of fp32 gradient buffer per parameter, NOT sharded (fp32_groups_gradients_flat
         is the full flat group), master weights and Adam states sharded over DP as in ZeRO 1.
@@ -78,7 +79,9 @@ def model_state_bytes(n_params: float, data_degree: int, zero_stage: int, dtype:
     if bf16_opt:
         # BF16_Optimizer: a full (unsharded) flat gradient buffer in the accumulation dtype.
         grads += n_params * (4 if grad_accum_fp32 else 2)
-    master = 0 if (dtype == "fp32" and zero_stage == 0) else 4
+    # fp32 weights are the master weights at ZeRO 0 (torch's optimizer on the model) and ZeRO 3
+    # (launcher/runtime/zero3.py); ZeRO 1/2 keep an fp32 clone.
+    master = 0 if (dtype == "fp32" and zero_stage in (0, 3)) else 4
     optimizer = n_params * (master + 8) / (d if (zero_stage >= 1 or bf16_opt) else 1)
     if offload_optimizer:
         optimizer = 0.0
@@ -318,8 +321,10 @@ def predict_model_state_bytes(cfg, layout, dp_rank: int = 0) -> dict:
         buffer of its padded size ceil(n_i / D) x D (partition_parameters.py all_gather_coalesced ->
         _all_gather_sequential; the GPT case of tests/plan/test_state_bytes.py, with odd-sized norms, pins it);
         grads w_acc sum(p_i) (grad_partitions_flat_buffer, _setup_for_real_optimizer);
-        optimizer 12 sum(p_i) + 4 per sub-group (fp32_partitioned_groups_flat is a clone even in fp32: the
-        reuse branch in _create_fp32_partitions compares a torch.device to a str, which is never equal).
+        optimizer 12 sum(p_i) + 4 per sub-group (fp32_partitioned_groups_flat, an fp32 clone of the partitions),
+        8 sum(p_i) + 4 per sub-group in fp32: there `launcher train` makes DeepSpeed use the fp32 partitions
+        themselves as the master weights (launcher/runtime/zero3.py: the reuse branch in _create_fp32_partitions
+        compares a torch.device to a str and never runs on its own).
     Buffers (returned apart, not model state): ZeRO 3 keeps one reduce bucket of reduce_bucket_size elements in
     the communication dtype for the engine's life (_setup_for_real_optimizer, ipg_buckets); ZeRO 1/2 allocate
     theirs per backward in setup_buckets and free them in _release_ipg_buffers, so none is held here (with
@@ -363,8 +368,9 @@ def predict_model_state_bytes(cfg, layout, dp_rank: int = 0) -> dict:
         persistent = sum(d * p for x, p in zip(numels, parts) if x <= PARAM_PERSISTENCE_THRESHOLD)
         params = w * (sum(parts) + persistent)
         grads = w_acc * sum(parts)
-        # stage3.py _create_fp16_sub_groups runs per parameter group.
-        optimizer = (master + adam) * sum(parts) + ADAM_STEP_BYTES * sum(zero3_sub_groups(g) for g in parts_g)
+        # stage3.py _create_fp16_sub_groups runs per parameter group; fp32 weights are their own master
+        # (launcher/runtime/zero3.py).
+        optimizer = ((master if w != 4 else 0) + adam) * sum(parts) + ADAM_STEP_BYTES * sum(zero3_sub_groups(g) for g in parts_g)
         buffers = REDUCE_BUCKET_ELEMENTS * w
     return {"params": params, "grads": grads, "optimizer": optimizer, "buffers": buffers,
             "total": params + grads + optimizer}

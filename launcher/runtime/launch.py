@@ -56,8 +56,16 @@ def torchrun_command(config_path: Path, nproc: int, overrides=()) -> list[str]:
             "-m", "launcher", "train", "--config", str(config_path), *overrides]
 
 
+# glibc malloc for CPU ranks (a user's own settings win). ZeRO-3 all-gathers whole parameters and frees them again
+# at every layer; with glibc's defaults (8 x cores arenas, a dynamic mmap threshold that climbs to 32 MiB) the
+# freed buffers stay in the ranks' heaps. Measured (bench/build/results.md, "glibc"): the 0.8B LLaMA as ZeRO-3 x DP4
+# on 4 CPU ranks was OOM-killed by a 14 GiB cgroup in its first step without these; with them each rank peaked
+# at 2.57-2.64 GiB after that step. Buffers above 4 MiB are mapped and unmapped on free; 2 arenas bound the rest.
+CPU_MALLOC_ENV = {"MALLOC_ARENA_MAX": "2", "MALLOC_MMAP_THRESHOLD_": str(4 << 20)}
+
+
 def start_local_ranks(config_path: Path, nproc: int, run_dir: Path, overrides=(), extra_env: Optional[dict] = None,
-                      lock_token: Optional[str] = None) -> int:
+                      lock_token: Optional[str] = None, cpu: bool = False) -> int:
     """Run torchrun in the foreground, passing our own termination signals on; 0 also when preempted cleanly.
 
     While it runs, RankWatch follows every rank: a rank that dies (no exit record: a signal, the OOM killer)
@@ -69,6 +77,8 @@ def start_local_ranks(config_path: Path, nproc: int, run_dir: Path, overrides=()
     env = dict(os.environ)
     # One BLAS/OpenMP thread per CPU rank unless the user chose otherwise (torchrun would set 1 and warn).
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    for key, value in (CPU_MALLOC_ENV.items() if cpu else ()):
+        env.setdefault(key, value)
     ranks_dir = run_dir / RANKS_DIR
     if ranks_dir.exists():
         for old in ranks_dir.glob("rank-*.json"):

@@ -15,13 +15,15 @@ reduce bucket was OOM-killed at 12 GiB in step 1 even at 0.2B).
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
 
 import torch
 import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from rank_records import report_ranks, vm  # noqa: E402  (re-exported: resume_memory_driver imports vm from here)
 
 SHAPE = ["model=tiny", "model.hidden_size=2048", "model.num_hidden_layers=16", "model.num_attention_heads=16",
          "model.num_key_value_heads=16", "model.intermediate_size=5504", "model.vocab_size=8192",
@@ -49,15 +51,6 @@ def shape() -> list[str]:
 
 SMALL_BUCKETS = {"reduce_bucket_size": 20_000_000, "stage3_prefetch_bucket_size": 20_000_000,
                  "sub_group_size": 10_000_000, "stage3_max_live_parameters": 100_000_000}
-
-
-def vm(key: str) -> int:
-    """VmHWM / VmRSS of this process in bytes (/proc/self/status)."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-    raise KeyError(key)
 
 
 # DeepSpeed 0.19.8 steps of deepspeed.initialize under ZeRO-3 (runtime/zero/stage3.py), in call order; with
@@ -124,6 +117,7 @@ def main() -> None:
     engine = build_engine(cfg, layout, ds)
     build_s = time.perf_counter() - t0
     hwm_before_step, rss["before_step"] = vm("VmHWM"), vm("VmRSS")
+    rss["file"] = vm("RssFile")   # of that, pages mapped from files (the libraries' code), shared by every rank
     held = sum((p.ds_tensor.numel() if hasattr(p, "ds_tensor") else p.numel()) for p in engine.module.parameters())
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, layout.vocab_size, (layout.micro_batch_size, layout.seq_length), generator=g)
@@ -136,17 +130,10 @@ def main() -> None:
         engine.step()
     step_s = time.perf_counter() - t1
     rec = {"rank": rank, "baseline_hwm": baseline, "hwm_built": at_initialize["hwm"], "hwm_before_step": hwm_before_step, "hwm_after_step": vm("VmHWM"),
-           "params_held": held, "zero3_trace": trace, "rss_built": rss["built"], "rss_before_step": rss["before_step"], "launcher": os.path.dirname(launcher.__file__), "build_s": build_s, "step_s": step_s, "loss": float(loss)}
-    recs = [None] * world
-    dist.all_gather_object(recs, rec)
-    if rank == 0:
-        with open(out_path, "w") as f:
-            json.dump({"mode": mode, "ranks": recs}, f, indent=1)
-        print(f"[build_memory] {mode} ({rec['launcher']}): " + ", ".join(
-            f"r{r['rank']} HWM built/step/after {r['hwm_built'] / 2**30:.2f}/{r['hwm_before_step'] / 2**30:.2f}/"
-            f"{r['hwm_after_step'] / 2**30:.2f} GiB "
-            f"build {r['build_s']:.1f}s step {r['step_s']:.1f}s loss {r['loss']:.4f}" for r in recs), flush=True)
-    dist.barrier()
+           "params_held": held, "zero3_trace": trace, "rss_built": rss["built"], "rss_before_step": rss["before_step"], "rss_file_before_step": rss["file"], "launcher": os.path.dirname(launcher.__file__), "build_s": build_s, "step_s": step_s, "loss": float(loss)}
+    report_ranks(rec, out_path, {"mode": mode}, f"[build_memory] {mode} ({rec['launcher']}): ", lambda r: (
+        f"r{r['rank']} HWM built/step/after {r['hwm_built'] / 2**30:.2f}/{r['hwm_before_step'] / 2**30:.2f}/"
+        f"{r['hwm_after_step'] / 2**30:.2f} GiB build {r['build_s']:.1f}s step {r['step_s']:.1f}s loss {r['loss']:.4f}"))
     dist.destroy_process_group()
 
 

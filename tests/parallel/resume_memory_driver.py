@@ -13,7 +13,6 @@ checkpoint is real) for the reasons build_memory_driver.py gives for not using A
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -23,7 +22,8 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from build_memory_driver import MODES, SMALL_BUCKETS, shape, vm  # noqa: E402
+from build_memory_driver import MODES, SMALL_BUCKETS, shape  # noqa: E402
+from rank_records import report_ranks, vm  # noqa: E402
 
 
 def main() -> None:
@@ -89,17 +89,10 @@ def main() -> None:
         # Bytes read whole into memory: files torch.load read without mmap.
         rec["bytes_read"] = sum(b for _, b, m in read if not m)
         rec["loss"] = step()
-    recs = [None] * world
-    dist.all_gather_object(recs, rec)
-    if rank == 0:
-        with open(out_path, "w") as f:
-            json.dump({"mode": mode, "phase": phase, "ranks": recs}, f, indent=1)
-        if phase == "resume":
-            print(f"[resume_memory] {mode}: " + ", ".join(
-                f"r{r['rank']} HWM before/after load {r['hwm_before_load'] / 2**30:.2f}/{r['hwm_after_load'] / 2**30:.2f} GiB "
-                f"RSS {r['rss_before_load'] / 2**30:.2f}/{r['rss_after_load'] / 2**30:.2f} read {r['bytes_read'] / 2**30:.2f} GiB "
-                f"in {len(r['files'])} files, load {r['load_s']:.1f}s loss {r['loss']:.4f}" for r in recs), flush=True)
-    dist.barrier()
+    report_ranks(rec, out_path, {"mode": mode, "phase": phase}, f"[resume_memory] {mode}: ", None if phase == "save" else lambda r: (
+        f"r{r['rank']} HWM before/after load {r['hwm_before_load'] / 2**30:.2f}/{r['hwm_after_load'] / 2**30:.2f} GiB "
+        f"RSS {r['rss_before_load'] / 2**30:.2f}/{r['rss_after_load'] / 2**30:.2f} read {r['bytes_read'] / 2**30:.2f} GiB "
+        f"in {len(r['files'])} files, load {r['load_s']:.1f}s loss {r['loss']:.4f}"))
     dist.destroy_process_group()
 
 

@@ -25,6 +25,7 @@ from launcher.deepspeed_config import build_deepspeed_config
 from launcher.runtime.model import build_model
 from launcher.runtime.optimizer import param_groups
 from launcher.runtime.state_bytes import measure_model_state_bytes, model_state_tensors
+from launcher.runtime.zero3 import shared_fp32_master
 
 
 def live_storages() -> dict:
@@ -57,9 +58,10 @@ def run_case(overrides: list) -> dict:
     cfg = compose(overrides)
     layout = resolve_layout(cfg)
     model = build_model(cfg.model, seed=cfg.train.seed, vocab_size=layout.padded_vocab_size)
-    # The two parameter groups `launcher train` passes (launcher/train.py build_engine).
-    engine, *_ = deepspeed.initialize(model=model, model_parameters=param_groups(model, cfg.optimizer.weight_decay),
-                                      config=build_deepspeed_config(cfg, layout))
+    # The two parameter groups `launcher train` passes, and its ZeRO-3 fp32 master sharing (launcher/train.py build_engine).
+    with shared_fp32_master():
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=param_groups(model, cfg.optimizer.weight_decay),
+                                          config=build_deepspeed_config(cfg, layout))
     gen = torch.Generator().manual_seed(dist.get_rank())
     result = {}
     for step in range(2):
