@@ -52,7 +52,7 @@ def train(name: str, ranks: int, extra: list[str], profile: Path, steps: int, ru
             f"runs_dir={runs}", f"run_name=bench-{name.replace(' ', '').lower()}", f"train.steps={steps}",
             "scheduler.warmup_steps=2", "logging.log_every=1", "logging.progress_bar=false", "train.eval_every=0",
             "checkpoint.save_every=0", "checkpoint.export_hf=false", *extra]
-    started = time.perf_counter()
+    started, load_before = time.perf_counter(), os.getloadavg()
     proc = subprocess.run(args, cwd=REPO, capture_output=True, text=True)
     if proc.returncode != 0:
         return {"layout": name, "error": proc.stderr[-2000:], "command": " ".join(args[1:])}
@@ -62,21 +62,24 @@ def train(name: str, ranks: int, extra: list[str], profile: Path, steps: int, ru
     return {"layout": name, "ranks": ranks, "command": "launcher " + " ".join(args[1:]).replace(str(runs), "RUNS"),
             "measured_s": summary["step_time_s"], "predicted_s": summary["predicted_step_time_s"],
             "ratio": summary["step_time_over_predicted"], "step_times_s": steps_s, "wall_s": time.perf_counter() - started,
-            "load_avg_after": os.getloadavg()}
+            "load_avg_before": load_before, "load_avg_after": os.getloadavg()}
 
 
 def render() -> None:
     doc = json.loads((HERE / "results.json").read_text())
     m = doc["machine"]
-    lines = ["| layout | ranks | measured median step (ms) | predicted at run time (ms) | predicted, committed model (ms) "
-             "| measured / committed | within 15% |", "|---|---|---|---|---|---|---|"]
+    lines = ["| layout | ranks | measured median step (ms) | repeats (ms) | load avg (1 min) before-after | "
+             "predicted at run time (ms) | predicted, committed model (ms) | measured / committed | within 15% |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in doc["results"]:
         if "error" in r:
-            lines.append(f"| {r['layout']} | | failed | | | | |")
+            lines.append(f"| {r['layout']} | | failed | | | | | | |")
             continue
         now = r.get("predicted_committed_s", r["predicted_s"])
         ratio = r["measured_s"] / now
-        lines.append(f"| {r['layout']} | {r['ranks']} | {r['measured_s'] * 1e3:.0f} | {r['predicted_s'] * 1e3:.0f} | "
+        reps = ", ".join(f"{x * 1e3:.0f}" for x in r.get("repeats_measured_s", [r["measured_s"]]))
+        loads = ", ".join(f"{a:.1f}-{b:.1f}" for a, b in r.get("repeats_load_avg", []))
+        lines.append(f"| {r['layout']} | {r['ranks']} | {r['measured_s'] * 1e3:.0f} | {reps} | {loads} | {r['predicted_s'] * 1e3:.0f} | "
                      f"{now * 1e3:.0f} | {ratio:.2f} | {'yes' if abs(ratio - 1) <= 0.15 else 'no'} |")
     cmds = "\n".join(f"    {r['command']}" for r in doc["results"] if "command" in r)
     table = "\n".join(lines)
@@ -99,6 +102,7 @@ def main() -> None:
     ap.add_argument("--no-calibrate", action="store_true")
     ap.add_argument("--steps", type=int, default=14)
     ap.add_argument("--only", nargs="*", default=None)
+    ap.add_argument("--repeat", type=int, default=1, help="run every layout this many times (all layouts, then again)")
     ap.add_argument("--render", action="store_true", help="only redraw results.md's table from results.json")
     args = ap.parse_args()
     if args.render:
@@ -108,14 +112,27 @@ def main() -> None:
     profiles = {2: HERE / "profile.yaml", 4: HERE / "profile-4.yaml"}
     if not args.no_calibrate:
         profiles = {r: calibrate(r) for r in (2, 4)}
-    results = []
-    with tempfile.TemporaryDirectory() as tmp:
+    runs: dict = {}
+    for rep in range(args.repeat):
         for name, (ranks, extra) in LAYOUTS.items():
             if args.only and name not in args.only:
                 continue
-            r = train(name, ranks, extra, profiles[ranks].relative_to(REPO), args.steps, Path(tmp))
+            with tempfile.TemporaryDirectory() as tmp:
+                r = train(name, ranks, extra, profiles[ranks].relative_to(REPO), args.steps, Path(tmp))
             print(json.dumps({k: v for k, v in r.items() if k != "step_times_s"}), flush=True)
-            results.append(r)
+            runs.setdefault(name, []).append(r)
+    results = []
+    for name, rs in runs.items():
+        ok = [r for r in rs if "error" not in r]
+        if not ok:
+            results.append(rs[0])
+            continue
+        # The row: the run whose median step is the median of the repeats (the lower middle one for an even count).
+        ok.sort(key=lambda r: r["measured_s"])
+        row = dict(ok[(len(ok) - 1) // 2])
+        row["repeats_measured_s"] = [r["measured_s"] for r in rs if "error" not in r]
+        row["repeats_load_avg"] = [[r["load_avg_before"][0], r["load_avg_after"][0]] for r in rs if "error" not in r]
+        results.append(row)
     machine = {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
                "torch": torch.__version__, "load_avg_at_end": os.getloadavg()}
     old = json.loads((HERE / "results.json").read_text()) if (HERE / "results.json").exists() and args.only else {}
