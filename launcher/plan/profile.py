@@ -13,8 +13,13 @@ A profile says how fast one accelerator (or one CPU rank) runs each kind of oper
     intra / inter           collective link inside / across nodes: latency_s per collective call and
                             bus_gbps, the NCCL-tests "bus bandwidth" (a ring all-reduce of B bytes on n ranks
                             takes latency + 2 (n-1)/n B / bus bandwidth)
+    all_to_all              optional: the all-to-all inside a node, where calibrate measured it apart
     host_memory_gb          RAM per node; compute_slots: ranks per node that compute at once (CPU cores for
                             CPU ranks; None for GPUs, one per GPU)
+    zero3_module_s          DeepSpeed ZeRO-3's hook cost per module per micro-batch (forward + backward),
+                            measured by `launcher calibrate` on a ZeRO-3 engine against the same model plain;
+                            0 in the built-in GPU profiles (not measured there: the hooks are host-side Python
+                            that runs while queued GPU kernels execute, hidden when those kernels are large)
 
 The built-in GPU profiles cite every constant below. `launcher calibrate` writes the same fields,
 measured, to a YAML file (PROFILE_VERSION); `cluster.profile=PATH` selects it.
@@ -57,6 +62,10 @@ class Profile:
     # once the operands leave the caches.
     gemm_table: dict = field(default_factory=dict)
     attention_table: dict = field(default_factory=dict)
+    zero3_module_s: float = 0.0
+    # All-to-all (Ulysses) inside a node where measured apart from the all-reduce (gloo runs them by different
+    # algorithms); None: the intra link.
+    all_to_all: Optional[Link] = None
 
     def gemm_table_for(self, dtype: str) -> Optional[list]:
         return _table(self.gemm_table, dtype)
@@ -233,6 +242,9 @@ def load_profile(path: str) -> Profile:
             compute_slots=None if doc.get("compute_slots") is None else int(doc["compute_slots"]),
             gemm_table={str(k): [[float(a), float(b)] for a, b in v] for k, v in (doc.get("gemm_table") or {}).items()},
             attention_table={str(k): [[float(a), float(b)] for a, b in v] for k, v in (doc.get("attention_table") or {}).items()},
+            zero3_module_s=float(doc.get("zero3_module_s") or 0.0),
+            all_to_all=(Link(float(doc["all_to_all"]["latency_s"]), float(doc["all_to_all"]["bus_gbps"]))
+                        if doc.get("all_to_all") else None),
             source=f"{p} ({doc.get('source', 'launcher calibrate')})")
     except (TypeError, ValueError, KeyError, AttributeError) as err:
         raise ConfigError(key, path, f"has a malformed field ({type(err).__name__}: {err})", fix)

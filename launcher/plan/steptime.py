@@ -24,11 +24,14 @@ One micro-batch on one rank (n = b s / sp tokens outside attention; t = TP, sp =
                             gradient, writes the outgoing one).
     TP (Megatron)           per block 2 all-reduces of n h w forward and 2 backward (Shoeybi et al. 2019,
                             fig. 3), + 2 with full recompute; the embedding, head and loss are replicated on
-                            the TP ranks (as the runtime builds them). all-reduce of B bytes over r ranks:
-                            latency + 2 (r - 1)/r B / bus bandwidth (ring; NCCL-tests' busbw convention).
-    TP + Megatron SP        (parallel.sequence_parallel; Korthikanti et al. 2022, section 4.2.2) each all-reduce
-                            becomes an all-gather and a reduce-scatter of the same tensor: the same ring bytes,
-                            so the TP charge is unchanged; the norms and residual adds run on n / t tokens.
+                            the TP ranks (as the pipeline grid's TP builds them). DeepSpeed AutoTP (TP without
+                            a pipeline) all-reduces backward once per column-parallel linear (LLaMA 5 per block)
+                            and shards the head by vocabulary, all-gathering its logits. all-reduce of B bytes
+                            over r ranks: latency + 2 (r - 1)/r B / bus bandwidth (ring; NCCL-tests' busbw).
+    TP + Megatron SP        (parallel.sequence_parallel; Korthikanti et al. 2022, section 4.2.2; our TP on the
+                            pipeline engine, one stage without a pipeline) each all-reduce becomes an all-gather
+                            and a reduce-scatter of the same tensor: the same ring bytes, so the TP charge is
+                            unchanged; the norms and residual adds run on n / t tokens.
     Ulysses SP              4 all-to-alls (q, k, v, output) forward and 4 backward per block, (sp-1)/sp of
                             each tensor crosses the link (Jacobs et al. 2023, section 3.1).
     recompute (full)        the forward of every block again before its backward.
@@ -46,12 +49,15 @@ One micro-batch on one rank (n = b s / sp tokens outside attention; t = TP, sp =
                             our DeepSpeed config) the traffic of a micro-batch hides behind its backward (ZeRO
                             3: its forward + backward, prefetched) and only the excess is exposed; the pipeline
                             engine and ZeRO 0 reduce after the flush, exposed; on CPU ranks (overlap_comm off)
-                            everything is exposed.
+                            everything is exposed. ZeRO-3 also runs Python hooks on every module, forward and
+                            backward: modules x the profile's measured zero3_module_s per micro-batch.
     optimizer               AdamW over this rank's shard at memory bandwidth: fp32 master, m, v read and
                             written, the gradient read (and the norm's extra read), the low-precision weights
                             written: (4 + 4 + 4) x 2 + 4 + 4 (+ 2 for a 16-bit copy) bytes per parameter.
     CPU ranks               when a node runs more ranks than the profile's compute_slots (cores), compute
-                            stretches by ranks / slots.
+                            stretches by ranks / slots while every rank computes; a pipeline's ranks idle in
+                            fill and drain, so its step is the larger of the critical path at full speed and
+                            the node's total compute over its slots (_compute_stretch).
 """
 
 from __future__ import annotations
@@ -62,7 +68,8 @@ from typing import Optional
 
 from launcher.plan.flops import flops_per_token, recompute_flops_per_token
 from launcher.plan.inputs import Hardware, ModelShape, Strategy
-from launcher.plan.memory import REDUCE_BUCKET_ELEMENTS, blocks_in_stage, stage_params, weight_bytes
+from launcher.plan.memory import (PARAM_PERSISTENCE_THRESHOLD, REDUCE_BUCKET_ELEMENTS, blocks_in_stage, stage_params,
+                                  weight_bytes)
 from launcher.plan.profile import Link, Profile, interpolate
 
 F32 = 4
@@ -194,7 +201,8 @@ def block_costs(shape: ModelShape, st: Strategy, prof: Profile, links: dict) -> 
         gemm(n, (a + 2 * kv) * d / t, h)         # fused qkv (GPT c_attn, BLOOM query_key_value)
     if sp > 1:
         # Ulysses: q, k, v scattered by heads / gathered by sequence before attention, the output back after
-        a2a = gather_s((q_el + 2 * kv_el) * w, sp, links["sp"]) + gather_s(q_el * w, sp, links["sp"])
+        # one all-to-all per tensor (DeepSpeed _SeqAllToAll: q, k, v, then the output), each paying the latency
+        a2a = 2 * gather_s(q_el * w, sp, links["sp"]) + 2 * gather_s(kv_el * w, sp, links["sp"])
         fwd.sp += a2a
         bwd.sp += a2a
     heads = a / (t * sp)
@@ -224,9 +232,26 @@ def block_costs(shape: ModelShape, st: Strategy, prof: Profile, links: dict) -> 
     mem(3 * x_out * w, 1)                         # residual add
     if t > 1:
         ar = all_reduce_s(x * w, t, links["tp"])
-        fwd.tp += 2 * ar
-        bwd.tp += 2 * ar
+        fwd.tp += 2 * ar                          # after o_proj and down_proj (row-parallel)
+        bwd.tp += _column_parallel_groups(shape, st) * ar
     return fwd, bwd
+
+
+def _autotp(st: Strategy) -> bool:
+    """TP without the pipeline engine runs DeepSpeed AutoTP; on it (stages, or Megatron SP on one stage),
+    launcher/parallel/tensor.py (train.py build_engine)."""
+    return st.tensor_degree > 1 and not st.pipeline_engine
+
+
+def _column_parallel_groups(shape: ModelShape, st: Strategy) -> int:
+    """Backward all-reduces of the input gradient per block. launcher/parallel/tensor.py puts one f in front of
+    each sub-layer's column-parallel group (Megatron: 2 per block). DeepSpeed AutoTP's LinearLayer all-reduces
+    in the backward of every column-parallel linear separately (deepspeed/module_inject/layers.py, class
+    ColumnParallel, used by LinearLayer.forward): LLaMA's q, k, v, gate, up (5), BLOOM's query_key_value and
+    dense_h_to_4h (2). Counted in a profile of a TP2 step: 21 ColumnParallelBackward per micro-batch = 4 x 5 + the head."""
+    if not _autotp(st):
+        return 2
+    return 5 if shape.arch == "llama" else 2
 
 
 def end_costs(shape: ModelShape, st: Strategy, prof: Profile, links: dict) -> tuple[Cost, Cost]:
@@ -234,10 +259,13 @@ def end_costs(shape: ModelShape, st: Strategy, prof: Profile, links: dict) -> tu
     sp, b, s = st.sequence_degree, st.micro_batch_size, st.seq_length
     h, w = shape.hidden_size, weight_bytes(st.dtype)
     n = b * s / sp
-    # The runtime's TP shards the blocks only: the embedding, final norm and head stay replicated on every TP
-    # rank (launcher/parallel/tensor.py docstring; DeepSpeed AutoTP likewise replaces the blocks' linears), so
-    # each TP rank computes the whole head and loss, and no vocab-parallel collective is charged.
+    # The pipeline grid's TP (launcher/parallel/tensor.py) shards the blocks only: the embedding, final norm and
+    # head stay replicated on every TP rank, which computes the whole head and loss. DeepSpeed AutoTP (TP without a
+    # pipeline) makes the training-mode lm_head a column-parallel LinearLayer with gather_output=True
+    # (deepspeed/module_inject/auto_tp.py, training_column_lm_head): each rank computes V/t logits, all-gathers
+    # them forward, and all-reduces the input gradient backward; the loss runs on the whole logits on every rank.
     v = st.padded_vocab_size
+    t = st.tensor_degree if _autotp(st) else 1
     rate = gemm_rate(prof, st.dtype)
     first = Cost()
     # lookup: read the rows, write the hidden states; backward: zero the dense (V/t, h) gradient, index_add n rows
@@ -245,7 +273,9 @@ def end_costs(shape: ModelShape, st: Strategy, prof: Profile, links: dict) -> tu
     last = Cost()
     nb, nk = _norm_bytes(n * h, shape.arch, w)
     last.memory += memory_s(3 * nb, 3 * nk, prof)              # final norm, forward + backward
-    last.gemm += (gemm_s(n, v, h, w, prof, rate) + gemm_s(n, h, v, w, prof, rate) + gemm_s(h, v, n, w, prof, rate))
+    last.gemm += (gemm_s(n, v / t, h, w, prof, rate) + gemm_s(n, h, v / t, w, prof, rate) + gemm_s(h, v / t, n, w, prof, rate))
+    if t > 1:
+        last.tp += gather_s(n * v * w, t, links["tp"]) + all_reduce_s(n * h * w, t, links["tp"])
     # cross-entropy on fp32 logits (transformers upcasts): cast, max, exp-sum, log-softmax written, gathered;
     # backward reads and writes the fp32 logits and casts back
     logits = n * v
@@ -277,13 +307,14 @@ class StepTime:
     sp_comm_s: float = 0.0
     recompute_s: float = 0.0
     optimizer_s: float = 0.0
+    engine_s: float = 0.0            # DeepSpeed's per-module ZeRO-3 hooks (profile.zero3_module_s)
     profile: str = ""
 
     def breakdown(self) -> dict:
         """Seconds per step by term; they add up to step_time_s (recompute is inside gemm/attention/memory_bound)."""
         return {"gemm": self.gemm_s, "attention": self.attention_s, "memory_bound": self.memory_bound_s,
                 "optimizer": self.optimizer_s, "tp_comm": self.tp_comm_s,
-                "sp_comm": self.sp_comm_s, "pp_comm": self.pp_comm_s, "bubble": self.bubble_s,
+                "sp_comm": self.sp_comm_s, "pp_comm": self.pp_comm_s, "bubble": self.bubble_s, "engine": self.engine_s,
                 "dp_comm_exposed": self.dp_comm_exposed_s}
 
 
@@ -293,7 +324,8 @@ def _links(st: Strategy, prof: Profile) -> dict:
 
     def link(span):
         return prof.intra if span <= g else prof.inter
-    return {"tp": link(t), "sp": link(t * sp), "pp": link(t * sp * p), "dp": link(st.world_size)}
+    sp_link = prof.all_to_all if prof.all_to_all is not None and t * sp <= g else link(t * sp)
+    return {"tp": link(t), "sp": sp_link, "pp": link(t * sp * p), "dp": link(st.world_size)}
 
 
 def _optimizer_s(params: float, st: Strategy, prof: Profile, tensors: int) -> float:
@@ -321,17 +353,24 @@ def estimate_step_time(shape: ModelShape, st: Strategy, hw: Hardware, train_toke
     act_bytes = st.micro_batch_size * s / sp * shape.hidden_size * w / t  # pipe_partitioned: scattered over TP
     p2p = p2p_s(act_bytes, links["pp"]) if p > 1 else 0.0
 
-    stages = []
+    costs = []
     for stage in range(p):
         c = per_block * blocks_in_stage(shape, st, stage)
         if stage == 0:
             c = c + first
         if stage == p - 1:
             c = c + last
+        costs.append(c)
+    hooks = _zero3_hooks_s(shape, st, prof, costs)
+    k = _compute_stretch(costs, hooks, m, p, ranks_here, prof, stretch, p2p)
+
+    stages = []
+    for stage, c in enumerate(costs):
         neighbours = (stage > 0) + (stage < p - 1)
-        compute = c.compute * stretch
-        stages.append({"cost": c, "compute": compute, "pp": 2 * neighbours * p2p, "time": compute + c.tp + c.sp + 2 * neighbours * p2p,
-                       "recompute": bf.compute * blocks_in_stage(shape, st, stage) * stretch if full else 0.0})
+        compute = c.compute * k
+        stages.append({"cost": c, "compute": compute, "pp": 2 * neighbours * p2p,
+                       "time": compute + c.tp + c.sp + hooks[stage] + 2 * neighbours * p2p,
+                       "recompute": bf.compute * blocks_in_stage(shape, st, stage) * k if full else 0.0})
     slow = max(stages, key=lambda x: x["time"])
     pipeline_s = sum(x["time"] for x in stages) + (m - 1) * slow["time"]
 
@@ -344,7 +383,7 @@ def estimate_step_time(shape: ModelShape, st: Strategy, hw: Hardware, train_toke
         grad_b = params * (F32 if st.grad_accum_fp32 else w)
         par_b = params * w
         buckets = max(1, math.ceil(params / REDUCE_BUCKET_ELEMENTS))
-        bwd_window = (bb.total * blocks_in_stage(shape, st, stage)) * stretch
+        bwd_window = (bb.total * blocks_in_stage(shape, st, stage)) * k
         link = links["dp"]
         if r <= 1:
             exposed = 0.0
@@ -362,8 +401,8 @@ def estimate_step_time(shape: ModelShape, st: Strategy, hw: Hardware, train_toke
             reduce = all_reduce_s(grad_b, r, link) if sp > 1 else gather_s(grad_b, r, link)
             # DeepSpeed ZeRO-3 fetches parameters module by module (stage3 parameter coordinator): one all-gather
             # per module with weights, forward and again backward, each paying the link latency.
-            modules = _weight_modules(shape, blocks_in_stage(shape, st, stage), stage, p)
-            per_mb = 2 * gather_s(par_b, r, link) + reduce + 2 * (modules - 1) * link.latency_s
+            modules = _fetched_modules(shape, st, blocks_in_stage(shape, st, stage), stage, p)
+            per_mb = 2 * gather_s(par_b, r, link) + reduce + 2 * max(0, modules - 1) * link.latency_s
             hide = x["compute"] if overlap else 0.0
             exposed = m * max(0.0, per_mb - hide)
         dp_exposed.append(exposed)
@@ -388,15 +427,72 @@ def estimate_step_time(shape: ModelShape, st: Strategy, hw: Hardware, train_toke
         tokens_per_s=tokens_per_s, flops_per_token=f_model, hardware_flops_per_token=f_hw,
         tflops_per_gpu=tflops, hardware_tflops_per_gpu=hw_tflops, mfu=tflops / hw.peak_tflops if hw.peak_tflops else 0.0,
         train_tokens=tokens, train_days=tokens / tokens_per_s / 86400 if tokens else 0.0,
-        gemm_s=m * c.gemm * stretch, attention_s=m * c.attention * stretch, memory_bound_s=m * c.memory * stretch,
+        gemm_s=m * c.gemm * k, attention_s=m * c.attention * k, memory_bound_s=m * c.memory * k,
+        engine_s=m * hooks[stages.index(slow)],
         sp_comm_s=m * c.sp, recompute_s=m * slow["recompute"], optimizer_s=opt[i_tail], profile=prof.name)
 
 
-def _weight_modules(shape: ModelShape, blocks: int, stage: int, p: int) -> int:
-    """Modules holding weights on a stage: per block LLaMA's q, k, v, o, gate, up, down and 2 norms (9), GPT's and
-    BLOOM's qkv, dense, fc, proj and 2 LayerNorms (6); the embedding on the first stage, final norm and head on the last."""
-    per_block = 9 if shape.arch == "llama" else 6
-    return blocks * per_block + (stage == 0) + 2 * (stage == p - 1)
+def _fetched_modules(shape: ModelShape, st: Strategy, blocks: int, stage: int, p: int) -> int:
+    """Modules whose weights ZeRO-3 all-gathers on a stage, each its own gather: those holding a parameter larger
+    than stage3_param_persistence_threshold (memory.PARAM_PERSISTENCE_THRESHOLD); smaller ones stay whole on every
+    rank (DeepSpeed parameter_offload.py, persistent parameters) and are never fetched. Per block LLaMA's q, k, v,
+    o, gate, up, down, GPT's and BLOOM's qkv, dense, fc, proj (norms and biases are far below the threshold);
+    the embedding on the first stage, the head on the last (untied: the tiny recipe and most large models)."""
+    h, a, kv, d, f, t = (shape.hidden_size, shape.num_heads, shape.num_kv_heads, shape.head_dim, shape.intermediate_size,
+                         st.tensor_degree)
+    if shape.arch == "llama":
+        mats = [h * a * d, h * kv * d, h * kv * d, a * d * h, h * f, h * f, f * h]
+    else:
+        mats = [h * (a + 2 * kv) * d, a * d * h, h * f, f * h]
+    big = sum(x / t > PARAM_PERSISTENCE_THRESHOLD for x in mats)
+    vocab = st.padded_vocab_size * h > PARAM_PERSISTENCE_THRESHOLD
+    return blocks * big + vocab * ((stage == 0) + (stage == p - 1))
+
+
+def _hooked_modules(shape: ModelShape, blocks: int, stage: int, p: int) -> int:
+    """nn.Modules of the transformers model on a stage, every one of which DeepSpeed ZeRO-3 hooks (stage3
+    _register_hooks_recursively: pre/post forward and backward on each submodule). Per block, LLaMA: the layer,
+    self_attn, q, k, v, o, mlp, gate, up, down, act_fn, 2 RMSNorms (13); BLOOM: the block, 2 LayerNorms,
+    self_attention, query_key_value, dense, attention_dropout, mlp, dense_h_to_4h, gelu_impl, dense_4h_to_h (11);
+    GPT-2: the block, ln_1, attn, c_attn, c_proj, 2 dropouts, ln_2, mlp, c_fc, c_proj, act, dropout (13). Outside
+    the blocks (LLaMA, BLOOM 7; GPT-2 8): the CausalLM wrapper, the base model, the layers' ModuleList, the
+    embedding(s), final norm, rotary / embedding LayerNorm / dropout, the head. Counted from the modules
+    transformers builds: LlamaForCausalLM of recipe=tiny has 59 = 4 x 13 + 7, BloomForCausalLM with 4 layers 51.
+    ZeRO-3 does not compose with the pipeline engine; a stage there counts its blocks and 3 per end."""
+    per_block = 11 if shape.arch == "bloom" else 13
+    outside = 8 if shape.arch == "gpt" else 7
+    return blocks * per_block + (outside if p == 1 else 3 * ((stage == 0) + (stage == p - 1)))
+
+
+def _zero3_hooks_s(shape: ModelShape, st: Strategy, prof: Profile, costs: list) -> list:
+    """Per micro-batch and stage: ZeRO-3's module hooks (forward and backward bookkeeping: fetch / release /
+    partition decisions in Python), the profile's measured seconds per hooked module and pass
+    (`launcher calibrate`: a ZeRO-3 engine against a plain model, per module); 0 without ZeRO-3."""
+    if st.zero_stage != 3 or not prof.zero3_module_s:
+        return [0.0] * len(costs)
+    p = st.pipeline_degree
+    return [_hooked_modules(shape, blocks_in_stage(shape, st, s), s, p) * prof.zero3_module_s for s in range(p)]
+
+
+def _compute_stretch(costs: list, hooks: list, m: int, p: int, ranks: int, prof: Profile, stretch: float, p2p: float) -> float:
+    """How much slower than alone each rank computes when a node runs more ranks than it has compute slots.
+
+    The cores are shared, work-conservingly: a step takes at least its critical path at full speed (1F1B below,
+    compute unstretched) and at least all the node's compute divided by its slots (the ranks' work: each of the
+    ranks / p ranks of a stage computes m micro-batches of that stage, Graham 1969's bound for any schedule).
+    A pipeline rank idle in fill and drain leaves its core to the others, so the stretch of a pipeline falls
+    below ranks / slots; without a pipeline every rank computes at once and the stretch is ranks / slots.
+    Returns k, with the 1F1B time of stages computing at k x their speed alone equal to the larger bound."""
+    if stretch <= 1.0:
+        return 1.0
+    comm = [c.tp + c.sp + hk + 2 * ((s > 0) + (s < p - 1)) * p2p for s, (c, hk) in enumerate(zip(costs, hooks))]
+    comp = [c.compute for c in costs]
+    slow = max(range(p), key=lambda s: comp[s] + comm[s])
+    critical = sum(comp) + sum(comm) + (m - 1) * (comp[slow] + comm[slow])
+    work = (ranks / p) * m * sum(comp) / prof.compute_slots + m * comm[slow]
+    if work <= critical:
+        return 1.0
+    return min(stretch, (work - sum(comm) - (m - 1) * comm[slow]) / (sum(comp) + (m - 1) * comp[slow]))
 
 
 def _overlap_comm(hw: Hardware) -> bool:

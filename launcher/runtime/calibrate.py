@@ -11,8 +11,14 @@ memory bus and cores as they will in training, measures:
     attention rate     causal SDPA forward + backward, head dim 64, sequence 64..1024 (GPU: to 4096); same fit
     memory bandwidth   a 64 MiB copy (read + write)
     kernel overhead    a chain of tiny autograd ops, forward + backward, seconds per op
-    collectives        all-reduce of 4 KiB .. 16 MiB over all ranks: latency + 2 (r-1)/r B / bus bandwidth,
-                       least squares in B (the same form steptime.py charges)
+    collectives        all-reduce and all-to-all of 4 KiB .. 16 MiB over all ranks, each right after a ~1 ms
+                       GEMM on every rank, as in a training step (its cost: the pair's time minus the GEMM's
+                       alone). A collective that follows compute also pays for the ranks arriving out of
+                       step, which back-to-back microbenchmarks hide: on this 2-core box 0.4 ms bare against
+                       1-5 ms between compute (bench/steptime/results.md). Fitted to latency + 2 (r-1)/r B /
+                       bus bandwidth (all-to-all: (r-1)/r B), least squares in B, the forms steptime.py charges
+    ZeRO-3 hooks       a DeepSpeed ZeRO-3 engine over 8 and 40 small Linear modules against the same modules
+                       plain, forward + backward: seconds per module (zero3_module_s)
     host memory        /proc/meminfo MemTotal; compute slots: cores / threads per rank (CPU ranks)
 
 Rank 0 writes the raw measurements to a JSON file; the parent fits them and writes the versioned YAML.
@@ -61,8 +67,9 @@ def calibrate(cfg, out: str, console=None) -> Path:
         raw = json.loads(raw_path.read_text())
     gemm = {d: fit_saturation(points) for d, points in raw["gemm"].items()}
     attn = {d: fit_saturation(points) for d, points in raw["attention"].items()}
-    lat, bus = fit_alpha_beta(raw["all_reduce"], raw["world"])
+    lat, bus = fit_alpha_beta(raw["all_reduce_after_compute"], raw["world"])
     link = Link(lat, bus)
+    a2a = Link(*fit_alpha_beta(raw["all_to_all_after_compute"], raw["world"], ring_factor=False))
     threads = int(env["OMP_NUM_THREADS"])
     name = f"{device}-{raw['hostname']}"
     prof = Profile(
@@ -72,16 +79,18 @@ def calibrate(cfg, out: str, console=None) -> Path:
         attention_half_seq={d: half for d, (_, half) in attn.items()},
         memory_gbps=raw["memory_gbps"], kernel_overhead_s=raw["kernel_overhead_s"],
         # One node measured: the inter-node link is unknown here, so it is taken equal to the local one (stated).
-        intra=link, inter=link, host_memory_gb=raw["host_memory_gb"],
+        intra=link, inter=link, all_to_all=a2a, host_memory_gb=raw["host_memory_gb"], zero3_module_s=raw["zero3_module_s"],
         compute_slots=max(1, (raw["cores"] // threads)) if device == "cpu" else None,
         gemm_table={d: _median_by_size(points) for d, points in raw["gemm"].items()},
         attention_table={d: _median_by_size(points) for d, points in raw["attention"].items()},
         source=(f"launcher calibrate on {raw['hostname']}, {raw['world']} {device} ranks, {raw['backend']}, "
                 f"{threads} thread(s) per rank, torch {raw['torch']}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"))
-    doc = profile_to_dict(prof, measured={k: raw[k] for k in ("gemm", "attention", "all_reduce", "world", "backend",
+    doc = profile_to_dict(prof, measured={k: raw[k] for k in ("gemm", "attention", "all_reduce", "all_reduce_after_compute",
+                                                              "all_to_all_after_compute", "zero3", "world", "backend",
                                                               "device_name", "cores", "seconds")})
-    doc["measurements"]["note"] = ("gemm: [side, FLOP/s]; attention: [seq, causal FLOP/s fwd+bwd]; all_reduce: [bytes, "
-                                   "seconds]; inter = intra (one node measured)")
+    doc["measurements"]["note"] = ("gemm: [side, FLOP/s]; attention: [seq, causal FLOP/s fwd+bwd]; all_reduce (bare, "
+                                   "back to back), *_after_compute (the fit's input): [bytes, seconds]; zero3: seconds "
+                                   "per forward + backward [modules, zero-3 engine, plain]; inter = intra (one node measured)")
     assert doc["version"] == PROFILE_VERSION
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -107,11 +116,12 @@ def fit_saturation(points) -> tuple[float, float]:
     return 1.0 / intercept, max(0.0, slope / intercept)
 
 
-def fit_alpha_beta(points, world: int) -> tuple[float, float]:
-    """(latency s, bus GB/s) of t = latency + 2 (r-1)/r B / bus, least squares in B."""
+def fit_alpha_beta(points, world: int, ring_factor: bool = True) -> tuple[float, float]:
+    """(latency s, bus GB/s) of t = latency + 2 (r-1)/r B / bus (all-to-all, ring_factor False: (r-1)/r B / bus),
+    least squares in B."""
     if world <= 1:
         return 0.0, 1e6
-    factor = 2 * (world - 1) / world
+    factor = (2 if ring_factor else 1) * (world - 1) / world
     slope, intercept = _least_squares([factor * b for b, _ in points], [t for _, t in points])
     return max(0.0, intercept), (1.0 / slope / 1e9) if slope > 0 else 1e6
 
@@ -231,12 +241,70 @@ def _worker(raw_path: str, device: str) -> None:
         dist.all_reduce(tt, op=dist.ReduceOp.MAX)   # the slowest rank's time is the collective's
         out["all_reduce"].append([nbytes, float(tt.item())])
 
+    # The same collectives as a training step meets them: right after compute on every rank.
+    chunk_a = torch.randn(256, 256, device=dev)
+    chunk_b = torch.randn(256, 256, device=dev)
+
+    def chunk():
+        for _ in range(2 if device == "cpu" else 200):
+            torch.mm(chunk_a, chunk_b)
+    for name, make in (("all_reduce_after_compute", lambda buf, out: lambda: dist.all_reduce(buf)),
+                       ("all_to_all_after_compute", lambda buf, out: lambda: dist.all_to_all_single(out, buf))):
+        out[name] = []
+        for nbytes in ALLREDUCE_BYTES:
+            buf = torch.ones(nbytes // 4, device=dev, dtype=torch.float32)
+            res = torch.empty_like(buf)
+            coll = make(buf, res)
+            dist.barrier()
+            alone = _median_time(chunk, sync, 20)
+            pair = _median_time(lambda: (chunk(), coll()), sync, 20)
+            tt = torch.tensor([max(0.0, pair - alone)], dtype=torch.float64, device=dev)
+            dist.all_reduce(tt, op=dist.ReduceOp.MAX)
+            out[name].append([nbytes, float(tt.item())])
+
+    out["zero3"], out["zero3_module_s"] = _zero3_hooks(dev, sync)
     out["host_memory_gb"] = _host_memory_gb()
     out["seconds"] = time.perf_counter() - started
     if rank == 0:
         Path(raw_path).write_text(json.dumps(out))
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _zero3_hooks(dev, sync) -> tuple[list, float]:
+    """Seconds per module of DeepSpeed ZeRO-3's module hooks, forward + backward (+ an SGD step over K x 1,056
+    parameters, negligible): a ZeRO-3 engine over K small
+    Linear layers (under the persistence threshold, so nothing is fetched: the hooks alone) less the same layers
+    plain, at K = 8 and 40; the difference of the differences over 32 modules (the constant costs cancel)."""
+    import logging
+
+    import torch
+    from torch import nn
+
+    try:
+        import deepspeed
+    except ImportError:
+        return [], 0.0
+    logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+    rows = []
+    for k in (8, 40):
+        torch.manual_seed(0)
+        plain = nn.Sequential(*[nn.Linear(32, 32) for _ in range(k)]).to(dev)
+        x = torch.randn(4, 32, device=dev)
+        t_plain = _median_time(lambda: plain(x).sum().backward(), sync, 20)
+        model = nn.Sequential(*[nn.Linear(32, 32) for _ in range(k)])
+        engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=1e-3), config={
+            "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1,
+            "zero_optimization": {"stage": 3}, "zero_allow_untested_optimizer": True})
+
+        def z3():
+            engine.backward(engine(x).sum())
+            engine.step()
+        t_z3 = _median_time(z3, sync, 20)
+        rows.append([k, t_z3, t_plain])
+        engine.destroy()
+    (k0, z0, p0), (k1, z1, p1) = rows
+    return rows, max(0.0, ((z1 - p1) - (z0 - p0)) / (k1 - k0))
 
 
 def _host_memory_gb() -> float:

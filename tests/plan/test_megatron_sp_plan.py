@@ -38,7 +38,9 @@ def test_sp_block_formula_saves_the_norm_side_only():
 
 
 def test_plan_memory_and_step_time_with_sp():
-    hw_cfg = ["recipe=llama-7b", "parallel.tensor_degree=4", "model.activation_checkpointing=false"]
+    # With stages, so both runs use our TP (without a pipeline, TP alone is AutoTP: other collectives).
+    hw_cfg = ["recipe=llama-7b", "parallel.tensor_degree=4", "parallel.pipeline_degree=2", "parallel.zero_stage=1",
+              "model.activation_checkpointing=false"]
     out = {}
     for sp in (False, True):
         cfg = compose(hw_cfg + [f"parallel.sequence_parallel={str(sp).lower()}"])

@@ -112,16 +112,34 @@ def test_1f1b_with_uneven_stages():
     assert t.bubble_s == pytest.approx(t0, rel=1e-9)   # (sum_s T_s + (m-1) T_max) - m T_max = T0
 
 
-def test_tensor_parallel_all_reduces():
-    # TP2 on one micro-batch: 2 all-reduces forward + 2 backward per block of n h w bytes; the embedding, head and
-    # loss are replicated on the TP ranks (launcher/parallel/tensor.py), so nothing else.
+def test_tensor_parallel_all_reduces_autotp():
+    # TP2 without a pipeline is DeepSpeed AutoTP, one micro-batch: per block 2 all-reduces of n h w bytes forward
+    # (o_proj, down_proj) and 5 backward (one per column-parallel linear: q, k, v, gate, up); the head is
+    # column-parallel with gathered output: an all-gather of the n x V logits forward, an all-reduce of n h backward.
     lat, bus = 1e-4, 1.0
     _, shape, st = setup("cluster.gpus_per_node=2", "parallel.tensor_degree=2", "batch.global_batch_size=8",
                          "parallel.zero_stage=0")
     n, w = 8 * st.seq_length, 4
     ar = lat + 2 * (1 / 2) * n * 128 * w / (bus * 1e9)
+    gather = lat + (1 / 2) * n * 2048 * w / (bus * 1e9)
     t = steptime.estimate_step_time(shape, st, hardware(ideal(intra=Link(lat, bus))))
-    assert t.tp_comm_s == pytest.approx(4 * 4 * ar, rel=1e-9)
+    assert t.tp_comm_s == pytest.approx(4 * 7 * ar + gather + ar, rel=1e-9)
+    # ... and each rank computes V/2 of the head's logits: the GEMM time is the sharded blocks and half the head.
+    h, f, v = 128, 352, 2048
+    assert t.gemm_s == pytest.approx((4 * _block_gemm_flops(h, f, n) / 2 + 3 * 2 * n * h * v / 2) / P, rel=1e-9)
+
+
+def test_tensor_parallel_all_reduces_pipeline_grid():
+    # TP2 x PP2 (launcher/parallel/tensor.py, Megatron's f and g): 2 all-reduces forward + 2 backward per block; the
+    # head is replicated, so nothing else. One micro-batch, 2 blocks per stage: the slowest (last) stage's 2 blocks.
+    lat, bus = 1e-4, 1.0
+    _, shape, st = setup("cluster.gpus_per_node=4", "parallel.tensor_degree=2", "parallel.pipeline_degree=2",
+                         "parallel.partition_method=type:DecoderBlock", "batch.global_batch_size=8", "parallel.zero_stage=0")
+    n, w = 8 * st.seq_length, 4
+    ar = lat + 2 * (1 / 2) * n * 128 * w / (bus * 1e9)
+    t = steptime.estimate_step_time(shape, st, hardware(ideal(intra=Link(lat, bus))))
+    assert st.grad_accum_steps == 1
+    assert t.tp_comm_s == pytest.approx(2 * 4 * ar, rel=1e-9)
 
 
 def test_zero1_on_cpu_ranks_exposes_reduce_scatter_and_allgather():
@@ -150,6 +168,22 @@ def test_oversubscribed_cpu_node_stretches_compute():
     one = steptime.estimate_step_time(shape, st, hardware(ideal(compute_slots=4), "cpu"))
     two = steptime.estimate_step_time(shape, st, hardware(ideal(compute_slots=2), "cpu"))
     assert two.gemm_s == pytest.approx(2 * one.gemm_s)
+
+
+def test_oversubscribed_pipeline_is_bound_by_the_nodes_work():
+    # TP2 x PP2 on 4 ranks and 2 cores, 2 micro-batches, only GEMMs cost. Stage compute alone: C0 = 2 blocks,
+    # C1 = 2 blocks + head (TP-sharded blocks, replicated head). Critical path at full speed: C0 + C1 + C1.
+    # The node's work: 2 ranks per stage x 2 micro-batches x (C0 + C1), over 2 cores: 2 (C0 + C1), the larger.
+    _, shape, st = setup("cluster.gpus_per_node=4", "parallel.tensor_degree=2", "parallel.pipeline_degree=2",
+                         "parallel.partition_method=type:DecoderBlock", "parallel.zero_stage=0")
+    n = 8 * st.seq_length
+    c0 = 2 * _block_gemm_flops(128, 352, n) / 2 / P
+    c1 = c0 + 3 * 2 * n * 128 * 2048 / P
+    assert st.grad_accum_steps == 2
+    t = steptime.estimate_step_time(shape, st, hardware(ideal(compute_slots=2), "cpu"))
+    assert t.step_time_s == pytest.approx(2 * (c0 + c1), rel=1e-6)
+    alone = steptime.estimate_step_time(shape, st, hardware(ideal(compute_slots=4), "cpu"))
+    assert alone.step_time_s == pytest.approx(c0 + 2 * c1, rel=1e-6)
 
 
 def test_profile_file_round_trip_and_refusals(tmp_path):
@@ -186,12 +220,41 @@ def test_builtin_profiles_drive_the_plan():
 
 def test_zero3_gathers_per_module_on_cpu_ranks():
     # DP2 ZeRO-3, one micro-batch, no overlap (CPU): all-gather the fp32 weights forward and backward, reduce-
-    # scatter the gradients, and every module with weights (4 blocks x 9 + embedding + final norm + head = 39)
-    # fetched by its own all-gather, forward and backward: 2 x (39 - 1) more latencies than the 2 whole-buffer ones.
+    # scatter the gradients, and every module with a parameter over the persistence threshold (1e5 elements)
+    # fetched by its own all-gather, forward and backward. recipe=tiny's block weights are at most 128 x 352 =
+    # 45,056 elements (persistent, never fetched); the embedding and head, 2048 x 128 = 262,144: 2 modules, so
+    # 2 x (2 - 1) more latencies than the 2 whole-buffer ones.
     lat, bus = 1e-3, 1.0
     _, shape, st = setup("parallel.zero_stage=3")
     N = count_params(compose(["recipe=tiny"]).model).total
     t = steptime.estimate_step_time(shape, st, hardware(ideal(intra=Link(lat, bus)), device="cpu"))
     one = lat + 0.5 * 4 * N / (bus * 1e9)
     assert st.grad_accum_steps == 1
-    assert t.dp_comm_exposed_s == pytest.approx(3 * one + 2 * 38 * lat, rel=1e-9)
+    assert t.dp_comm_exposed_s == pytest.approx(3 * one + 2 * 1 * lat, rel=1e-9)
+    assert t.engine_s == 0.0
+
+
+def test_zero3_module_hooks_cost_per_module_and_micro_batch():
+    # The profile's zero3_module_s per hooked module and micro-batch: LlamaForCausalLM of recipe=tiny has 59
+    # modules (4 x 13 in the blocks + 7 outside, counted from transformers' named_modules()); 2 micro-batches here.
+    _, shape, st = setup("parallel.zero_stage=3", "batch.global_batch_size=32")
+    base = steptime.estimate_step_time(shape, st, hardware(ideal(), device="cpu"))
+    hooked = steptime.estimate_step_time(shape, st, hardware(ideal(zero3_module_s=1e-3), device="cpu"))
+    assert st.grad_accum_steps == 2
+    assert hooked.engine_s == pytest.approx(2 * 59 * 1e-3)
+    assert hooked.step_time_s - base.step_time_s == pytest.approx(2 * 59 * 1e-3, rel=1e-9)
+    zero1 = setup("parallel.zero_stage=1", "batch.global_batch_size=32")
+    assert steptime.estimate_step_time(zero1[1], zero1[2], hardware(ideal(zero3_module_s=1e-3), device="cpu")).engine_s == 0.0
+
+
+def test_ulysses_four_all_to_alls_each_way():
+    # SP2, one micro-batch: per block q, k, v and the output each cross by their own all-to-all forward and again
+    # backward (DeepSpeed _SeqAllToAll), each tensor n/sp tokens x a d: 8 all-to-alls of L + 1/2 x bytes / B.
+    lat, bus = 1e-4, 1.0
+    _, shape, st = setup("cluster.gpus_per_node=2", "parallel.sequence_degree=2", "batch.global_batch_size=8",
+                         "parallel.zero_stage=0")
+    n = 8 * st.seq_length / 2
+    a2a = lat + 0.5 * n * 128 * 4 / (bus * 1e9)
+    t = steptime.estimate_step_time(shape, st, hardware(ideal(intra=Link(lat, bus))))
+    assert st.grad_accum_steps == 1
+    assert t.sp_comm_s == pytest.approx(4 * 8 * a2a, rel=1e-9)

@@ -1,0 +1,53 @@
+"""Where a CPU-rank training step's time goes (diagnostic for bench/steptime; not a test).
+
+    flock /tmp/heavy.lock .venv/bin/python bench/steptime/breakdown.py "DP2 ZeRO-0" [...]
+
+Runs `launcher train` for each named layout of run.py with bench/steptime/stepprof on PYTHONPATH: every rank
+times forward / backward / step over steps 4-7 and profiles step 8 with torch.profiler (CPU ops, self time).
+Prints per rank: the step's wall time, the phases, the sum of aten self times, and the top ops.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from run import LAUNCHER, LAYOUTS, REPO, HERE  # noqa: E402
+
+
+def main() -> None:
+    for name in sys.argv[1:]:
+        ranks, extra = LAYOUTS[name]
+        profile = HERE / ("profile.yaml" if ranks == 2 else f"profile-{ranks}.yaml")
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "prof"
+            out.mkdir()
+            env = {**os.environ, "STEPPROF_OUT": str(out), "PYTHONPATH": f"{HERE / 'stepprof'}:{REPO}"}
+            args = [LAUNCHER, "train", "recipe=tiny", f"cluster.gpus_per_node={ranks}", f"cluster.profile={profile.relative_to(REPO)}",
+                    f"runs_dir={tmp}", "run_name=prof", "train.steps=10", "scheduler.warmup_steps=2", "logging.log_every=1",
+                    "logging.progress_bar=false", "train.eval_every=0", "checkpoint.save_every=0", "checkpoint.export_hf=false", *extra]
+            proc = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True)
+            if proc.returncode:
+                print(proc.stderr[-3000:])
+                continue
+            recs = [json.loads(l) for l in (Path(tmp) / "prof" / "metrics.jsonl").read_text().splitlines()] \
+                if (Path(tmp) / "prof" / "metrics.jsonl").exists() else []
+            summ = next((r for r in recs if r.get("kind") == "summary"), {})
+            steps = [round(r["step_time_s"] * 1e3) for r in recs if r.get("kind") == "train"]
+            print(f"== {name}  load {os.getloadavg()}  steps(ms) {steps}  predicted {summ.get('predicted_step_time_s', 0)*1e3:.0f} ms")
+            for r in range(ranks):
+                ph = json.loads((out / f"rank{r}-phases.json").read_text())
+                st = json.loads(next(out.glob(f"rank{r}-step*.json")).read_text())
+                aten = sum(o["self_s"] for o in st["ops"] if o["op"].startswith("aten::") or o["op"].startswith("gloo"))
+                print(f"rank {r}: threads {st['threads']} phases(ms) " + " ".join(f"{k}={v*1e3:.1f}" for k, v in ph.items())
+                      + f" | profiled step {st['wall_s']*1e3:.0f} ms, all-op self sum {sum(o['self_s'] for o in st['ops'])*1e3:.0f}")
+                for o in st["ops"][:18]:
+                    print(f"   {o['op'][:60]:60s} n={o['count']:5d} self={o['self_s']*1e3:7.2f} ms")
+
+
+if __name__ == "__main__":
+    main()

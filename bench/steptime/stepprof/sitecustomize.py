@@ -1,0 +1,62 @@
+"""Diagnostic (bench/steptime/breakdown.py): when STEPPROF_OUT is set, every training rank profiles steps
+PROFILE_FROM..PROFILE_FROM+PROFILE_STEPS-1 with torch.profiler and writes its op table and phase timings there.
+Put on PYTHONPATH only by breakdown.py; nothing in launcher/ imports it."""
+import os
+
+if os.environ.get("STEPPROF_OUT") and os.environ.get("LOCAL_RANK") is not None:
+    import json
+    import time
+
+    import launcher.train as T
+
+    FROM, N = int(os.environ.get("STEPPROF_FROM", 4)), int(os.environ.get("STEPPROF_STEPS", 4))
+    calls = {"n": 0}
+    phases: dict = {}
+
+    def timed(obj, name):
+        fn = getattr(obj, name)
+
+        def wrapper(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                if FROM <= calls["n"] < FROM + N:
+                    phases[name] = phases.get(name, 0.0) + time.perf_counter() - t0
+        setattr(obj, name, wrapper)
+
+    def wrap(step_fn):
+        def prof_step(engine, *a, **k):
+            import torch
+            if calls["n"] == 0:
+                for name in ("forward", "backward", "step", "train_batch"):
+                    if hasattr(engine, name):
+                        timed(engine, name)
+            i = calls["n"]
+            if i != FROM + N:   # steps FROM..FROM+N-1: phase timers only; step FROM+N: under the profiler
+                t0 = time.perf_counter()
+                out = step_fn(engine, *a, **k)
+                if FROM <= i:
+                    phases["wall"] = phases.get("wall", 0.0) + time.perf_counter() - t0
+                calls["n"] += 1
+                if i == FROM + N - 1:
+                    with open(f"{os.environ['STEPPROF_OUT']}/rank{os.environ['RANK']}-phases.json", "w") as f:
+                        json.dump({k: v / N for k, v in phases.items()}, f)
+                return out
+            t0 = time.perf_counter()
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as p:
+                out = step_fn(engine, *a, **k)
+            wall = time.perf_counter() - t0
+            calls["n"] += 1
+            rank = os.environ["RANK"]
+            d = os.environ["STEPPROF_OUT"]
+            ka = p.key_averages()
+            rows = sorted(({"op": e.key, "count": e.count, "self_s": e.self_cpu_time_total / 1e6,
+                            "total_s": e.cpu_time_total / 1e6} for e in ka), key=lambda r: -r["self_s"])
+            with open(f"{d}/rank{rank}-step{i}.json", "w") as f:
+                json.dump({"wall_s": wall, "threads": torch.get_num_threads(), "ops": rows}, f)
+            return out
+        return prof_step
+
+    T.train_step = wrap(T.train_step)
+    T.train_step_pipeline = wrap(T.train_step_pipeline)
