@@ -101,8 +101,11 @@ class ParallelConfig:
     """Pipeline stages per model replica (PP). Range: >= 1."""
     sequence_degree: int = 1
     """Ulysses sequence-parallel ranks (SP); they take ranks like TP does. Range: >= 1."""
+    context_degree: int = 1
+    """Context-parallel ranks (CP, ring attention, head-tail chunks): each holds 2 chunks of seq_length / (2 CP) tokens
+    of every sample of its replica; they take ranks like TP does (launcher/parallel/context.py). Range: >= 1."""
     data_degree: Optional[int] = None
-    """Data-parallel replicas (DP). null: derived as world / (TP x PP x SP); an explicit value is checked against that. Range: >= 1, or null."""
+    """Data-parallel replicas (DP). null: derived as world / (TP x PP x SP x CP); an explicit value is checked against that. Range: >= 1, or null."""
     zero_stage: int = 1
     """DeepSpeed ZeRO stage 0-3 (only 0 and 1 compose with pipeline_degree > 1). Range: 0..3."""
     offload_optimizer: bool = False
