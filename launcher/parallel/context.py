@@ -7,7 +7,7 @@ local S/cp tokens unchanged. Attention keeps the local queries and passes the ke
 cp - 1 rotations, each rank attending its queries to one rank's keys/values per step and merging the partial
 outputs by their logsumexp (the online softmax of flash attention). Causal work is then equal on every rank:
 with contiguous chunks rank r would attend r + 1 blocks (at CP4, S=256: [2048, 6144, 10240, 14336] score entries
-per rank); head-tail gives every rank the same (8192 each) (../shared/notes/parallel-features-findings.md;
+per rank); head-tail gives every rank the same (8192 each) (counted in the investigation for issue 13;
 Llama 3, Dubey et al. 2024, section 3.3.2, uses the same 2 x CP chunking).
 
 Which kernel, and why:
@@ -18,7 +18,8 @@ Which kernel, and why:
   aten._scaled_dot_product_flash_attention_for_cpu.default does not have a sharding strategy registered").
   The private functions are the same ring with the head-tail schedule (`_cp_options.enable_load_balance`, a
   module global we set to match the layout fed in), and are exact: out / dq / dk / dv within 2e-6 of full causal
-  SDPA (the findings note; tests/parallel/test_context_parallel.py holds whole runs to 1 rank).
+  SDPA on 2 and 4 ranks with grouped-query attention (measured for issue 13); tests/parallel/test_context_parallel.py
+  holds whole runs to 1 rank.
 - the per-block op: `aten._scaled_dot_product_flash_attention_for_cpu` (+ _backward) on CPU ranks; on CUDA
   `aten._scaled_dot_product_flash_attention` through torch's own wrapper for it, as its `context_parallel` uses
   (that path has not been run here: this project's CI has no GPU).
