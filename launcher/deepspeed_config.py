@@ -74,7 +74,7 @@ def zero3_sequence_parallel_reduction(cfg, layout: Layout) -> dict:
     parameter. The price is an all-reduce (2 x params per rank on the wire) instead of a reduce-scatter
     (1 x) of the gradients: ZeRO-3's step moves 4 instead of 3 x params (Rajbhandari et al. 2020, section 7).
     """
-    if layout.sequence_degree == 1 or layout.zero_stage != 3:
+    if layout.sequence_parallel_size == 1 or layout.zero_stage != 3:  # Ulysses or ring attention (CP) alike
         return {}
     largest = max(param_numels(cfg.model, layout.padded_vocab_size))
     return {"reduce_scatter": False, "reduce_bucket_size": max(REDUCE_BUCKET_SIZE, largest)}
@@ -196,8 +196,9 @@ def build_deepspeed_config(cfg, layout: Layout) -> dict:
         # ("Not able to determine model policy automatically"); there launcher/parallel/tensor.py
         # shards the blocks on the pipeline grid's model axis instead.
         ds["tensor_parallel"] = {"autotp_size": layout.tensor_degree}
-    if layout.sequence_degree > 1:
-        ds["sequence_parallel_size"] = layout.sequence_degree
+    if layout.sequence_parallel_size > 1:
+        # Ulysses or CP ranks: DeepSpeed sums their gradients and averages only over data-parallel replicas.
+        ds["sequence_parallel_size"] = layout.sequence_parallel_size
     if layout.pipeline_engine:
         ds["pipeline"] = _pipeline(cfg, layout)
     return ds

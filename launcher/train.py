@@ -51,6 +51,7 @@ def build_engine(cfg, layout, ds_config: dict):
       for Megatron sequence parallelism (layout.pipeline_engine: our TP modules have the SP mode, AutoTP has none);
     - sequence_degree > 1: the transformers model with Ulysses attention (launcher/parallel/sequence.py); the SP
       groups go to deepspeed.initialize as its `mpu`, so ZeRO and the gradient reduction see them;
+    - context_degree > 1: the same with ring attention (launcher/parallel/context.py), its CP groups as the `mpu`;
     - ZeRO-3 (no TP or SP): built directly as this rank's partitions (deepspeed.zero.Init), never whole;
     - otherwise the transformers model; with tensor_degree > 1 DeepSpeed AutoTP shards it
       (the generated config's tensor_parallel.autotp_size).
@@ -68,6 +69,12 @@ def build_engine(cfg, layout, ds_config: dict):
 
         mpu = setup_sequence_parallel(layout.sequence_degree)
         model = build_sequence_parallel_model(cfg.model, seed=cfg.train.seed, vocab_size=layout.padded_vocab_size)
+        maybe_apply_activation_checkpointing(cfg, model)
+    elif layout.context_degree > 1:
+        from launcher.parallel.context import build_context_parallel_model, setup_context_parallel
+
+        mpu = setup_context_parallel(layout.context_degree)
+        model = build_context_parallel_model(cfg.model, seed=cfg.train.seed, vocab_size=layout.padded_vocab_size)
         maybe_apply_activation_checkpointing(cfg, model)
     elif layout.zero_stage == 3 and layout.tensor_degree == 1:
         from launcher.runtime.build import build_zero3_model
@@ -107,14 +114,19 @@ def maybe_apply_activation_checkpointing(cfg, model) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
-def micro_loss(engine, input_ids, sp_rank: int, sp: int):
+def micro_loss(engine, input_ids, sp_rank: int, sp: int, cp_rank: int = 0, cp: int = 1):
     """(the loss to backpropagate, the factor that makes it this rank's term of the logged loss) for one micro-batch.
 
     Without sequence parallelism the loss is the model's mean next-token loss (factor 1). With Ulysses
     (sp > 1) this rank holds S/sp tokens and backpropagates its share of the replica's loss
     (launcher/parallel/sequence.py: the sp shares sum to it); logging share x sp makes the mean over all
-    ranks (train: the step's agreed loss, eval: the all-reduce) the mean replica loss again.
+    ranks (train: the step's agreed loss, eval: the all-reduce) the mean replica loss again. Ring attention
+    (cp > 1, launcher/parallel/context.py) the same with its S/cp head-tail tokens.
     """
+    if cp > 1:
+        from launcher.parallel.context import context_parallel_loss
+
+        return context_parallel_loss(engine, input_ids, cp_rank, cp), cp
     if sp == 1:
         return engine(input_ids=input_ids, labels=input_ids).loss, 1
     from launcher.parallel.sequence import sequence_parallel_loss
@@ -123,7 +135,7 @@ def micro_loss(engine, input_ids, sp_rank: int, sp: int):
 
 
 def train_step(engine, batches: TokenBatches, step: int, accum: int, agree: "StepAgreement", veto, measure_state: bool = False,
-               sp_rank: int = 0, sp: int = 1):
+               sp_rank: int = 0, sp: int = 1, cp_rank: int = 0, cp: int = 1):
     """One optimizer step of a plain (AutoTP, Ulysses) engine: `accum` micro-batches forward + backward, then DeepSpeed's step.
 
     engine.step() is called after every micro-batch; DeepSpeed applies the optimizer (with clipping and
@@ -146,7 +158,7 @@ def train_step(engine, batches: TokenBatches, step: int, accum: int, agree: "Ste
         t0 = time.perf_counter()
         input_ids = batches.batch(batches.train_sample_ids(step, micro_step)).to(device, non_blocking=True)
         data_wait += time.perf_counter() - t0
-        loss, scale = micro_loss(engine, input_ids, sp_rank, sp)
+        loss, scale = micro_loss(engine, input_ids, sp_rank, sp, cp_rank, cp)
         loss = maybe_poison(loss, step + 1, micro_step, engine.global_rank)
         loss_sum = loss_sum + loss.detach().to(torch.float64) * scale
         if last:
@@ -179,7 +191,8 @@ def train_step_pipeline(engine, batches: TokenBatches, step: int, accum: int, ag
     return global_loss, stop, data_wait, None
 
 
-def evaluate(engine, batches: TokenBatches, num_batches: int, world: int, sp_rank: int = 0, sp: int = 1) -> float:
+def evaluate(engine, batches: TokenBatches, num_batches: int, world: int, sp_rank: int = 0, sp: int = 1,
+             cp_rank: int = 0, cp: int = 1) -> float:
     """Mean loss over `num_batches` held-out micro-batches per DP replica, averaged over all ranks."""
     import deepspeed.comm as dist
     import torch
@@ -192,7 +205,7 @@ def evaluate(engine, batches: TokenBatches, num_batches: int, world: int, sp_ran
             # Averaged over the micro-batches and DP replicas and broadcast to every stage by DeepSpeed.
             local = engine.eval_batch(iter([(x, x) for x in inputs]), num_micro_batches=num_batches).item()
         else:
-            local = sum(loss.item() * scale for loss, scale in (micro_loss(engine, x, sp_rank, sp) for x in inputs)) / num_batches
+            local = sum(loss.item() * scale for loss, scale in (micro_loss(engine, x, sp_rank, sp, cp_rank, cp) for x in inputs)) / num_batches
     engine.train()
     t = torch.tensor([local], dtype=torch.float64)
     dist.all_reduce(t)
@@ -274,10 +287,10 @@ def run(cfg) -> int:
     if is_main:
         ckpt.clear_resume_handoff(run_dir)  # every rank read it before joining the group
     # The ranks of one tensor-parallel group (and of one pipeline) read the same samples: index by DP rank.
-    # Ulysses ranks of one replica also read the same samples, each keeping its S/sp tokens.
+    # Ulysses (CP) ranks of one replica also read the same samples, each keeping its S/sp (S/cp) tokens.
     coord = rank_coord(layout, rank)
     batches = TokenBatches(prepared, layout, seed=cfg.train.seed, dp_rank=coord.dp)
-    sp_args = {"sp_rank": coord.sp, "sp": layout.sequence_degree}
+    sp_args = {"sp_rank": coord.sp, "sp": layout.sequence_degree, "cp_rank": coord.cp, "cp": layout.context_degree}
 
     # 4. Model + engine; a pipelined engine runs whole optimizer steps itself.
     engine = build_engine(cfg, layout, ds_config)

@@ -1,7 +1,7 @@
 """Layout resolution: the one place where the parallel and batch arithmetic is done.
 
     world_size        = cluster.nodes x cluster.gpus_per_node
-    model_parallel    = tensor_degree x pipeline_degree x sequence_degree
+    model_parallel    = tensor_degree x pipeline_degree x sequence_degree x context_degree
     data_degree       = world_size / model_parallel
     grad_accum_steps  = global_batch_size / (micro_batch_size x data_degree)
     tokens_per_step   = global_batch_size x seq_length
@@ -13,7 +13,8 @@
 
 Sequence parallelism (DeepSpeed Ulysses) splits each sample's sequence across
 `sequence_degree` ranks that all see the same samples, so it takes ranks away
-from data parallelism exactly like tensor parallelism does.
+from data parallelism exactly like tensor parallelism does. Context parallelism
+(ring attention, `context_degree`) does the same with 2 x context_degree chunks.
 Megatron sequence parallelism (parallel.sequence_parallel) takes no ranks: the
 tensor_degree ranks of a TP group also split each sequence (seq_length / tp tokens
 each) outside the TP regions, so seq_length must be a multiple of tensor_degree.
@@ -66,6 +67,7 @@ class Layout:
     warnings: tuple[str, ...] = ()
     # Megatron sequence parallelism inside TP (parallel.sequence_parallel): no extra ranks, the TP ranks split s.
     sequence_parallel: bool = False
+    context_degree: int = 1   # after the defaulted field: Layouts built by keyword elsewhere stay valid
 
     @property
     def pipeline_engine(self) -> bool:
@@ -75,7 +77,12 @@ class Layout:
 
     @property
     def model_parallel_size(self) -> int:
-        return self.tensor_degree * self.pipeline_degree * self.sequence_degree
+        return self.tensor_degree * self.pipeline_degree * self.sequence_degree * self.context_degree
+
+    @property
+    def sequence_parallel_size(self) -> int:
+        """Ranks splitting one sample's sequence (Ulysses x CP; one of them is 1): DeepSpeed's sequence_parallel_size."""
+        return self.sequence_degree * self.context_degree
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -202,11 +209,11 @@ def _check_cluster(cfg) -> str:
     return "cuda"
 
 
-def _data_degree(cfg, world: int, tp: int, pp: int, sp: int) -> int:
-    mp = tp * pp * sp
+def _data_degree(cfg, world: int, tp: int, pp: int, sp: int, cp: int = 1) -> int:
+    mp = tp * pp * sp * cp
     if world % mp:
         c = cfg.cluster
-        degrees = {"tensor_degree": tp, "pipeline_degree": pp, "sequence_degree": sp}
+        degrees = {"tensor_degree": tp, "pipeline_degree": pp, "sequence_degree": sp, "context_degree": cp}
         # Name the largest degree: it is the one most likely set by hand.
         name = max(degrees, key=lambda k: (degrees[k], k == "tensor_degree"))
         others = mp // degrees[name]
@@ -221,14 +228,14 @@ def _data_degree(cfg, world: int, tp: int, pp: int, sp: int) -> int:
         raise ConfigError(
             f"parallel.{name}", degrees[name],
             f"world size cluster.nodes x cluster.gpus_per_node = {c.nodes} x {c.gpus_per_node} = {world} is not divisible by "
-            f"tensor_degree x pipeline_degree x sequence_degree = {tp} x {pp} x {sp} = {mp}",
+            f"tensor_degree x pipeline_degree x sequence_degree x context_degree = {tp} x {pp} x {sp} x {cp} = {mp}",
             "set " + (", or ".join(hints) if hints else "the degrees so that their product divides the world size"))
     dp = world // mp
     explicit = cfg.parallel.data_degree
     if explicit is not None and explicit != dp:
         raise ConfigError(
             "parallel.data_degree", explicit,
-            f"disagrees with the derived world / (tensor x pipeline x sequence) = {world} / ({tp} x {pp} x {sp}) = {dp}",
+            f"disagrees with the derived world / (tensor x pipeline x sequence x context) = {world} / ({tp} x {pp} x {sp} x {cp}) = {dp}",
             f"set parallel.data_degree=null (derived) or {dp}, or change the cluster size to "
             f"{explicit * mp} GPUs ({explicit} x {mp})")
     return dp
@@ -347,6 +354,38 @@ def _check_megatron_sequence_parallel(cfg, tp: int) -> bool:
     return True
 
 
+def _check_context_parallel(cfg, cp: int, tp: int, pp: int, sp: int, device: str) -> None:
+    """Ring attention (launcher/parallel/context.py): 2 x cp equal chunks per sample; what it does not compose with."""
+    if cp == 1:
+        return
+    seq = cfg.data.seq_length
+    if seq % (2 * cp):
+        # Head-tail load balancing: rank r holds chunks r and 2cp-1-r of seq_length / (2 cp) tokens each.
+        fits = [c for c in range(1, seq + 1) if seq % (2 * c) == 0]
+        raise ConfigError("parallel.context_degree", cp,
+                          f"ring attention cuts each sample into 2 x context_degree equal chunks (rank r holds chunks r "
+                          f"and 2cp-1-r, which balances the causal work): data.seq_length % (2 x context_degree) = "
+                          f"{seq} % {2 * cp} = {seq % (2 * cp)}",
+                          f"set data.seq_length to {join_or(nearest_multiples(seq, 2 * cp))}, or parallel.context_degree "
+                          f"to one of {join_or(sorted(fits, key=lambda c: (abs(c - cp), c))[:3])}")
+    for key, value, why in (
+            ("parallel.sequence_degree", sp, "Ulysses and ring attention both split the sequence, and DeepSpeed has "
+             "one sequence-parallel group per rank to reduce their gradients over"),
+            ("parallel.pipeline_degree", pp, "DeepSpeed's pipeline engine takes its own grid as mpu and has no "
+             "sequence-parallel group, so the CP ranks' gradients would be averaged as if they were replicas"),
+            ("parallel.tensor_degree", tp, "tensor parallelism without a pipeline is DeepSpeed AutoTP, whose groups "
+             "and DeepSpeed's sequence-parallel groups (parallel_state_sp, consecutive ranks) are not composed "
+             "(the same reason Ulysses runs without TP)")):
+        if value > 1:
+            raise ConfigError(key, value, f"context parallelism (context_degree={cp}) runs without it in `launcher train`: "
+                              f"{why}", f"set {key}=1, or parallel.context_degree=1")
+    if device == "cuda" and cfg.precision.dtype == "fp32":
+        raise ConfigError("precision.dtype", "fp32",
+                          f"context parallelism on GPUs (context_degree={cp}) runs each ring block with the CUDA "
+                          "flash-attention kernel, which takes fp16/bf16 only",
+                          "select precision=bf16, or parallel.context_degree=1")
+
+
 def _check_precision(cfg, device: str, dtype: str) -> None:
     if dtype == "fp16" and device == "cpu":
         raise ConfigError("precision.dtype", "fp16",
@@ -391,6 +430,7 @@ def resolve_layout(cfg) -> Layout:
     tp = _positive("parallel.tensor_degree", p.tensor_degree)
     pp = _positive("parallel.pipeline_degree", p.pipeline_degree)
     sp = _positive("parallel.sequence_degree", p.sequence_degree)
+    cp = _positive("parallel.context_degree", p.context_degree)
     seq = _positive("data.seq_length", cfg.data.seq_length)
     if seq > cfg.model.max_position_embeddings:
         raise ConfigError("data.seq_length", seq,
@@ -401,7 +441,8 @@ def resolve_layout(cfg) -> Layout:
     padded_vocab = _check_tensor_parallel(cfg, tp, warnings)
     _check_sequence_parallel(cfg, sp, pp)
     megatron_sp = _check_megatron_sequence_parallel(cfg, tp)
-    dp = _data_degree(cfg, world, tp, pp, sp)
+    _check_context_parallel(cfg, cp, tp, pp, sp, device)
+    dp = _data_degree(cfg, world, tp, pp, sp, cp)
     accum = _check_batch(cfg, dp)
     _check_pipeline(cfg, pp, p.zero_stage, accum, warnings)
     _check_precision(cfg, device, cfg.precision.dtype)
@@ -431,4 +472,5 @@ def resolve_layout(cfg) -> Layout:
         dtype=cfg.precision.dtype,
         warnings=tuple(warnings),
         sequence_parallel=megatron_sp,
+        context_degree=cp,
     )

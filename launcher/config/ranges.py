@@ -125,6 +125,7 @@ RANGES: dict[str, Range] = {
     "parallel.tensor_degree": W(1, example="e.g. parallel.tensor_degree=1"),
     "parallel.pipeline_degree": W(1, example="e.g. parallel.pipeline_degree=1"),
     "parallel.sequence_degree": W(1, example="e.g. parallel.sequence_degree=1"),
+    "parallel.context_degree": W(1, example="e.g. parallel.context_degree=1"),
     "parallel.data_degree": W(1, nullable=True, example="set parallel.data_degree=null (derived)"),
     "parallel.zero_stage": W(0, 3, why="DeepSpeed ZeRO has stages 0, 1, 2 and 3", example="set parallel.zero_stage to 0, 1, 2 or 3"),
     "batch.micro_batch_size": W(1, example="e.g. batch.micro_batch_size=4"),

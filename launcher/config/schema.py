@@ -106,8 +106,11 @@ class ParallelConfig:
     4.2.2): the TP ranks also split the sequence outside the TP regions (norms, residuals), so those activations
     are 1/tensor_degree per rank; all-gather + reduce-scatter replace each all-reduce (same bytes). Takes no
     extra ranks. Needs tensor_degree > 1; runs on the pipeline engine (one stage when pipeline_degree = 1)."""
+    context_degree: int = 1
+    """Context-parallel ranks (CP, ring attention, head-tail chunks): each holds 2 chunks of seq_length / (2 CP) tokens
+    of every sample of its replica; they take ranks like TP does (launcher/parallel/context.py). Range: >= 1."""
     data_degree: Optional[int] = None
-    """Data-parallel replicas (DP). null: derived as world / (TP x PP x SP); an explicit value is checked against that. Range: >= 1, or null."""
+    """Data-parallel replicas (DP). null: derived as world / (TP x PP x SP x CP); an explicit value is checked against that. Range: >= 1, or null."""
     zero_stage: int = 1
     """DeepSpeed ZeRO stage 0-3 (only 0 and 1 compose with pipeline_degree > 1). Range: 0..3."""
     offload_optimizer: bool = False

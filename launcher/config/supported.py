@@ -42,6 +42,11 @@ def check_supported(cfg, layout) -> None:
         raise ConfigError("parallel.sequence_degree", layout.sequence_degree,
                           f"Ulysses sequence parallelism is implemented for model.arch={', '.join(LLAMA_FAMILY)}, not {cfg.model.arch}",
                           "set parallel.sequence_degree=1, or model.arch=llama")
+    if layout.context_degree > 1 and cfg.model.arch not in LLAMA_FAMILY:
+        raise ConfigError("parallel.context_degree", layout.context_degree,
+                          f"ring-attention context parallelism is implemented for model.arch={', '.join(LLAMA_FAMILY)} "
+                          f"(launcher/parallel/context.py, a transformers attention function), not {cfg.model.arch}",
+                          "set parallel.context_degree=1, or model.arch=llama")
     if layout.tensor_degree > 1 and layout.pipeline_degree == 1 and cfg.model.arch == "gpt" and not layout.sequence_parallel:
         # Measured: DeepSpeed 0.19.8's AutoTP stops inside deepspeed.initialize on GPT2LMHeadModel ("AutoTP not
         # supported for model. Please use kernel injection"), after every rank started.

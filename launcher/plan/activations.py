@@ -86,6 +86,13 @@ Parallelism:
     Ulysses (llama)      every per-token term is per local token (s / u of them). Attention after the all-to-all
                          holds the full sequence for a / u heads, the same bytes per local token, plus what the
                          all-to-alls add (see ULYSSES below).
+    ring CP (llama)      every term is per local token (s / c of them, c = context_degree), attention included:
+                         launcher/parallel/context.py's RingAttention saves q, k, v as given (k, v not repeated
+                         for GQA), its output (stored in the layout o_proj reads, so one storage with o_proj's
+                         input) and the fp32 logsumexp, which is what one-rank SDPA saves per token. The K/V blocks
+                         passing around the ring are transient (freed after each block's kernel), not saved.
+                         Measured on 2 and 4 ranks (tests/plan/test_context_activations.py): planned/measured
+                         1.0000, a rank saving exactly 1/c of one rank's bytes.
     pipeline (1F1B)      stage i holds min(PP - i, m) micro-batches in flight (Narayanan et al. 2021, section
                          2.2.1); memory.py multiplies.
 
@@ -214,17 +221,19 @@ def loss_backward_bytes(m: ActivationShape, seq_length: int, micro_batch: int, d
 
 def stage_saved_bytes(m: ActivationShape, blocks: int, seq_length: int, micro_batch: int, dtype: str,
                       recompute: str = "none", tp: int = 1, ulysses: int = 1, first: bool = True,
-                      last: bool = True, pipeline: bool = False, sp: bool = False) -> float:
+                      last: bool = True, pipeline: bool = False, sp: bool = False, context: int = 1) -> float:
     """Bytes one micro-batch leaves saved for backward on one rank of a stage holding `blocks` blocks
     (and the embedding if `first`, the head and loss if `last`): what the tests measure.
-    `sp`: Megatron sequence parallelism over the `tp` ranks (parallel.sequence_parallel)."""
-    tokens = seq_length * micro_batch / ulysses
+    `sp`: Megatron sequence parallelism over the `tp` ranks (parallel.sequence_parallel). `context`: the
+    ring-attention degree (its ranks hold s / context tokens each, the same bytes per token as one rank)."""
+    split = ulysses * context   # ranks sharing one sample's tokens (one of the two is 1)
+    tokens = seq_length * micro_batch / split
     sp_tp = tp if sp else 1
     if recompute == "full":
         per_block = tokens * checkpointed_block_bytes_per_token(m, dtype, sp_tp)
     else:
         per_block = tokens * block_bytes_per_token(m, seq_length, dtype, tp, ulysses, sp)
-    rotary = rotary_bytes(m, seq_length, dtype, ulysses)
+    rotary = rotary_bytes(m, seq_length, dtype, split)
     # The pipeline's blocks each compute their own cos/sin (kept unless the block is checkpointed); the
     # transformers model computes them once for all layers.
     if pipeline:
@@ -232,7 +241,7 @@ def stage_saved_bytes(m: ActivationShape, blocks: int, seq_length: int, micro_ba
         rotary = 0.0
     total = blocks * per_block + (rotary if blocks else 0.0)
     if first:
-        total += embedding_bytes(m, seq_length, micro_batch, dtype, ulysses)
+        total += embedding_bytes(m, seq_length, micro_batch, dtype, split)
     if last:
-        total += head_bytes(m, seq_length, micro_batch, dtype, ulysses, pipeline, sp_tp)
+        total += head_bytes(m, seq_length, micro_batch, dtype, split, pipeline, sp_tp)
     return total

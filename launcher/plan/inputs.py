@@ -152,6 +152,7 @@ class Strategy:
     offload_param: bool = False
     partition_method: str = "parameters"   # parallel.partition_method: how DeepSpeed cuts the pipeline (plan/stages.py)
     sequence_parallel: bool = False        # parallel.sequence_parallel: Megatron SP over the TP ranks
+    context_degree: int = 1     # ring-attention CP ranks (launcher/parallel/context.py)
 
     @property
     def pipeline_engine(self) -> bool:
@@ -160,7 +161,12 @@ class Strategy:
 
     @property
     def world_size(self) -> int:
-        return self.tensor_degree * self.pipeline_degree * self.sequence_degree * self.data_degree
+        return self.tensor_degree * self.pipeline_degree * self.sequence_degree * self.context_degree * self.data_degree
+
+    @property
+    def sequence_split(self) -> int:
+        """Ranks holding one sample's tokens between them (Ulysses x CP, one of them 1): a rank holds s / split."""
+        return self.sequence_degree * self.context_degree
 
     @property
     def tokens_per_step(self) -> int:
@@ -185,4 +191,5 @@ def strategy(cfg, layout, recompute: Optional[str] = None) -> Strategy:
         padded_vocab_size=layout.padded_vocab_size, gpus_per_node=layout.gpus_per_node, dtype=layout.dtype,
         grad_accum_fp32=cfg.precision.grad_accum_dtype == "fp32", recompute=recompute,
         offload_optimizer=bool(cfg.parallel.offload_optimizer), offload_param=bool(cfg.parallel.offload_param),
-        partition_method=cfg.parallel.partition_method, sequence_parallel=layout.sequence_parallel)
+        partition_method=cfg.parallel.partition_method, sequence_parallel=layout.sequence_parallel,
+        context_degree=layout.context_degree)

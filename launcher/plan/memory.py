@@ -100,13 +100,13 @@ def activation_bytes_per_layer(shape: ModelShape, st: Strategy) -> float:
     """Bytes one block keeps for backward per micro-batch on one rank (launcher/plan/activations.py): its whole
     saved set, or with activation checkpointing only its input. Pipeline blocks add their own rotary cos/sin."""
     m = activation_shape(shape, st)
-    tokens = st.seq_length * st.micro_batch_size / st.sequence_degree
+    tokens = st.seq_length * st.micro_batch_size / st.sequence_split
     if st.recompute == "full":
         return tokens * act.checkpointed_block_bytes_per_token(m, st.dtype, st.tensor_degree if st.sequence_parallel else 1)
     per_block = tokens * act.block_bytes_per_token(m, st.seq_length, st.dtype, st.tensor_degree, st.sequence_degree,
                                                    st.sequence_parallel)
     if st.pipeline_engine:
-        per_block += act.rotary_bytes(m, st.seq_length, st.dtype, st.sequence_degree)
+        per_block += act.rotary_bytes(m, st.seq_length, st.dtype, st.sequence_split)
     return per_block
 
 
@@ -196,9 +196,10 @@ def _stage_memory(shape: ModelShape, st: Strategy, stage: int, working_set: floa
     blocks = blocks_in_stage(shape, st, stage)
     m = activation_shape(shape, st)
     first, last = stage == 0, stage == st.pipeline_degree - 1
-    s, b, u = st.seq_length, st.micro_batch_size, st.sequence_degree
-    saved = act.stage_saved_bytes(m, blocks, s, b, st.dtype, st.recompute, st.tensor_degree, u,
-                                  first=first, last=last, pipeline=st.pipeline_engine, sp=st.sequence_parallel)
+    s, b, u = st.seq_length, st.micro_batch_size, st.sequence_split
+    saved = act.stage_saved_bytes(m, blocks, s, b, st.dtype, st.recompute, st.tensor_degree, st.sequence_degree,
+                                  first=first, last=last, pipeline=st.pipeline_engine, sp=st.sequence_parallel,
+                                  context=st.context_degree)
     acts = saved * in_flight_micro_batches(st, stage) + (working_set if blocks else 0.0)
     logits = 0.0
     if last:
@@ -223,7 +224,7 @@ def estimate_memory(shape: ModelShape, st: Strategy, hw: Hardware) -> MemoryEsti
     working_set = 0.0
     if st.recompute == "full":
         m = activation_shape(shape, st)
-        working_set = (st.seq_length * st.micro_batch_size / st.sequence_degree
+        working_set = (st.seq_length * st.micro_batch_size / st.sequence_split
                        * act.block_bytes_per_token(m, st.seq_length, st.dtype, st.tensor_degree, st.sequence_degree,
                                                    st.sequence_parallel))
     # Stages other than the first and last differ only in in-flight micro-batches and block count, so the
@@ -332,7 +333,7 @@ def predict_model_state_bytes(cfg, layout, dp_rank: int = 0) -> dict:
     Bucket buffers are not "gradients held": their size is a config constant, not a function of the model,
     and the gradients they stage end up in grads_in_partition / grad_partitions_flat_buffer, counted above.
     """
-    if layout.tensor_degree > 1 or layout.pipeline_degree > 1 or layout.sequence_degree > 1:
+    if layout.tensor_degree > 1 or layout.pipeline_degree > 1 or layout.sequence_parallel_size > 1:
         raise ValueError("the exact ledger covers data parallelism only (tensor/pipeline/sequence degree 1)")
     if cfg.parallel.offload_optimizer or cfg.parallel.offload_param:
         raise ValueError("the exact ledger does not cover CPU offload")

@@ -1,8 +1,8 @@
-"""Which GPU runs which slice of the model: node/GPU -> global rank -> (tp, sp, dp, pp) coordinates.
+"""Which GPU runs which slice of the model: node/GPU -> global rank -> (tp, sp, cp, dp, pp) coordinates.
 
-Order, innermost first: tensor, sequence, data, pipeline.
+Order, innermost first: tensor, sequence (Ulysses), context (ring), data, pipeline.
 
-    rank = ((pp * DP + dp) * SP + sp) * TP + tp          (every index 0-based)
+    rank = (((pp * DP + dp) * CP + cp) * SP + sp) * TP + tp          (every index 0-based)
     node = rank // gpus_per_node,   gpu = rank % gpus_per_node
 
 - TP innermost: a tensor-parallel group is TP consecutive ranks, so with
@@ -22,6 +22,10 @@ Order, innermost first: tensor, sequence, data, pipeline.
   TP ranks of a group also split each sequence outside the TP regions, TP rank
   tp holding tokens [tp * s/TP, (tp + 1) * s/TP) there (launcher/parallel/tensor.py).
   The map shows that slice per rank (`tokens`).
+- Context parallelism (cp, ring attention) likewise, Megatron's "tp-cp-ep-dp-pp": its K/V
+  rotations run once per layer. SP and CP are never both > 1 (layout.py), and either way the
+  sequence-splitting ranks of a replica are consecutive, which is how DeepSpeed's
+  parallel_state_sp builds its groups.
 
 No torch here: `launcher plan --rank-map` must run on a laptop.
 """
@@ -44,11 +48,13 @@ class RankCoord:
     sp: int
     dp: int
     pp: int
+    cp: int = 0
 
 
-def global_rank(layout: Layout, tp: int, sp: int, dp: int, pp: int) -> int:
+def global_rank(layout: Layout, tp: int, sp: int, dp: int, pp: int, cp: int = 0) -> int:
     """The global rank of grid coordinates (the formula in the module docstring)."""
-    return ((pp * layout.data_degree + dp) * layout.sequence_degree + sp) * layout.tensor_degree + tp
+    return (((pp * layout.data_degree + dp) * layout.context_degree + cp) * layout.sequence_degree + sp) \
+        * layout.tensor_degree + tp
 
 
 def rank_coord(layout: Layout, rank: int) -> RankCoord:
@@ -57,9 +63,10 @@ def rank_coord(layout: Layout, rank: int) -> RankCoord:
         raise ValueError(f"rank {rank} outside 0..{layout.world_size - 1}")
     rest, tp = divmod(rank, layout.tensor_degree)
     rest, sp = divmod(rest, layout.sequence_degree)
+    rest, cp = divmod(rest, layout.context_degree)
     pp, dp = divmod(rest, layout.data_degree)
     node, gpu = divmod(rank, layout.gpus_per_node)
-    return RankCoord(rank=rank, node=node, gpu=gpu, tp=tp, sp=sp, dp=dp, pp=pp)
+    return RankCoord(rank=rank, node=node, gpu=gpu, tp=tp, sp=sp, dp=dp, pp=pp, cp=cp)
 
 
 def rank_map(layout: Layout) -> list[RankCoord]:
@@ -71,7 +78,7 @@ def tensor_groups(layout: Layout) -> list[list[int]]:
     """The ranks of each tensor-parallel group (ranks that differ only in tp)."""
     groups: dict[tuple[int, int, int], list[int]] = {}
     for c in rank_map(layout):
-        groups.setdefault((c.pp, c.dp, c.sp), []).append(c.rank)
+        groups.setdefault((c.pp, c.dp, c.sp, c.cp), []).append(c.rank)
     return list(groups.values())
 
 
@@ -90,22 +97,28 @@ def sequence_slice(layout: Layout, c: RankCoord) -> tuple[int, int]:
 def format_rank_map(layout: Layout) -> str:
     """A plain-text table, one line per rank (384 lines for bloom-176b)."""
     show_sp = layout.sequence_degree > 1
+    show_cp = layout.context_degree > 1
     show_tokens = layout.sequence_parallel
-    head = ("node  gpu   rank    tp" + ("    sp" if show_sp else "") + "    pp    dp"
+    head = ("node  gpu   rank    tp" + ("    sp" if show_sp else "") + ("    cp" if show_cp else "") + "    pp    dp"
             + ("  tokens" if show_tokens else ""))
+    if show_cp:
+        formula = "rank = ((pp*DP + dp)*CP + cp)*TP + tp (TP innermost, then CP, DP, PP outermost)"
+    else:
+        formula = "rank = ((pp*DP + dp)*SP + sp)*TP + tp (TP innermost, then SP, DP, PP outermost)"
     megatron_sp = (f" (+ Megatron SP: the TP ranks also split each sequence, {layout.seq_length // layout.tensor_degree} "
                    "tokens each outside attention/MLP)" if show_tokens else "")
     lines = [
         f"# TP {layout.tensor_degree}{megatron_sp} x " + (f"SP {layout.sequence_degree} x " if show_sp else "")
+        + (f"CP {layout.context_degree} x " if show_cp else "")
         + f"DP {layout.data_degree} x PP {layout.pipeline_degree} = {layout.world_size} ranks on "
-        f"{layout.nodes} nodes x {layout.gpus_per_node} GPUs; "
-        "rank = ((pp*DP + dp)*SP + sp)*TP + tp (TP innermost, then SP, DP, PP outermost)",
+        f"{layout.nodes} nodes x {layout.gpus_per_node} GPUs; " + formula,
         head,
     ]
     for c in rank_map(layout):
         sp = f"{c.sp:>6}" if show_sp else ""
+        cp = f"{c.cp:>6}" if show_cp else ""
         tokens = "  {}-{}".format(*sequence_slice(layout, c)) if show_tokens else ""
-        lines.append(f"{c.node:>4} {c.gpu:>4} {c.rank:>6} {c.tp:>5}{sp} {c.pp:>5} {c.dp:>5}{tokens}")
+        lines.append(f"{c.node:>4} {c.gpu:>4} {c.rank:>6} {c.tp:>5}{sp}{cp} {c.pp:>5} {c.dp:>5}{tokens}")
     crossing = tensor_groups_crossing_nodes(layout)
     lines.append(f"# {len(tensor_groups(layout))} tensor-parallel groups, "
                  + ("all inside one node" if not crossing else f"{len(crossing)} crossing nodes, e.g. ranks {crossing[0]}"))
@@ -133,7 +146,8 @@ def write_rank_map_png(layout: Layout, path: str) -> str:
     for c in rows:
         colour = cmap(c.pp % cmap.N)
         ax.add_patch(Rectangle((c.gpu, c.node), 1, 1, facecolor=colour, edgecolor="white", linewidth=0.8))
-        label = f"r{c.rank}\ntp{c.tp} dp{c.dp}" + (f" sp{c.sp}" if layout.sequence_degree > 1 else "")
+        label = (f"r{c.rank}\ntp{c.tp} dp{c.dp}" + (f" sp{c.sp}" if layout.sequence_degree > 1 else "")
+                 + (f" cp{c.cp}" if layout.context_degree > 1 else ""))
         if labelled:
             ax.text(c.gpu + 0.5, c.node + 0.5, label, ha="center", va="center", fontsize=fontsize)
     # Outline each TP group so it is visible that it stays inside a node.

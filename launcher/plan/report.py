@@ -32,6 +32,7 @@ def plan_summary(cfg, layout: Layout) -> dict:
         "pipeline_degree": layout.pipeline_degree,
         "sequence_degree": layout.sequence_degree,
         "sequence_parallel": layout.sequence_parallel,
+        "context_degree": layout.context_degree,
         "data_degree": layout.data_degree,
         "zero_stage": layout.zero_stage,
         "precision": layout.dtype,
@@ -227,15 +228,18 @@ def _performance_rows(s: dict) -> list[tuple[str, str, str]]:
 def _rows(s: dict) -> list[tuple[str, str, str]]:
     """(quantity, value, how it is derived) rows of the plan table."""
     tp, pp, sp, dp = s["tensor_degree"], s["pipeline_degree"], s["sequence_degree"], s["data_degree"]
-    mp = f"{tp} x {pp}" + (f" x {sp}" if sp > 1 else "")
+    cp = s.get("context_degree", 1)
+    mp = f"{tp} x {pp}" + (f" x {sp}" if sp > 1 else "") + (f" x {cp}" if cp > 1 else "")
     rows = [
         ("model", f"{s['model']} ({s['arch']})", f"recipe {s['recipe']}" if s["recipe"] else ""),
         ("world size", f"{s['world_size']:,}", f"nodes x gpus_per_node = {s['nodes']} x {s['gpus_per_node']} ({s['gpu']})"),
-        ("tensor x pipeline" + (" x sequence" if sp > 1 else ""), mp, "ranks per model replica = " + f"{tp * pp * sp:,}"),
+        ("tensor x pipeline" + (" x sequence" if sp > 1 else "") + (" x context" if cp > 1 else ""), mp,
+         "ranks per model replica = " + f"{tp * pp * sp * cp:,}"),
         *([("Megatron SP", f"{s['seq_length'] // tp:,} tokens per TP rank",
-             f"seq_length / TP = {s['seq_length']:,} / {tp} (parallel.sequence_parallel)")]
+            f"seq_length / TP = {s['seq_length']:,} / {tp} (parallel.sequence_parallel)")]
           if s.get("sequence_parallel") else []),
-        ("data parallel", f"{dp:,}", f"world / (TP x PP{' x SP' if sp > 1 else ''}) = {s['world_size']:,} / {tp * pp * sp:,}"),
+        ("data parallel", f"{dp:,}", f"world / (TP x PP{' x SP' if sp > 1 else ''}{' x CP' if cp > 1 else ''}) = "
+         f"{s['world_size']:,} / {tp * pp * sp * cp:,}"),
         ("ZeRO stage / precision", f"{s['zero_stage']} / {s['precision']}", ""),
         ("micro batch", f"{s['micro_batch_size']}", "sequences per rank per forward"),
         ("accumulation steps", f"{s['grad_accum_steps']:,}",

@@ -1,7 +1,9 @@
 """`launcher plan --search`: every layout `launcher train` would run for the model and cluster, the ones that fit, ranked.
 
 Candidates: sequence_degree (Ulysses SP: divisors of the heads and of the sequence, within one node, llama
-only, without TP or PP: what launcher/train.py runs), tensor_degree (divisors of the heads, within one node),
+only, without TP or PP: what launcher/train.py runs), context_degree (ring-attention CP: divisors of the world
+with seq_length % (2 CP) = 0, any span of nodes (its K/V passes are point-to-point sized, not all-to-all), llama
+family only, without TP, PP or SP, as train runs it), tensor_degree (divisors of the heads, within one node),
 pipeline_degree (what divides the rest of the world, at most one block per stage, llama and bloom only),
 Megatron sequence parallelism on and off wherever TP > 1 (LLaMA family; it runs on the pipeline engine, so with
 ZeRO 0-1 only),
@@ -57,9 +59,10 @@ def plain_config(cfg) -> SimpleNamespace:
 
 
 def _with(cfg: SimpleNamespace, tp: int, pp: int, zero: int, micro: int, recompute: bool, sp: int = 1,
-          megatron_sp: bool = False) -> SimpleNamespace:
+          megatron_sp: bool = False, cp: int = 1) -> SimpleNamespace:
     parallel = SimpleNamespace(**{**vars(cfg.parallel), "tensor_degree": tp, "pipeline_degree": pp, "sequence_degree": sp,
-                                  "sequence_parallel": megatron_sp, "zero_stage": zero, "data_degree": None})
+                                  "sequence_parallel": megatron_sp, "context_degree": cp, "zero_stage": zero,
+                                  "data_degree": None})
     batch = SimpleNamespace(**{**vars(cfg.batch), "micro_batch_size": micro})
     model = SimpleNamespace(**{**vars(cfg.model), "activation_checkpointing": recompute})
     return SimpleNamespace(**{**vars(cfg), "parallel": parallel, "batch": batch, "model": model})
@@ -95,7 +98,7 @@ class _HostCheck:
     def fits(self, cfg, layout: Layout, st: Strategy, shape: ModelShape) -> bool:
         if self.capacity[0] is None:
             return True
-        grid = (layout.tensor_degree, layout.pipeline_degree, layout.sequence_degree, layout.data_degree)
+        grid = (layout.tensor_degree, layout.pipeline_degree, layout.sequence_degree, layout.context_degree, layout.data_degree)
         if grid not in self.nodes:
             self.nodes[grid] = node_stage_sets(layout)
         key = (*grid, layout.zero_stage)
@@ -109,8 +112,8 @@ class _HostCheck:
 
 def node_stage_sets(layout: Layout) -> list[tuple[int, ...]]:
     """The distinct pipeline-stage compositions of the nodes: set(stages_by_node(layout)) without building the
-    rank map. rankmap.py orders ranks TP, SP, DP, PP innermost first, so rank r sits in stage r // (TP x SP x DP)."""
-    block = layout.tensor_degree * layout.sequence_degree * layout.data_degree
+    rank map. rankmap.py orders ranks TP, SP, CP, DP, PP innermost first, so rank r sits in stage r // (TP x SP x CP x DP)."""
+    block = layout.tensor_degree * layout.sequence_degree * layout.context_degree * layout.data_degree
     g = layout.gpus_per_node
     return sorted({tuple(r // block for r in range(n * g, n * g + g)) for n in range(layout.nodes)})
 
@@ -137,17 +140,21 @@ def search_layouts(cfg) -> tuple[list[Candidate], dict]:
     heads, layers, arch = plain.model.num_attention_heads, plain.model.num_hidden_layers, plain.model.arch
     seq = plain.data.seq_length
     sps = [k for k in _divisors(heads) if k <= gpn and seq % k == 0] if arch == "llama" else [1]
+    cps = [k for k in _divisors(world) if k > 1 and seq % (2 * k) == 0] if arch in LLAMA_FAMILY else []
+    # (Ulysses, CP) pairs: one of them 1; TP and PP only without either (what train runs: config/layout.py).
+    splits = [(sp, 1) for sp in sps] + [(1, cp) for cp in cps]
     counts = {"enumerated": 0, "invalid": 0, "does_not_fit": 0}
     fitting: list[Candidate] = []
     host = _HostCheck(plain.cluster)
-    for sp in sps:
-        for tp in _divisors(heads) if sp == 1 else [1]:
-            if tp > gpn or world % (tp * sp):
+    for sp, cp in splits:
+        alone = sp == cp == 1
+        for tp in _divisors(heads) if alone else [1]:
+            if tp > gpn or world % (tp * sp * cp):
                 continue
-            for pp in _divisors(world // (tp * sp)) if sp == 1 else [1]:
+            for pp in _divisors(world // (tp * sp * cp)) if alone else [1]:
                 if pp > layers or (pp > 1 and arch not in PIPELINE_ARCHS):
                     continue
-                dp = world // (tp * sp * pp)
+                dp = world // (tp * sp * cp * pp)
                 if gbs % dp:
                     continue
                 for msp, zero in [(msp, z) for msp in ((False, True) if tp > 1 and arch in LLAMA_FAMILY else (False,))
@@ -155,7 +162,7 @@ def search_layouts(cfg) -> tuple[list[Candidate], dict]:
                     for micro in _divisors(gbs // dp):
                         for recompute in (False, True):
                             counts["enumerated"] += 1
-                            c = _with(plain, tp, pp, zero, micro, recompute, sp, msp)
+                            c = _with(plain, tp, pp, zero, micro, recompute, sp, msp, cp)
                             try:
                                 layout = resolve_layout(c)
                                 check_supported(c, layout)
@@ -178,6 +185,7 @@ def search_layouts(cfg) -> tuple[list[Candidate], dict]:
 def _label(c: Candidate) -> str:
     st = c.strategy
     sp = f" SP{st.sequence_degree}" if st.sequence_degree > 1 else ""
+    sp += f" CP{st.context_degree}" if st.context_degree > 1 else ""
     tp = f"TP{st.tensor_degree}+SP" if st.sequence_parallel else f"TP{st.tensor_degree}"   # Megatron SP inside TP
     return (f"{tp} PP{st.pipeline_degree}{sp} DP{st.data_degree} Z{st.zero_stage} "
             f"mb{st.micro_batch_size} {'recompute' if st.recompute == 'full' else 'no-recompute'}")
@@ -187,7 +195,8 @@ def explain(c: Candidate, best: Candidate) -> str:
     """Why a layout wins or loses against the best: its biggest costs beyond pure compute."""
     t = c.time
     parts = []
-    costs = {"bubble": t.bubble_s, "TP comm": t.tp_comm_s, "PP p2p": t.pp_comm_s, "DP comm": t.dp_comm_exposed_s}
+    costs = {"bubble": t.bubble_s, "TP comm": t.tp_comm_s, "PP p2p": t.pp_comm_s, "DP comm": t.dp_comm_exposed_s,
+             "SP/CP comm": t.sp_comm_s}
     for name, sec in sorted(costs.items(), key=lambda kv: -kv[1]):
         if sec / t.step_time_s >= 0.01:
             parts.append(f"{name} {sec / t.step_time_s:.0%}")
@@ -206,7 +215,7 @@ def search_rows(ranked: list[Candidate], top: int = 10) -> list[dict]:
         st, t = c.strategy, c.time
         out.append({"layout": _label(c), "tensor_degree": st.tensor_degree, "pipeline_degree": st.pipeline_degree,
                     "sequence_degree": st.sequence_degree, "sequence_parallel": st.sequence_parallel,
-                    "data_degree": st.data_degree, "zero_stage": st.zero_stage,
+                    "context_degree": st.context_degree, "data_degree": st.data_degree, "zero_stage": st.zero_stage,
                     "micro_batch_size": st.micro_batch_size, "recompute": st.recompute,
                     "tokens_per_s": t.tokens_per_s, "step_time_s": t.step_time_s, "mfu": t.mfu,
                     "memory_total_bytes": c.memory.peak.total, "why": explain(c, ranked[0])})

@@ -34,6 +34,14 @@ One micro-batch on one rank (n = b s / sp tokens outside attention; t = TP, sp =
                             unchanged; the norms and residual adds run on n / t tokens.
     Ulysses SP              4 all-to-alls (q, k, v, output) forward and 4 backward per block, (sp-1)/sp of
                             each tensor crosses the link (Jacobs et al. 2023, section 3.1).
+    ring CP (c ranks)       a rank holds n = b s / c tokens; its causal attention is 1/c of the sequence's
+                            (head-tail chunks balance it), charged at the whole sequence's rate. K/V go round the
+                            ring as torch's kernel moves them (launcher/parallel/context.py): forward one
+                            all-gather of every rank's K/V (k, v repeated to a heads, n a d w each: (c-1) x 2 n a d
+                            w bytes in), backward that all-gather again plus c rotations of the fp32 dK/dV
+                            accumulators (2 n a d x 4 bytes each, latency each). Both overlap the ring's block
+                            kernels (the exchange is issued before the block that does not need it): only the
+                            excess over the attention time of the same pass is charged, as sp_comm.
     recompute (full)        the forward of every block again before its backward.
     PP 1F1B                 stage s takes T_s per micro-batch (its blocks, plus the embedding on the first
                             stage and the final norm, head and loss on the last, plus its point-to-point
@@ -171,10 +179,11 @@ def _norm_bytes(x: float, arch: str, w: int) -> tuple[float, int]:
 def block_costs(shape: ModelShape, st: Strategy, prof: Profile, links: dict) -> tuple[Cost, Cost]:
     """(forward, backward) cost of one transformer block for one micro-batch on one rank."""
     t, sp, b, s = st.tensor_degree, st.sequence_degree, st.micro_batch_size, st.seq_length
+    cp = st.context_degree
     h, a, kv, d, f = shape.hidden_size, shape.num_heads, shape.num_kv_heads, shape.head_dim, shape.intermediate_size
     w = weight_bytes(st.dtype)
     rate = gemm_rate(prof, st.dtype)
-    n = b * s / sp                   # tokens this rank holds outside attention
+    n = b * s / (sp * cp)            # tokens this rank holds outside attention
     x = n * h                        # elements of one hidden-state tensor
     fwd, bwd = Cost(), Cost()
 
@@ -205,11 +214,17 @@ def block_costs(shape: ModelShape, st: Strategy, prof: Profile, links: dict) -> 
         a2a = 2 * gather_s(q_el * w, sp, links["sp"]) + 2 * gather_s(kv_el * w, sp, links["sp"])
         fwd.sp += a2a
         bwd.sp += a2a
-    heads = a / (t * sp)
+    heads = a / (t * sp * cp)        # CP: 1/cp of the causal work, expressed as a share of the heads
     if shape.flash_attention:
         af, ab = attention_s(b, s, heads, d, prof, prof.attention_table_for(st.dtype) or prof.attention_rate(st.dtype))
         fwd.attention += af
         bwd.attention += ab
+        if cp > 1:
+            kv_block = 2 * n * a * d / t * w   # this rank's k and v, repeated to a heads before the ring
+            ring = gather_s(cp * kv_block, cp, links["sp"])
+            dkv = cp * p2p_s(2 * n * a * d / t * F32, links["sp"])
+            fwd.sp += max(0.0, ring - af)
+            bwd.sp += max(0.0, ring + dkv - ab)
     else:
         # eager (BLOOM, ALiBi): scores = baddbmm(alibi, q, k^T), fp32 softmax, probs @ v; the scores are b heads s^2
         scores = b * heads * s * s
@@ -256,7 +271,7 @@ def _column_parallel_groups(shape: ModelShape, st: Strategy) -> int:
 
 def end_costs(shape: ModelShape, st: Strategy, prof: Profile, links: dict) -> tuple[Cost, Cost]:
     """(first stage, last stage) extra cost per micro-batch: embedding; final norm, head and loss."""
-    sp, b, s = st.sequence_degree, st.micro_batch_size, st.seq_length
+    sp, b, s = st.sequence_split, st.micro_batch_size, st.seq_length
     h, w = shape.hidden_size, weight_bytes(st.dtype)
     n = b * s / sp
     # The pipeline grid's TP (launcher/parallel/tensor.py) shards the blocks only: the embedding, final norm and
@@ -320,7 +335,7 @@ class StepTime:
 
 def _links(st: Strategy, prof: Profile) -> dict:
     g = st.gpus_per_node
-    t, sp, p = st.tensor_degree, st.sequence_degree, st.pipeline_degree
+    t, sp, p = st.tensor_degree, st.sequence_split, st.pipeline_degree
 
     def link(span):
         return prof.intra if span <= g else prof.inter
@@ -338,7 +353,7 @@ def _optimizer_s(params: float, st: Strategy, prof: Profile, tensors: int) -> fl
 def estimate_step_time(shape: ModelShape, st: Strategy, hw: Hardware, train_tokens: Optional[float] = None) -> StepTime:
     """Step time, its breakdown, throughput, TFLOP/s per GPU, MFU and training days for one layout."""
     prof = hw.profile
-    t, p, sp, d = st.tensor_degree, st.pipeline_degree, st.sequence_degree, st.data_degree
+    t, p, sp, d = st.tensor_degree, st.pipeline_degree, st.sequence_split, st.data_degree   # sp: Ulysses x CP
     m, s = st.grad_accum_steps, st.seq_length
     w = weight_bytes(st.dtype)
     world = st.world_size
@@ -375,7 +390,7 @@ def estimate_step_time(shape: ModelShape, st: Strategy, hw: Hardware, train_toke
     pipeline_s = sum(x["time"] for x in stages) + (m - 1) * slow["time"]
 
     # Data parallel traffic and the optimizer, per stage; the step waits for the slowest stage.
-    r = d * sp                      # DeepSpeed's data-parallel group under Ulysses is dp x sp
+    r = d * sp                      # DeepSpeed's data-parallel group under Ulysses (CP) is dp x sp (dp x cp)
     overlap = _overlap_comm(hw)
     dp_exposed, opt = [], []
     for stage, x in enumerate(stages):

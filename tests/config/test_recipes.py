@@ -142,13 +142,18 @@ def test_autotp_batch_counts_whole_world(resolve):
     (["parallel.sequence_degree=2", "parallel.zero_stage=1"], True, 500_000_000),
     (["parallel.sequence_degree=2", "parallel.zero_stage=2"], True, 500_000_000),
     (["parallel.zero_stage=3", "model.vocab_size=128256"], True, 500_000_000),
+    # Ring-attention CP goes through the same DeepSpeed sequence-parallel reduction (launcher/parallel/context.py).
+    (["parallel.context_degree=2", "parallel.zero_stage=3"], False, 500_000_000),
+    (["parallel.context_degree=2", "parallel.zero_stage=1"], True, 500_000_000),
 ])
 def test_ulysses_zero3_reduces_without_reduce_scatter(resolve, overrides, reduce_scatter, bucket):
     from launcher.deepspeed_config import build_deepspeed_config
 
     cfg, layout = resolve(["recipe=llama-7b", *overrides])
-    zero = build_deepspeed_config(cfg, layout)["zero_optimization"]
+    ds = build_deepspeed_config(cfg, layout)
+    zero = ds["zero_optimization"]
     assert (zero["reduce_scatter"], zero["reduce_bucket_size"]) == (reduce_scatter, bucket)
+    assert ds.get("sequence_parallel_size", 1) == layout.sequence_degree * layout.context_degree
     assert zero["contiguous_gradients"]  # the all-reduce path is the contiguous-buffer one
 
 

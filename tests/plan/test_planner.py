@@ -123,7 +123,7 @@ def test_search_returns_valid_fitting_layouts_and_beats_the_recipe(recipe):
         st = c.strategy
         # Re-validate through the public path: compose the candidate as overrides and resolve it.
         over = [f"recipe={recipe}", f"parallel.tensor_degree={st.tensor_degree}", f"parallel.pipeline_degree={st.pipeline_degree}",
-                f"parallel.sequence_degree={st.sequence_degree}",
+                f"parallel.sequence_degree={st.sequence_degree}", f"parallel.context_degree={st.context_degree}",
                 f"parallel.zero_stage={st.zero_stage}", f"batch.micro_batch_size={st.micro_batch_size}",
                 f"model.activation_checkpointing={st.recompute == 'full'}"]
         layout = resolve_layout(compose(over))

@@ -74,3 +74,20 @@ def test_png_directly(tmp_path):
     layout = resolve_layout(compose(["recipe=llama-65b"]))
     path = write_rank_map_png(layout, str(tmp_path / "m.png"))
     assert Path(path).stat().st_size > 10_000
+
+
+def test_context_parallel_ranks_are_consecutive_as_deepspeed_groups_them():
+    """CP 4 x DP 4 on 2 nodes x 8: a replica's CP ranks are consecutive (cp inside dp), which is how DeepSpeed's
+    parallel_state_sp builds the groups the ring runs over (ranks i x sp .. (i + 1) x sp - 1, written out here)."""
+    layout = resolve_layout(compose(["recipe=llama3.1-8b", "cluster.nodes=2", "parallel.tensor_degree=1",
+                                     "parallel.pipeline_degree=1", "parallel.context_degree=4", "data.seq_length=8192",
+                                     "batch.global_batch_size=64"]))
+    assert (layout.context_degree, layout.data_degree, layout.sequence_parallel_size) == (4, 4, 4)
+    rows = rank_map(layout)
+    for i in range(4):
+        group = list(range(i * 4, (i + 1) * 4))   # parallel_state_sp.initialize_sequence_parallel's i-th group
+        assert [rows[r].cp for r in group] == [0, 1, 2, 3] and {rows[r].dp for r in group} == {i}
+    from launcher.plan.rankmap import format_rank_map, global_rank
+
+    assert all(global_rank(layout, c.tp, c.sp, c.dp, c.pp, c.cp) == c.rank for c in rows)
+    assert "CP 4 x DP 4" in format_rank_map(layout)

@@ -25,6 +25,7 @@ CASES = [
      "cluster=a100-80gb", "cluster.nodes=2"],                                  # gpt: no pipeline in the runtime
     ["recipe=llama2-70b", "cluster.nodes=16"],
     ["recipe=tiny", "cluster=a100-80gb", "cluster.nodes=1"],                   # small enough for Ulysses SP candidates
+    ["recipe=llama3.1-8b", "data.seq_length=131072"],                         # long context: ring-attention CP candidates
     # not a layout as configured: TP 3 divides no head count, micro 7 divides no batch
     ["recipe=llama-7b", "parallel.tensor_degree=3", "batch.micro_batch_size=7"],
 ]
@@ -36,6 +37,7 @@ def _candidate_config(cfg, st):
     for key, value in (("parallel.tensor_degree", st.tensor_degree), ("parallel.pipeline_degree", st.pipeline_degree),
                        ("parallel.sequence_degree", st.sequence_degree), ("parallel.data_degree", None),
                        ("parallel.sequence_parallel", st.sequence_parallel),
+                       ("parallel.context_degree", st.context_degree),
                        ("parallel.zero_stage", st.zero_stage), ("batch.micro_batch_size", st.micro_batch_size),
                        ("model.activation_checkpointing", st.recompute == "full")):
         OmegaConf.update(c, key, value)
@@ -52,9 +54,10 @@ def test_every_proposed_layout_passes_train_validation(overrides, tmp_path):
     for cand in ranked:
         st = cand.strategy
         layout = validate_before_start(_candidate_config(cfg, st))  # raises ConfigError on a refused layout
-        assert (layout.tensor_degree, layout.pipeline_degree, layout.sequence_degree, layout.data_degree,
-                layout.zero_stage, layout.micro_batch_size) == (st.tensor_degree, st.pipeline_degree, st.sequence_degree,
-                                                                st.data_degree, st.zero_stage, st.micro_batch_size)
+        assert (layout.tensor_degree, layout.pipeline_degree, layout.sequence_degree, layout.context_degree,
+                layout.data_degree, layout.zero_stage, layout.micro_batch_size) == (
+                    st.tensor_degree, st.pipeline_degree, st.sequence_degree, st.context_degree, st.data_degree,
+                    st.zero_stage, st.micro_batch_size)
         assert (layout.global_batch_size, layout.seq_length) == (gbs, seq)  # tokens per step held
         assert layout.sequence_parallel == st.sequence_parallel
 
@@ -68,6 +71,32 @@ def test_search_proposes_ulysses_and_never_what_train_refuses():
     assert not any(st.sequence_degree > 1 and (st.tensor_degree > 1 or st.pipeline_degree > 1) for st in sts)
     gpt, _ = search_layouts(compose(CASES[2]))
     assert gpt and all(c.strategy.pipeline_degree == 1 for c in gpt)  # GPT2LMHeadModel has no pipeline builder
+
+
+def test_search_proposes_context_parallel_at_long_context_and_never_what_train_refuses():
+    """At 131,072 tokens Llama-3.1-8B fits only with the sequence split (Llama 3 trained at 131k with CP); CP candidates
+    come without TP, PP or Ulysses (config/layout.py) and with seq_length % (2 CP) = 0."""
+    ranked, _ = search_layouts(compose(["recipe=llama3.1-8b", "data.seq_length=131072"]))
+    sts = [c.strategy for c in ranked]
+    assert any(st.context_degree > 1 for st in sts)
+    for st in sts:
+        if st.context_degree > 1:
+            assert st.tensor_degree == st.pipeline_degree == st.sequence_degree == 1
+            assert st.seq_length % (2 * st.context_degree) == 0
+    # A CP rank holds S / CP tokens at one rank's bytes per token (activations.py): its activations are exactly 1 / CP of
+    # the same layout's without CP.
+    import dataclasses
+
+    from launcher.plan.inputs import model_shape, resolve_hardware
+    from launcher.plan.memory import estimate_memory
+
+    cfg = compose(["recipe=llama3.1-8b", "data.seq_length=131072"])
+    shape, hw = model_shape(cfg.model), resolve_hardware(cfg.cluster, cfg.precision.dtype)
+    cand = next(c for c in ranked if c.strategy.context_degree > 1)
+    st = cand.strategy
+    whole = dataclasses.replace(st, context_degree=1, data_degree=st.data_degree * st.context_degree)
+    ratio = estimate_memory(shape, whole, hw).peak.activations / cand.memory.peak.activations
+    assert ratio == pytest.approx(st.context_degree, rel=1e-9)
 
 
 def test_gpt3_175b_recipe_has_no_layout_train_runs(tmp_path):

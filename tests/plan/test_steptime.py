@@ -258,3 +258,20 @@ def test_ulysses_four_all_to_alls_each_way():
     t = steptime.estimate_step_time(shape, st, hardware(ideal(intra=Link(lat, bus))))
     assert st.grad_accum_steps == 1
     assert t.sp_comm_s == pytest.approx(4 * 8 * a2a, rel=1e-9)
+
+
+def test_context_parallel_ring_passes_and_halved_tokens():
+    # CP2 on 2 ranks, one micro-batch of 8 x 128 tokens: each rank holds n = 8 x 128 / 2 tokens (GEMMs at n). With
+    # attention free, nothing hides the ring: per block forward one all-gather of both ranks' k, v (repeated to the
+    # a = 4 heads, d = 32, fp32: 2 n a d 4 bytes each), backward that again plus cp = 2 rotations of the fp32 dK/dV.
+    lat, bus = 1e-4, 1.0
+    _, shape, st = setup("cluster.gpus_per_node=2", "parallel.context_degree=2", "batch.global_batch_size=8",
+                         "parallel.zero_stage=0")
+    assert (st.context_degree, st.data_degree, st.grad_accum_steps) == (2, 1, 1)
+    n, a, d = 8 * 128 / 2, 4, 32
+    kv = 2 * n * a * d * 4
+    ring = lat + (1 / 2) * 2 * kv / (bus * 1e9)
+    dkv = 2 * (lat + kv / (bus * 1e9))
+    t = steptime.estimate_step_time(shape, st, hardware(ideal(intra=Link(lat, bus))))
+    assert t.sp_comm_s == pytest.approx(4 * (2 * ring + dkv), rel=1e-9)
+    assert t.gemm_s == pytest.approx((4 * _block_gemm_flops(128, 352, n) + 3 * 2 * n * 128 * 2048) / P, rel=1e-9)
