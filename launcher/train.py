@@ -103,15 +103,22 @@ def maybe_apply_activation_checkpointing(cfg, model) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
-def micro_loss(engine, input_ids, sp_rank: int, sp: int):
+def micro_loss(engine, input_ids, sp_rank: int, sp: int, document_eos=None):
     """(the loss to backpropagate, the factor that makes it this rank's term of the logged loss) for one micro-batch.
 
     Without sequence parallelism the loss is the model's mean next-token loss (factor 1). With Ulysses
     (sp > 1) this rank holds S/sp tokens and backpropagates its share of the replica's loss
     (launcher/parallel/sequence.py: the sp shares sum to it); logging share x sp makes the mean over all
     ranks (train: the step's agreed loss, eval: the all-reduce) the mean replica loss again.
+    `document_eos` (data.document_mask): positions restart after that id, and transformers masks attention
+    across documents from them (launcher/runtime/documents.py).
     """
     if sp == 1:
+        if document_eos is not None:
+            from launcher.runtime.documents import document_position_ids
+
+            position_ids = document_position_ids(input_ids, document_eos)
+            return engine(input_ids=input_ids, labels=input_ids, position_ids=position_ids).loss, 1
         return engine(input_ids=input_ids, labels=input_ids).loss, 1
     from launcher.parallel.sequence import sequence_parallel_loss
 
@@ -119,7 +126,7 @@ def micro_loss(engine, input_ids, sp_rank: int, sp: int):
 
 
 def train_step(engine, batches: TokenBatches, step: int, accum: int, agree: "StepAgreement", veto, measure_state: bool = False,
-               sp_rank: int = 0, sp: int = 1):
+               sp_rank: int = 0, sp: int = 1, document_eos=None):
     """One optimizer step of a plain (AutoTP, Ulysses) engine: `accum` micro-batches forward + backward, then DeepSpeed's step.
 
     engine.step() is called after every micro-batch; DeepSpeed applies the optimizer (with clipping and
@@ -142,7 +149,7 @@ def train_step(engine, batches: TokenBatches, step: int, accum: int, agree: "Ste
         t0 = time.perf_counter()
         input_ids = batches.batch(batches.train_sample_ids(step, micro_step)).to(device, non_blocking=True)
         data_wait += time.perf_counter() - t0
-        loss, scale = micro_loss(engine, input_ids, sp_rank, sp)
+        loss, scale = micro_loss(engine, input_ids, sp_rank, sp, document_eos)
         loss = maybe_poison(loss, step + 1, micro_step, engine.global_rank)
         loss_sum = loss_sum + loss.detach().to(torch.float64) * scale
         if last:
@@ -175,7 +182,8 @@ def train_step_pipeline(engine, batches: TokenBatches, step: int, accum: int, ag
     return global_loss, stop, data_wait, None
 
 
-def evaluate(engine, batches: TokenBatches, num_batches: int, world: int, sp_rank: int = 0, sp: int = 1) -> float:
+def evaluate(engine, batches: TokenBatches, num_batches: int, world: int, sp_rank: int = 0, sp: int = 1,
+             document_eos=None) -> float:
     """Mean loss over `num_batches` held-out micro-batches per DP replica, averaged over all ranks."""
     import deepspeed.comm as dist
     import torch
@@ -188,7 +196,7 @@ def evaluate(engine, batches: TokenBatches, num_batches: int, world: int, sp_ran
             # Averaged over the micro-batches and DP replicas and broadcast to every stage by DeepSpeed.
             local = engine.eval_batch(iter([(x, x) for x in inputs]), num_micro_batches=num_batches).item()
         else:
-            local = sum(loss.item() * scale for loss, scale in (micro_loss(engine, x, sp_rank, sp) for x in inputs)) / num_batches
+            local = sum(loss.item() * scale for loss, scale in (micro_loss(engine, x, sp_rank, sp, document_eos) for x in inputs)) / num_batches
     engine.train()
     t = torch.tensor([local], dtype=torch.float64)
     dist.all_reduce(t)
@@ -273,7 +281,9 @@ def run(cfg) -> int:
     # Ulysses ranks of one replica also read the same samples, each keeping its S/sp tokens.
     coord = rank_coord(layout, rank)
     batches = TokenBatches(prepared, layout, seed=cfg.train.seed, dp_rank=coord.dp)
-    sp_args = {"sp_rank": coord.sp, "sp": layout.sequence_degree}
+    # data.document_mask: the EOS id each micro-batch's positions restart after (check_supported allowed the layout).
+    sp_args = {"sp_rank": coord.sp, "sp": layout.sequence_degree,
+               "document_eos": prepared.eos_id if getattr(cfg.data, "document_mask", False) else None}
 
     # 4. Model + engine; a pipelined engine runs whole optimizer steps itself.
     engine = build_engine(cfg, layout, ds_config)

@@ -53,3 +53,34 @@ def check_supported(cfg, layout) -> None:
                           f"(launcher/parallel/pipeline.py), not {cfg.model.arch}",
                           "set parallel.pipeline_degree=1 (shard with parallel.zero_stage or tensor_degree instead), "
                           "or use model.arch=llama")
+    check_document_mask(cfg, layout)
+
+
+# data.document_mask reaches the model as position ids that restart after each EOS, from which transformers
+# builds the within-document causal mask (launcher/runtime/documents.py). Only the whole transformers model
+# of these architectures takes them: BLOOM has no position ids (ALiBi inside its own eager attention).
+DOCUMENT_MASK_ARCHS = ("llama", "mistral", "qwen2", "gpt")
+
+
+def check_document_mask(cfg, layout) -> None:
+    """data.document_mask runs where the transformers model takes the batch's position ids whole: 1 rank and
+    ZeRO data parallelism (any stage). Refused elsewhere, before any process starts."""
+    if not getattr(cfg.data, "document_mask", False):
+        return
+    if cfg.model.arch not in DOCUMENT_MASK_ARCHS:
+        raise ConfigError("data.document_mask", True,
+                          f"the document mask is given to the model as position ids that restart after each EOS; "
+                          f"model.arch={cfg.model.arch} takes none (BLOOM's ALiBi bias is built inside its own attention), "
+                          f"so it runs for model.arch={', '.join(DOCUMENT_MASK_ARCHS)} only",
+                          "set data.document_mask=false, or use model.arch=llama")
+    degrees = {"parallel.pipeline_degree": (layout.pipeline_degree, "the pipeline's stages receive only the hidden states and "
+                                            "recompute positions 0..seq-1 (launcher/parallel/pipeline.py)"),
+               "parallel.tensor_degree": (layout.tensor_degree, "AutoTP with the document mask is not tested yet"),
+               "parallel.sequence_degree": (layout.sequence_degree, "Ulysses ranks hold a slice of the sequence and "
+                                            "attend with is_causal, which cannot express document boundaries "
+                                            "(launcher/parallel/sequence.py)")}
+    for key, (degree, why) in degrees.items():
+        if degree > 1:
+            raise ConfigError("data.document_mask", True,
+                              f"runs on 1 rank and with ZeRO data parallelism only, not with {key}={degree}: {why}",
+                              f"set data.document_mask=false, or {key}=1 (shard with parallel.zero_stage instead)")
