@@ -151,6 +151,7 @@ class Strategy:
     offload_optimizer: bool = False
     offload_param: bool = False
     partition_method: str = "parameters"   # parallel.partition_method: how DeepSpeed cuts the pipeline (plan/stages.py)
+    document_mask: bool = False            # data.document_mask: a (micro, 1, s, s) mask reaches every block (plan/activations.py)
 
     @property
     def world_size(self) -> int:
@@ -179,4 +180,4 @@ def strategy(cfg, layout, recompute: Optional[str] = None) -> Strategy:
         padded_vocab_size=layout.padded_vocab_size, gpus_per_node=layout.gpus_per_node, dtype=layout.dtype,
         grad_accum_fp32=cfg.precision.grad_accum_dtype == "fp32", recompute=recompute,
         offload_optimizer=bool(cfg.parallel.offload_optimizer), offload_param=bool(cfg.parallel.offload_param),
-        partition_method=cfg.parallel.partition_method)
+        partition_method=cfg.parallel.partition_method, document_mask=bool(getattr(cfg.data, "document_mask", False)))

@@ -100,7 +100,8 @@ def activation_bytes_per_layer(shape: ModelShape, st: Strategy) -> float:
     tokens = st.seq_length * st.micro_batch_size / st.sequence_degree
     if st.recompute == "full":
         return tokens * act.checkpointed_block_bytes_per_token(m, st.dtype)
-    per_block = tokens * act.block_bytes_per_token(m, st.seq_length, st.dtype, st.tensor_degree, st.sequence_degree)
+    per_block = tokens * act.block_bytes_per_token(m, st.seq_length, st.dtype, st.tensor_degree, st.sequence_degree,
+                                                   st.document_mask)
     if st.pipeline_degree > 1:
         per_block += act.rotary_bytes(m, st.seq_length, st.dtype, st.sequence_degree)
     return per_block
@@ -194,7 +195,7 @@ def _stage_memory(shape: ModelShape, st: Strategy, stage: int, working_set: floa
     first, last = stage == 0, stage == st.pipeline_degree - 1
     s, b, u = st.seq_length, st.micro_batch_size, st.sequence_degree
     saved = act.stage_saved_bytes(m, blocks, s, b, st.dtype, st.recompute, st.tensor_degree, u,
-                                  first=first, last=last, pipeline=st.pipeline_degree > 1)
+                                  first=first, last=last, pipeline=st.pipeline_degree > 1, document_mask=st.document_mask)
     acts = saved * in_flight_micro_batches(st, stage) + (working_set if blocks else 0.0)
     logits = 0.0
     if last:
@@ -220,7 +221,8 @@ def estimate_memory(shape: ModelShape, st: Strategy, hw: Hardware) -> MemoryEsti
     if st.recompute == "full":
         m = activation_shape(shape, st)
         working_set = (st.seq_length * st.micro_batch_size / st.sequence_degree
-                       * act.block_bytes_per_token(m, st.seq_length, st.dtype, st.tensor_degree, st.sequence_degree))
+                       * act.block_bytes_per_token(m, st.seq_length, st.dtype, st.tensor_degree, st.sequence_degree,
+                                                   st.document_mask))
     # Stages other than the first and last differ only in in-flight micro-batches and block count, so the
     # first, the last and (for the block-count remainder) stage 1 bound them all; evaluating every stage
     # would cost O(PP) per candidate in --search for no new maximum.
