@@ -98,7 +98,8 @@ class DataConfig:
     sequence") and Megatron-LM's --reset-position-ids --reset-attention-mask. Off: a window attends across document
     boundaries (GPT-2/3, nanoGPT). The loss is unchanged: an EOS still predicts the next document's first token.
     Needs token files that name their EOS (data=stdlib/hf, our data=tokens files) and model.arch llama, mistral,
-    qwen2 or gpt on 1 rank or ZeRO data parallelism (launcher/runtime/documents.py)."""
+    qwen2 or gpt on 1 rank, ZeRO data parallelism or AutoTP (tensor_degree > 1 without a pipeline); refused before
+    start with a pipeline or Ulysses (launcher/config/supported.py, launcher/runtime/documents.py)."""
 
 
 @dataclass

@@ -63,8 +63,9 @@ DOCUMENT_MASK_ARCHS = ("llama", "mistral", "qwen2", "gpt")
 
 
 def check_document_mask(cfg, layout) -> None:
-    """data.document_mask runs where the transformers model takes the batch's position ids whole: 1 rank and
-    ZeRO data parallelism (any stage). Refused elsewhere, before any process starts."""
+    """data.document_mask runs where the transformers model takes the batch's position ids whole: 1 rank, ZeRO
+    data parallelism (any stage) and AutoTP (tensor_degree > 1 without a pipeline). Refused elsewhere, before any
+    process starts."""
     if not getattr(cfg.data, "document_mask", False):
         return
     if cfg.model.arch not in DOCUMENT_MASK_ARCHS:
@@ -73,14 +74,16 @@ def check_document_mask(cfg, layout) -> None:
                           f"model.arch={cfg.model.arch} takes none (BLOOM's ALiBi bias is built inside its own attention), "
                           f"so it runs for model.arch={', '.join(DOCUMENT_MASK_ARCHS)} only",
                           "set data.document_mask=false, or use model.arch=llama")
+    # Tensor parallelism without a pipeline is DeepSpeed AutoTP on the whole transformers model, which takes the
+    # position ids as one rank does (tests/train/test_document_mask_runs.py); inside a pipeline it is refused with it.
     degrees = {"parallel.pipeline_degree": (layout.pipeline_degree, "the pipeline's stages receive only the hidden states and "
                                             "recompute positions 0..seq-1 (launcher/parallel/pipeline.py)"),
-               "parallel.tensor_degree": (layout.tensor_degree, "AutoTP with the document mask is not tested yet"),
                "parallel.sequence_degree": (layout.sequence_degree, "Ulysses ranks hold a slice of the sequence and "
                                             "attend with is_causal, which cannot express document boundaries "
                                             "(launcher/parallel/sequence.py)")}
     for key, (degree, why) in degrees.items():
         if degree > 1:
             raise ConfigError("data.document_mask", True,
-                              f"runs on 1 rank and with ZeRO data parallelism only, not with {key}={degree}: {why}",
+                              f"runs on 1 rank, with ZeRO data parallelism and with AutoTP (tensor_degree > 1 without a "
+                              f"pipeline) only, not with {key}={degree}: {why}",
                               f"set data.document_mask=false, or {key}=1 (shard with parallel.zero_stage instead)")

@@ -65,13 +65,14 @@ PipelineModule, one block per checkpoint):
                          input (a departure from Megatron's 2sbh/t).
     working set          one block's full set (the formula above) while that block is recomputed in backward.
 
-Document mask (data.document_mask, launcher/runtime/documents.py; llama family and gpt on 1 rank / ZeRO DP):
+Document mask (data.document_mask, launcher/runtime/documents.py; llama family and gpt on 1 rank / ZeRO DP, llama
+family under AutoTP too):
 positions restart after each EOS and transformers builds a boolean (b, 1, s, s) causal within-document mask
 that every block's SDPA receives instead of is_causal. Measured on CPU (torch 2.13's flash-CPU kernel):
     per block            w s per token: the kernel keeps the mask converted to the training dtype (b x s x s x w
-                         per block: quadratic in s); llama with grouped-query attention also 2 w (a - k) d / t:
+                         per block: quadratic in s; one mask for all heads, so not divided by t); llama with grouped-query attention also 2 w (a - k) d / t:
                          transformers repeats k and v to all heads when a mask is given (sdpa_attention_forward
-                         passes enable_gqa only without one)
+                         passes enable_gqa only without one; a view, no copy, when a rank holds one KV head)
     per micro-batch      llama: rotary cos and sin per sample (positions differ between samples): 2 s d w b instead
                          of 2 s d w; gpt: its position ids per sample, 8 s b instead of 8 s; with checkpointing
                          the boolean mask itself, b s s bytes, held by every checkpointed block's closure
@@ -139,8 +140,9 @@ def block_bytes_per_token(m: ActivationShape, seq_length: int, dtype: str, tp: i
     h, f, a, k, d = m.hidden_size, m.intermediate_size, m.num_heads, m.num_kv_heads, m.head_dim
     w, c, t = dtype_bytes(dtype), LN_STATS_BYTES, tp
     if document_mask:  # DOCUMENT MASK: the mask in the dtype; k, v repeated to all heads under GQA
-        return (block_bytes_per_token(m, seq_length, dtype, tp, ulysses) + w * seq_length
-                + (2 * w * (a - k) * d / t if m.arch in LLAMA_FAMILY else 0.0))
+        # repeat_kv's expand + reshape copies unless a rank holds one KV head (then the reshape is a view of k, v).
+        repeat = 2 * w * (a - k) * d / t if m.arch in LLAMA_FAMILY and k != a and k // t > 1 else 0.0
+        return block_bytes_per_token(m, seq_length, dtype, tp, ulysses) + w * seq_length + repeat
     if m.arch in LLAMA_FAMILY:
         norms = 2 * (4 * h + RMS_STATS_BYTES + 2 * w * h)
         if ulysses > 1:

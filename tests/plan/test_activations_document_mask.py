@@ -4,6 +4,7 @@ launcher.runtime.documents, transformers building the mask). Same method as test
 saved_tensors_hooks over one forward, storages counted once, parameters excluded; per block = (3 blocks - 1 block)
 / 2. Under checkpointing the mask and the rotary cos/sin reach the blocks as keyword arguments that torch's
 checkpoint keeps in its closure (the hook misses them): measured where they enter the first block.
+DeepSpeed AutoTP (tensor_degree 2) is measured on 2 CPU ranks by tests/plan/activation_worker.py.
 """
 
 from __future__ import annotations
@@ -92,3 +93,50 @@ def test_plan_reports_the_mask(compose):
     cfg = compose(["recipe=tiny"])
     s, b, w = cfg.data.seq_length, cfg.batch.micro_batch_size, 4  # tiny: fp32, MHA (no k/v repeat)
     assert per_layer(["data.document_mask=true"]) - per_layer([]) == b * s * s * w
+
+
+@pytest.fixture(scope="module")
+def autotp_measurements(tmp_path_factory):
+    """One torchrun launch of 2 ranks: AutoTP llama with the document mask, {name: [rank0, rank1]}."""
+    import json
+    import os
+    import subprocess
+
+    from tests.conftest import REPO, venv_bin
+
+    tmp = tmp_path_factory.mktemp("activations-docmask")
+    cases = [{"name": f"{dtype}-{ckpt}-L{n}-{mask}", "mode": "autotp", "arch": "llama", "dtype": dtype, "ckpt": ckpt,
+              "layers": n, "document_mask": mask}
+             for dtype in ("bf16", "fp32") for ckpt in (False, True) for n in (1, 3) for mask in (True, False) if n == 3 or mask]
+    (tmp / "cases.json").write_text(json.dumps(cases))
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([venv_bin("torchrun"), "--standalone", "--nproc_per_node", "2",
+                           str(REPO / "tests/plan/activation_worker.py"), str(tmp), str(tmp / "cases.json")],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    ranks = [json.loads((tmp / f"rank{r}.json").read_text()) for r in range(2)]
+    return {name: [ranks[0][name], ranks[1][name]] for name in ranks[0]}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["no-ckpt", "ckpt"])
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_autotp_document_mask_saved_bytes_match_planner(autotp_measurements, dtype, checkpointing):
+    m = act.ActivationShape("llama", 128, 4, 2, 352, 256)  # the worker's llama overrides
+    one = autotp_measurements[f"{dtype}-{checkpointing}-L1-True"]
+    three = autotp_measurements[f"{dtype}-{checkpointing}-L3-True"]
+    plain = autotp_measurements[f"{dtype}-{checkpointing}-L3-False"]
+    assert one[0] == one[1] and three[0] == three[1]
+    recompute = "full" if checkpointing else "none"
+    measured_block = (three[0] - one[0]) / 2
+    if checkpointing:
+        planned_block = SEQ * MICRO * act.checkpointed_block_bytes_per_token(m, dtype)
+    else:
+        planned_block = SEQ * MICRO * act.block_bytes_per_token(m, SEQ, dtype, 2, document_mask=True)
+    planned = act.stage_saved_bytes(m, 3, SEQ, MICRO, dtype, recompute, 2, document_mask=True)
+    added = planned - act.stage_saved_bytes(m, 3, SEQ, MICRO, dtype, recompute, 2)
+    print(f"autotp {dtype} {recompute}: block planned/measured {planned_block / measured_block:.4f}, "
+          f"model {planned / three[0]:.4f}, added planned {added} measured {three[0] - plain[0]}")
+    assert added == three[0] - plain[0]
+    assert planned_block == pytest.approx(measured_block, rel=0.02)
+    assert planned == pytest.approx(three[0], rel=0.02)

@@ -1,4 +1,4 @@
-"""data.document_mask through `launcher train` as a user runs it: 2 CPU ranks (ZeRO-1) equal 1 rank.
+"""data.document_mask through `launcher train` as a user runs it: 2 CPU ranks (ZeRO-1; AutoTP 2) equal 1 rank.
 
 A corpus of short documents (2-15 words, written here) packed into 32-token windows, so most windows hold
 several documents and the mask acts on every step. The 2-rank ZeRO-1 run (micro 4 x dp 2) and the 1-rank run
@@ -42,7 +42,9 @@ def runs(tmp_path_factory):
               "parallel.zero_stage=1", "train.eval_every=3", "train.eval_batches=2", f"runs_dir={tmp / 'runs'}"]
     cases = {"one": ["data.document_mask=true", "cluster.gpus_per_node=1", "batch.micro_batch_size=8"],
              "two": ["data.document_mask=true", "cluster.gpus_per_node=2", "batch.micro_batch_size=4"],
-             "two_unmasked": ["cluster.gpus_per_node=2", "batch.micro_batch_size=4"]}
+             "two_unmasked": ["cluster.gpus_per_node=2", "batch.micro_batch_size=4"],
+             "tp2": ["data.document_mask=true", "cluster.gpus_per_node=2", "parallel.tensor_degree=2",
+                     "batch.micro_batch_size=8"]}
     out = {}
     for name, extra in cases.items():
         result = launcher(["train", *common, *extra, f"run_name={name}"], OMP_NUM_THREADS=1)
@@ -61,6 +63,18 @@ def test_windows_hold_several_documents(runs):
     rows = batches.batch(sum((batches.train_sample_ids(s, 0) for s in range(STEPS)), [])).numpy()
     inner_eos = (rows[:, :-1] == prepared.eos_id).any(axis=1)
     assert prepared.eos_id >= 0 and inner_eos.mean() > 0.9, inner_eos.mean()
+
+
+def test_autotp_equals_one_rank(runs):
+    """DeepSpeed AutoTP (tensor_degree 2, no pipeline) with the mask: the same losses and gradient norms."""
+    dirs, _ = runs
+    one, tp = records(dirs["one"], "train"), records(dirs["tp2"], "train")
+    assert len(tp) == STEPS
+    for a, b in zip(one, tp):
+        assert abs(a["step_loss"] - b["step_loss"]) < 1e-5, (a["step_loss"], b["step_loss"])
+        assert abs(a["grad_norm"] - b["grad_norm"]) < 1e-5 * b["grad_norm"], (a["grad_norm"], b["grad_norm"])
+    val_one, val_tp = (records(dirs[n], "eval") for n in ("one", "tp2"))
+    assert np.allclose([r["val_loss"] for r in val_one], [r["val_loss"] for r in val_tp], rtol=0, atol=1e-5)
 
 
 def test_two_ranks_zero1_equal_one_rank(runs):
