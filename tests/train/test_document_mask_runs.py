@@ -46,10 +46,13 @@ def runs(tmp_path_factory):
              "tp2": ["data.document_mask=true", "cluster.gpus_per_node=2", "parallel.tensor_degree=2",
                      "batch.micro_batch_size=8"]}
     out = {}
+    ext = tmp / "torch_extensions"
+    ext.mkdir()
     for name, extra in cases.items():
-        result = launcher(["train", *common, *extra, f"run_name={name}"], OMP_NUM_THREADS=1)
+        result = launcher(["train", *common, *extra, f"run_name={name}"], OMP_NUM_THREADS=1, TORCH_EXTENSIONS_DIR=ext)
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
         out[name] = tmp / "runs" / name
+    assert list(ext.iterdir()) == [], "a CPU run JIT-compiled a DeepSpeed op"
     cfg = compose(common + cases["one"])
     return out, cfg
 
@@ -70,6 +73,10 @@ def test_autotp_equals_one_rank(runs):
     dirs, _ = runs
     one, tp = records(dirs["one"], "train"), records(dirs["tp2"], "train")
     assert len(tp) == STEPS
+    ds = json.loads((dirs["tp2"] / "deepspeed.json").read_text())
+    assert ds["tensor_parallel"]["autotp_size"] == 2, ds.get("tensor_parallel")
+    print("AutoTP: max |loss diff|", max(abs(a["step_loss"] - b["step_loss"]) for a, b in zip(one, tp)),
+          "max grad-norm rel diff", max(abs(a["grad_norm"] - b["grad_norm"]) / b["grad_norm"] for a, b in zip(one, tp)))
     for a, b in zip(one, tp):
         assert abs(a["step_loss"] - b["step_loss"]) < 1e-5, (a["step_loss"], b["step_loss"])
         assert abs(a["grad_norm"] - b["grad_norm"]) < 1e-5 * b["grad_norm"], (a["grad_norm"], b["grad_norm"])
