@@ -114,7 +114,7 @@ def maybe_apply_activation_checkpointing(cfg, model) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
-def micro_loss(engine, input_ids, sp_rank: int, sp: int, cp_rank: int = 0, cp: int = 1):
+def micro_loss(engine, input_ids, sp_rank: int, sp: int, cp_rank: int = 0, cp: int = 1, document_eos=None):
     """(the loss to backpropagate, the factor that makes it this rank's term of the logged loss) for one micro-batch.
 
     Without sequence parallelism the loss is the model's mean next-token loss (factor 1). With Ulysses
@@ -122,12 +122,19 @@ def micro_loss(engine, input_ids, sp_rank: int, sp: int, cp_rank: int = 0, cp: i
     (launcher/parallel/sequence.py: the sp shares sum to it); logging share x sp makes the mean over all
     ranks (train: the step's agreed loss, eval: the all-reduce) the mean replica loss again. Ring attention
     (cp > 1, launcher/parallel/context.py) the same with its S/cp head-tail tokens.
+    `document_eos` (data.document_mask): positions restart after that id, and transformers masks attention
+    across documents from them (launcher/runtime/documents.py).
     """
     if cp > 1:
         from launcher.parallel.context import context_parallel_loss
 
         return context_parallel_loss(engine, input_ids, cp_rank, cp), cp
     if sp == 1:
+        if document_eos is not None:
+            from launcher.runtime.documents import document_position_ids
+
+            position_ids = document_position_ids(input_ids, document_eos)
+            return engine(input_ids=input_ids, labels=input_ids, position_ids=position_ids).loss, 1
         return engine(input_ids=input_ids, labels=input_ids).loss, 1
     from launcher.parallel.sequence import sequence_parallel_loss
 
@@ -135,7 +142,7 @@ def micro_loss(engine, input_ids, sp_rank: int, sp: int, cp_rank: int = 0, cp: i
 
 
 def train_step(engine, batches: TokenBatches, step: int, accum: int, agree: "StepAgreement", veto, measure_state: bool = False,
-               sp_rank: int = 0, sp: int = 1, cp_rank: int = 0, cp: int = 1):
+               sp_rank: int = 0, sp: int = 1, cp_rank: int = 0, cp: int = 1, document_eos=None):
     """One optimizer step of a plain (AutoTP, Ulysses) engine: `accum` micro-batches forward + backward, then DeepSpeed's step.
 
     engine.step() is called after every micro-batch; DeepSpeed applies the optimizer (with clipping and
@@ -158,7 +165,7 @@ def train_step(engine, batches: TokenBatches, step: int, accum: int, agree: "Ste
         t0 = time.perf_counter()
         input_ids = batches.batch(batches.train_sample_ids(step, micro_step)).to(device, non_blocking=True)
         data_wait += time.perf_counter() - t0
-        loss, scale = micro_loss(engine, input_ids, sp_rank, sp, cp_rank, cp)
+        loss, scale = micro_loss(engine, input_ids, sp_rank, sp, cp_rank, cp, document_eos)
         loss = maybe_poison(loss, step + 1, micro_step, engine.global_rank)
         loss_sum = loss_sum + loss.detach().to(torch.float64) * scale
         if last:
@@ -192,7 +199,7 @@ def train_step_pipeline(engine, batches: TokenBatches, step: int, accum: int, ag
 
 
 def evaluate(engine, batches: TokenBatches, num_batches: int, world: int, sp_rank: int = 0, sp: int = 1,
-             cp_rank: int = 0, cp: int = 1) -> float:
+             cp_rank: int = 0, cp: int = 1, document_eos=None) -> float:
     """Mean loss over `num_batches` held-out micro-batches per DP replica, averaged over all ranks."""
     import deepspeed.comm as dist
     import torch
@@ -205,7 +212,8 @@ def evaluate(engine, batches: TokenBatches, num_batches: int, world: int, sp_ran
             # Averaged over the micro-batches and DP replicas and broadcast to every stage by DeepSpeed.
             local = engine.eval_batch(iter([(x, x) for x in inputs]), num_micro_batches=num_batches).item()
         else:
-            local = sum(loss.item() * scale for loss, scale in (micro_loss(engine, x, sp_rank, sp, cp_rank, cp) for x in inputs)) / num_batches
+            local = sum(loss.item() * scale for loss, scale in (micro_loss(engine, x, sp_rank, sp, cp_rank, cp, document_eos)
+                                                                for x in inputs)) / num_batches
     engine.train()
     t = torch.tensor([local], dtype=torch.float64)
     dist.all_reduce(t)
@@ -290,7 +298,9 @@ def run(cfg) -> int:
     # Ulysses (CP) ranks of one replica also read the same samples, each keeping its S/sp (S/cp) tokens.
     coord = rank_coord(layout, rank)
     batches = TokenBatches(prepared, layout, seed=cfg.train.seed, dp_rank=coord.dp)
-    sp_args = {"sp_rank": coord.sp, "sp": layout.sequence_degree, "cp_rank": coord.cp, "cp": layout.context_degree}
+    # data.document_mask: the EOS id each micro-batch's positions restart after (check_supported allowed the layout).
+    sp_args = {"sp_rank": coord.sp, "sp": layout.sequence_degree, "cp_rank": coord.cp, "cp": layout.context_degree,
+               "document_eos": prepared.eos_id if getattr(cfg.data, "document_mask", False) else None}
 
     # 4. Model + engine; a pipelined engine runs whole optimizer steps itself.
     engine = build_engine(cfg, layout, ds_config)

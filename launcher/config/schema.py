@@ -91,6 +91,15 @@ class DataConfig:
     """Processes that pretokenize data=stdlib/hf (1 = in this process). Range: >= 1."""
     split_seed: int = 0
     """Seed of the held-out document set (data=stdlib/hf); independent of train.seed so val losses stay comparable. Range: >= 0."""
+    document_mask: bool = False
+    """Attend only within each document of a packed sample: positions restart at 0 after every EOS and a token sees
+    only the earlier tokens of its own document, as Llama 3 trains (Dubey et al. 2024, "The Llama 3 Herd of Models",
+    section 3.2: "an attention mask that prevents self-attention between different documents within the same
+    sequence") and Megatron-LM's --reset-position-ids --reset-attention-mask. Off: a window attends across document
+    boundaries (GPT-2/3, nanoGPT). The loss is unchanged: an EOS still predicts the next document's first token.
+    Needs token files that name their EOS (data=stdlib/hf, our data=tokens files) and model.arch llama, mistral,
+    qwen2 or gpt on 1 rank, ZeRO data parallelism or AutoTP (tensor_degree > 1 without a pipeline); refused before
+    start with a pipeline or Ulysses (launcher/config/supported.py, launcher/runtime/documents.py)."""
 
 
 @dataclass

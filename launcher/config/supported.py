@@ -60,6 +60,7 @@ def check_supported(cfg, layout) -> None:
                           f"(launcher/parallel/pipeline.py), not {cfg.model.arch}",
                           "set parallel.pipeline_degree=1 (shard with parallel.zero_stage or tensor_degree instead), "
                           "or use model.arch=llama")
+    check_document_mask(cfg, layout)
 
 
 def _check_megatron_sequence_parallel(cfg, layout) -> None:
@@ -81,3 +82,46 @@ def _check_megatron_sequence_parallel(cfg, layout) -> None:
                           "parallel.sequence_parallel=true runs on DeepSpeed's pipeline engine (one stage when "
                           "pipeline_degree = 1), which supports ZeRO stage 0 or 1 only",
                           "set parallel.zero_stage=1 (or 0), or parallel.sequence_parallel=false")
+
+
+# data.document_mask reaches the model as position ids that restart after each EOS, from which transformers
+# builds the within-document causal mask (launcher/runtime/documents.py). Only the whole transformers model
+# of these architectures takes them: BLOOM has no position ids (ALiBi inside its own eager attention).
+DOCUMENT_MASK_ARCHS = ("llama", "mistral", "qwen2", "gpt")
+
+
+def check_document_mask(cfg, layout) -> None:
+    """data.document_mask runs where the transformers model takes the batch's position ids whole: 1 rank, ZeRO
+    data parallelism (any stage) and AutoTP (tensor_degree > 1 without a pipeline). Refused elsewhere, before any
+    process starts."""
+    if not getattr(cfg.data, "document_mask", False):
+        return
+    if cfg.model.arch not in DOCUMENT_MASK_ARCHS:
+        raise ConfigError("data.document_mask", True,
+                          f"the document mask is given to the model as position ids that restart after each EOS; "
+                          f"model.arch={cfg.model.arch} takes none (BLOOM's ALiBi bias is built inside its own attention), "
+                          f"so it runs for model.arch={', '.join(DOCUMENT_MASK_ARCHS)} only",
+                          "set data.document_mask=false, or use model.arch=llama")
+    # Tensor parallelism without a pipeline is DeepSpeed AutoTP on the whole transformers model, which takes the
+    # position ids as one rank does (tests/train/test_document_mask_runs.py); inside a pipeline it is refused with it.
+    degrees = {"parallel.pipeline_degree": (layout.pipeline_degree, "the pipeline's stages receive only the hidden states and "
+                                            "recompute positions 0..seq-1 (launcher/parallel/pipeline.py)"),
+               "parallel.sequence_degree": (layout.sequence_degree, "Ulysses ranks hold a slice of the sequence and "
+                                            "attend with is_causal, which cannot express document boundaries "
+                                            "(launcher/parallel/sequence.py)"),
+               "parallel.context_degree": (getattr(layout, "context_degree", 1), "ring-attention ranks attend over "
+                                           "head-tail chunks by global position, with no document boundaries "
+                                           "(launcher/parallel/context.py)"),
+}
+    if layout.sequence_parallel:
+        raise ConfigError("data.document_mask", True,
+                          "runs on 1 rank, with ZeRO data parallelism and with AutoTP only, not with "
+                          "parallel.sequence_parallel=true: Megatron SP runs our TP on the pipeline engine, whose blocks "
+                          "recompute positions 0..seq-1 (launcher/parallel/pipeline.py)",
+                          "set data.document_mask=false, or parallel.sequence_parallel=false")
+    for key, (degree, why) in degrees.items():
+        if degree > 1:
+            raise ConfigError("data.document_mask", True,
+                              f"runs on 1 rank, with ZeRO data parallelism and with AutoTP (tensor_degree > 1 without a "
+                              f"pipeline) only, not with {key}={degree}: {why}",
+                              f"set data.document_mask=false, or {key}=1 (shard with parallel.zero_stage instead)")

@@ -65,6 +65,20 @@ PipelineModule, one block per checkpoint):
                          input (a departure from Megatron's 2sbh/t).
     working set          one block's full set (the formula above) while that block is recomputed in backward.
 
+Document mask (data.document_mask, launcher/runtime/documents.py; llama family and gpt on 1 rank / ZeRO DP, llama
+family under AutoTP too):
+positions restart after each EOS and transformers builds a boolean (b, 1, s, s) causal within-document mask
+that every block's SDPA receives instead of is_causal. Measured on CPU (torch 2.13's flash-CPU kernel):
+    per block            w s per token: the kernel keeps the mask converted to the training dtype (b x s x s x w
+                         per block: quadratic in s; one mask for all heads, so not divided by t); llama with grouped-query attention also 2 w (a - k) d / t:
+                         transformers repeats k and v to all heads when a mask is given (sdpa_attention_forward
+                         passes enable_gqa only without one; a view, no copy, when a rank holds one KV head)
+    per micro-batch      llama: rotary cos and sin per sample (positions differ between samples): 2 s d w b instead
+                         of 2 s d w; gpt: its position ids per sample, 8 s b instead of 8 s; with checkpointing
+                         the boolean mask itself, b s s bytes, held by every checkpointed block's closure
+On CUDA SDPA takes the memory-efficient kernel with the same mask (the flash kernel takes no mask); its saved
+set is not measured here (no GPU in the test environment), and these CPU figures are what the planner uses.
+
 Parallelism:
     TP                   norms, residual stream and the column-parallel inputs stay replicated; everything
                          inside attention and the MLP is divided by t (the formulas carry the split). Measured
@@ -139,11 +153,15 @@ class ActivationShape:
 
 
 def block_bytes_per_token(m: ActivationShape, seq_length: int, dtype: str, tp: int = 1, ulysses: int = 1,
-                          sp: bool = False) -> float:
+                          sp: bool = False, document_mask: bool = False) -> float:
     """Bytes one block saves for backward per local token (no checkpointing), derivation in the module docstring.
     `sp`: Megatron sequence parallelism over the `tp` ranks (per token of the whole sequence, as for TP)."""
     h, f, a, k, d = m.hidden_size, m.intermediate_size, m.num_heads, m.num_kv_heads, m.head_dim
     w, c, t = dtype_bytes(dtype), LN_STATS_BYTES, tp
+    if document_mask:  # DOCUMENT MASK: the mask in the dtype; k, v repeated to all heads under GQA
+        # repeat_kv's expand + reshape copies unless a rank holds one KV head (then the reshape is a view of k, v).
+        repeat = 2 * w * (a - k) * d / t if m.arch in LLAMA_FAMILY and k != a and k // t > 1 else 0.0
+        return block_bytes_per_token(m, seq_length, dtype, tp, ulysses, sp) + w * seq_length + repeat
     if m.arch in LLAMA_FAMILY:
         norms = 2 * (4 * h + RMS_STATS_BYTES + 2 * w * h)
         if sp:  # each norm on s/t tokens; the gathered input of the column-parallel linears full length
@@ -179,19 +197,22 @@ def checkpointed_block_bytes_per_token(m: ActivationShape, dtype: str, sp_tp: in
     return dtype_bytes(dtype) * m.hidden_size / sp_tp
 
 
-def rotary_bytes(m: ActivationShape, seq_length: int, dtype: str, ulysses: int = 1) -> float:
-    """LLaMA's rotary cos and sin for one micro-batch (shape (1, s, d) each, in the dtype); 0 for other archs."""
+def rotary_bytes(m: ActivationShape, seq_length: int, dtype: str, ulysses: int = 1, samples: int = 1) -> float:
+    """LLaMA's rotary cos and sin for one micro-batch (shape (samples, s, d) each, in the dtype: one sample's
+    unless positions differ between samples, as under the document mask); 0 for other archs."""
     if m.arch not in LLAMA_FAMILY:
         return 0.0
-    return 2 * (seq_length // ulysses) * m.head_dim * dtype_bytes(dtype)
+    return 2 * samples * (seq_length // ulysses) * m.head_dim * dtype_bytes(dtype)
 
 
-def embedding_bytes(m: ActivationShape, seq_length: int, micro_batch: int, dtype: str, ulysses: int = 1) -> float:
-    """What the embedding end saves for one micro-batch: the ids, GPT-2's position ids, BLOOM's embedding LayerNorm."""
+def embedding_bytes(m: ActivationShape, seq_length: int, micro_batch: int, dtype: str, ulysses: int = 1,
+                    document_mask: bool = False) -> float:
+    """What the embedding end saves for one micro-batch: the ids, GPT-2's position ids (one row, or one per
+    sample under the document mask), BLOOM's embedding LayerNorm."""
     tokens = seq_length * micro_batch // ulysses
     out = INDEX_BYTES * tokens
     if m.arch == "gpt":
-        out += INDEX_BYTES * seq_length // ulysses
+        out += INDEX_BYTES * seq_length // ulysses * (micro_batch if document_mask else 1)
     if m.arch == "bloom":
         out += tokens * (dtype_bytes(dtype) * m.hidden_size + 2 * LN_STATS_BYTES)
     return out
@@ -221,7 +242,8 @@ def loss_backward_bytes(m: ActivationShape, seq_length: int, micro_batch: int, d
 
 def stage_saved_bytes(m: ActivationShape, blocks: int, seq_length: int, micro_batch: int, dtype: str,
                       recompute: str = "none", tp: int = 1, ulysses: int = 1, first: bool = True,
-                      last: bool = True, pipeline: bool = False, sp: bool = False, context: int = 1) -> float:
+                      last: bool = True, pipeline: bool = False, sp: bool = False, context: int = 1,
+                      document_mask: bool = False) -> float:
     """Bytes one micro-batch leaves saved for backward on one rank of a stage holding `blocks` blocks
     (and the embedding if `first`, the head and loss if `last`): what the tests measure.
     `sp`: Megatron sequence parallelism over the `tp` ranks (parallel.sequence_parallel). `context`: the
@@ -232,8 +254,10 @@ def stage_saved_bytes(m: ActivationShape, blocks: int, seq_length: int, micro_ba
     if recompute == "full":
         per_block = tokens * checkpointed_block_bytes_per_token(m, dtype, sp_tp)
     else:
-        per_block = tokens * block_bytes_per_token(m, seq_length, dtype, tp, ulysses, sp)
-    rotary = rotary_bytes(m, seq_length, dtype, split)
+        per_block = tokens * block_bytes_per_token(m, seq_length, dtype, tp, ulysses, sp, document_mask)
+    rotary = rotary_bytes(m, seq_length, dtype, split, micro_batch if document_mask else 1)
+    if document_mask and recompute == "full" and blocks:
+        rotary += micro_batch * seq_length * seq_length  # DOCUMENT MASK: the bool mask, held by the checkpoints
     # The pipeline's blocks each compute their own cos/sin (kept unless the block is checkpointed); the
     # transformers model computes them once for all layers.
     if pipeline:
@@ -241,7 +265,7 @@ def stage_saved_bytes(m: ActivationShape, blocks: int, seq_length: int, micro_ba
         rotary = 0.0
     total = blocks * per_block + (rotary if blocks else 0.0)
     if first:
-        total += embedding_bytes(m, seq_length, micro_batch, dtype, split)
+        total += embedding_bytes(m, seq_length, micro_batch, dtype, split, document_mask)
     if last:
         total += head_bytes(m, seq_length, micro_batch, dtype, split, pipeline, sp_tp)
     return total

@@ -153,6 +153,7 @@ class Strategy:
     partition_method: str = "parameters"   # parallel.partition_method: how DeepSpeed cuts the pipeline (plan/stages.py)
     sequence_parallel: bool = False        # parallel.sequence_parallel: Megatron SP over the TP ranks
     context_degree: int = 1     # ring-attention CP ranks (launcher/parallel/context.py)
+    document_mask: bool = False            # data.document_mask: a (micro, 1, s, s) mask reaches every block (plan/activations.py)
 
     @property
     def pipeline_engine(self) -> bool:
@@ -192,4 +193,4 @@ def strategy(cfg, layout, recompute: Optional[str] = None) -> Strategy:
         grad_accum_fp32=cfg.precision.grad_accum_dtype == "fp32", recompute=recompute,
         offload_optimizer=bool(cfg.parallel.offload_optimizer), offload_param=bool(cfg.parallel.offload_param),
         partition_method=cfg.parallel.partition_method, sequence_parallel=layout.sequence_parallel,
-        context_degree=layout.context_degree)
+        context_degree=layout.context_degree, document_mask=bool(getattr(cfg.data, "document_mask", False)))

@@ -104,7 +104,7 @@ def activation_bytes_per_layer(shape: ModelShape, st: Strategy) -> float:
     if st.recompute == "full":
         return tokens * act.checkpointed_block_bytes_per_token(m, st.dtype, st.tensor_degree if st.sequence_parallel else 1)
     per_block = tokens * act.block_bytes_per_token(m, st.seq_length, st.dtype, st.tensor_degree, st.sequence_degree,
-                                                   st.sequence_parallel)
+                                                   st.sequence_parallel, st.document_mask)
     if st.pipeline_engine:
         per_block += act.rotary_bytes(m, st.seq_length, st.dtype, st.sequence_split)
     return per_block
@@ -199,7 +199,7 @@ def _stage_memory(shape: ModelShape, st: Strategy, stage: int, working_set: floa
     s, b, u = st.seq_length, st.micro_batch_size, st.sequence_split
     saved = act.stage_saved_bytes(m, blocks, s, b, st.dtype, st.recompute, st.tensor_degree, st.sequence_degree,
                                   first=first, last=last, pipeline=st.pipeline_engine, sp=st.sequence_parallel,
-                                  context=st.context_degree)
+                                  context=st.context_degree, document_mask=st.document_mask)
     acts = saved * in_flight_micro_batches(st, stage) + (working_set if blocks else 0.0)
     logits = 0.0
     if last:
@@ -226,7 +226,7 @@ def estimate_memory(shape: ModelShape, st: Strategy, hw: Hardware) -> MemoryEsti
         m = activation_shape(shape, st)
         working_set = (st.seq_length * st.micro_batch_size / st.sequence_split
                        * act.block_bytes_per_token(m, st.seq_length, st.dtype, st.tensor_degree, st.sequence_degree,
-                                                   st.sequence_parallel))
+                                                   st.sequence_parallel, st.document_mask))
     # Stages other than the first and last differ only in in-flight micro-batches and block count, so the
     # first, the last and (for the block-count remainder) stage 1 bound them all; evaluating every stage
     # would cost O(PP) per candidate in --search for no new maximum.

@@ -835,9 +835,9 @@ def _blend_source(cfg, layout, progress: bool = False, console=None) -> Prepared
 def prepare_data(cfg, layout, progress: bool = False, console=None) -> PreparedData:
     """Tokenizer and packed tokens for `cfg`, built once and cached under data.cache_dir."""
     if cfg.data.source == "tokens":
-        return _tokens_source(cfg, layout)
+        return _eos_known(cfg, _tokens_source(cfg, layout))
     if cfg.data.source == "blend":
-        return _blend_source(cfg, layout, progress, console)
+        return _eos_known(cfg, _blend_source(cfg, layout, progress, console))
     if cfg.data.source not in ("stdlib", "hf"):
         raise ConfigError("data.source", cfg.data.source, "must be stdlib, hf, tokens or blend", "select data=stdlib, data=hf, data=tokens or data=blend")
     if not 0.0 <= cfg.data.val_fraction < 1.0:
@@ -870,6 +870,20 @@ def _packed(cfg, progress: bool, console) -> tuple[Path, dict, Documents]:
                 if manifest is not None:
                     write_atomic(manifest, json.dumps({"bin_path": str(found[0]), "tokenizer_path": found[1]["tokenizer_path"]}, indent=2).encode())
     return found[0], found[1], docs
+
+
+def _eos_known(cfg, prepared: PreparedData) -> PreparedData:
+    """data.document_mask cuts samples at the EOS id: refuse token files that do not say which id it is."""
+    if getattr(cfg.data, "document_mask", False) and prepared.eos_id < 0:
+        files = [p["path"] for p in prepared.blend] if prepared.blend else [prepared.bin_path]
+        why = ("the blend's sources name different EOS ids or none" if prepared.blend
+               else f"a {prepared.format} token file carries no EOS id (only our .idx.json records it)")
+        raise ConfigError("data.document_mask", True,
+                          f"needs the id of the end-of-document token to find document boundaries, and {why} "
+                          f"({', '.join(files)})",
+                          "set data.document_mask=false, or pretokenize the corpus with data=stdlib/hf (our token files "
+                          "record their EOS id) and read those files")
+    return prepared
 
 
 def _build_packed(cfg, docs: Documents, cache: Path, progress: bool, console) -> tuple[Path, dict]:

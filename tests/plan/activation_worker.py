@@ -1,7 +1,8 @@
 """torchrun worker for test_activations.py's multi-rank cases (not collected: no test_ prefix).
 
 `torchrun --nproc_per_node 2 tests/plan/activation_worker.py OUT_DIR CASES.json`. Each case is
-{"name", "mode", "arch", "dtype", "ckpt", "layers"}; every rank builds the modules the runtime builds for that
+{"name", "mode", "arch", "dtype", "ckpt", "layers"} and optionally "document_mask" (autotp only: the batch's
+position ids restart after EOS, as launcher.train.micro_loss passes them); every rank builds the modules the runtime builds for that
 mode, runs one forward of one micro-batch under the saved-tensor hook (tests/plan/activation_measure.py),
 runs backward, and writes {name: bytes} to OUT_DIR/rank<r>.json. Modes:
     pipe    the pipeline's layers as launcher.parallel.pipeline.layer_specs builds them on the pipeline grid's
@@ -91,6 +92,13 @@ def run_autotp(case, cfg, layout, held):
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                       config=build_deepspeed_config(cfg, layout))
     ids = ids_for(cfg)
+    if case.get("document_mask"):
+        from launcher.runtime.documents import document_position_ids
+
+        ids[0, [30, 100, 101, 200]] = 0  # EOS = 0: documents of 31, 70, 1, 99 and 56 tokens in row 0
+        ids[1, [10, 150]] = 0
+        position_ids = document_position_ids(ids, 0)
+        return engine.module, lambda: engine(input_ids=ids, labels=ids, position_ids=position_ids).loss, engine.backward
     return engine.module, lambda: engine(input_ids=ids, labels=ids).loss, engine.backward
 
 
@@ -125,6 +133,13 @@ def measure(case) -> int:
         # cannot see them): measured at their source, as in test_activations.py.
         module.model.rotary_emb.register_forward_hook(
             lambda m, a, out: held.update({o.untyped_storage().data_ptr(): o.untyped_storage().nbytes() for o in out}))
+        if case.get("document_mask"):  # the mask, kept by the checkpoints' closures the same way
+            def keep_mask(m, args, kwargs):
+                t = kwargs.get("attention_mask")
+                if isinstance(t, torch.Tensor):
+                    held[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+
+            module.model.layers[0].register_forward_pre_hook(keep_mask, with_kwargs=True)
     loss, n = saved_bytes(forward, param_storages(module), held)   # held and saved storages, each once
     backward(loss)  # the graph is complete and runs
     return n
