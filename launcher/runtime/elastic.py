@@ -101,12 +101,13 @@ def refuse_unconvertible(saved: dict, cfg, layout, tag_dir: Path) -> None:
                f"the embedding is padded to a multiple of the tensor degree: {old['padded_vocab_size']} rows then, "
                f"{layout.padded_vocab_size} now, another tensor shape", "choose a tensor_degree that pads the "
                f"vocabulary ({then.get('model', {}).get('vocab_size')}) to {old['padded_vocab_size']} rows as well")
-    kinds = (_kind(old["tensor_degree"], old["pipeline_degree"]), _kind(layout.tensor_degree, layout.pipeline_degree))
-    if "autotp" in kinds and kinds[0] != kinds[1]:
-        refuse("parallel.pipeline_degree", old["pipeline_degree"], layout.pipeline_degree,
-               "DeepSpeed's AutoTP (tensor_degree > 1 without a pipeline) shards the transformers model with its own "
-               "metadata, which does not map onto the pipeline's tensor-parallel layers (launcher/parallel/tensor.py)",
-               "keep pipeline_degree > 1 on both layouts, or tensor_degree=1 on the side without a pipeline")
+    if "autotp" in (_kind(old["tensor_degree"], old["pipeline_degree"]), _kind(layout.tensor_degree, layout.pipeline_degree)):
+        refuse("parallel.tensor_degree", old["tensor_degree"], layout.tensor_degree,
+               "with DeepSpeed's AutoTP (tensor_degree > 1 without a pipeline) on either side it is not verified here: "
+               "AutoTP shards the transformers model by its own metadata, not by the patterns this launcher gives for the "
+               "pipeline's tensor-parallel layers (launcher/parallel/tensor.py)",
+               "resume on the checkpoint's own TP and pipeline degrees, or put the TP inside a pipeline "
+               "(parallel.pipeline_degree > 1) on both layouts")
 
 
 def refuse_global_batch_change(saved: dict, cfg, layout, tag_dir: Path) -> None:
@@ -131,7 +132,7 @@ def refuse_global_batch_change(saved: dict, cfg, layout, tag_dir: Path) -> None:
 
 
 def universal_info(arch: str, pipeline: bool, tie: bool) -> dict:
-    """DeepSpeed's `universal_checkpoint_info` for a launcher-built module (AutoTP records its own).
+    """DeepSpeed's `universal_checkpoint_info` for a launcher-built module (a PipelineModule or a transformers model).
 
     ds_to_universal merges each parameter's TP slices by these patterns: row-parallel weights (o_proj and
     down_proj, Megatron's RowParallelLinear: launcher/parallel/tensor.py) along dim 1, replicated ones (embedding,
@@ -258,14 +259,14 @@ def _convert(spec: dict) -> None:
     from deepspeed.checkpoint.constants import UNIVERSAL_CHECKPOINT_INFO
 
     source_kind, target_kind = spec["source_kind"], spec["target_kind"]
-    if source_kind != "autotp":
-        # Ours replaces whatever the files carry (nothing, for a PipelineModule or a plain transformers model).
-        info = universal_info(spec["arch"], source_kind == "pipeline", spec["tie"])
+    # Ours replaces whatever the files carry (nothing, for a PipelineModule or a plain transformers model; AutoTP
+    # layouts are refused by refuse_unconvertible).
+    info = universal_info(spec["arch"], source_kind == "pipeline", spec["tie"])
 
-        def inject(ds_checkpoint):
-            ds_checkpoint.global_state[UNIVERSAL_CHECKPOINT_INFO] = info
+    def inject(ds_checkpoint):
+        ds_checkpoint.global_state[UNIVERSAL_CHECKPOINT_INFO] = info
 
-        dsu._inject_missing_state = inject
+    dsu._inject_missing_state = inject
     args = argparse.Namespace(input_folder=spec["source"], output_folder=spec["out"], num_extract_workers=1,
                               num_merge_workers=1, keep_temp_folder=False, strict=True, inject_missing_state=True)
     dsu.main(args)
