@@ -480,6 +480,12 @@ def load_checkpoint(engine, tag_dir: Path) -> None:
     """
     from deepspeed.runtime.state_dict_factory import SDLoaderBase
 
+    # DeepSpeed 0.19.8's ZeRO-3 universal load copies the hyperparameters of param_groups[0] onto every group
+    # (stage3.py load_hp_checkpoint_state_from_checkpoint_dir_stage3), so the norms and biases, which get no weight
+    # decay (runtime/optimizer.py), would be decayed from then on (measured: DP4 -> DP2 grad norm 9.2e-5 off an
+    # uninterrupted run one step after the resume). Each group's weight decay is this run's: put it back.
+    groups = getattr(engine.optimizer, "param_groups", None) or []
+    decay = [g.get("weight_decay") for g in groups]
     real_check = SDLoaderBase.check_ckpt_list
     SDLoaderBase.check_ckpt_list = _check_ckpt_list_mapped
     try:
@@ -489,6 +495,9 @@ def load_checkpoint(engine, tag_dir: Path) -> None:
         SDLoaderBase.check_ckpt_list = real_check
     if load_path is None:
         raise RuntimeError(f"DeepSpeed could not load the checkpoint {tag_dir}")
+    for g, wd in zip(getattr(engine.optimizer, "param_groups", None) or [], decay):
+        if wd is not None:
+            g["weight_decay"] = wd
 
 
 def _check_ckpt_list_mapped(self) -> None:

@@ -3,9 +3,9 @@
 Each resumed run is held to an uninterrupted run on the new layout for the steps after the resume (loss and
 gradient norm, 1e-5 relative; the norm is what sees a gradient-scale error, which AdamW and clipping hide from the
 losses): DP 4 -> 2 (as the user types it: `--config <run>/config.yaml cluster.gpus_per_node=2 resume=auto`) and
-2 -> 4 under ZeRO-1, both under ZeRO-3, ZeRO-1 -> ZeRO-2, the pipeline's own TP 2 -> 1 and 1 -> 2 (the trap:
+2 -> 4 under ZeRO-1, ZeRO-1 -> ZeRO-2 (ZeRO-3 is refused: not exact in DeepSpeed 0.19.8), the pipeline's own TP 2 -> 1 and 1 -> 2 (the trap:
 without our universal_checkpoint_info a TP1 -> TP2 resume loads silently wrong), PP 2 -> 1. What cannot be
-converted is refused before any rank starts. 15 launches (~3 min on 2 cores).
+converted is refused before any rank starts. 11 launches (~3 min on 2 cores).
 """
 
 from __future__ import annotations
@@ -64,10 +64,6 @@ def runs(tmp_path_factory, cache_dir):
     run("user", DP4, Z1, "train.steps=2", "scheduler.decay_steps=4")
     launch(["--config", str(tmp / "user" / "config.yaml"), DP2, "resume=auto", "train.steps=4"])
     run("dp4z1-from-dp2", DP4, Z1, resume="dp2z1")
-    run("dp4z3", DP4, Z3)
-    run("dp2z3", DP2, Z3)
-    run("dp2z3-from-dp4", DP2, Z3, resume="dp4z3")
-    run("dp4z3-from-dp2", DP4, Z3, resume="dp2z3")
     run("dp2z2-from-z1", DP2, Z2, resume="dp2z1")
     run("tp2pp2", DP4, Z1, TP2, PP2)
     run("pp2dp2", DP4, Z1, PP2)
@@ -89,8 +85,6 @@ def assert_equal_after_resume(resumed: Path, full: Path) -> None:
 @pytest.mark.parametrize("resumed, full", [
     ("user", "dp2z1"),                # DP 4 -> 2, ZeRO-1, --config ... resume=auto in the same run dir
     ("dp4z1-from-dp2", "dp4z1"),      # DP 2 -> 4, ZeRO-1
-    ("dp2z3-from-dp4", "dp2z3"),      # DP 4 -> 2, ZeRO-3
-    ("dp4z3-from-dp2", "dp4z3"),      # DP 2 -> 4, ZeRO-3
     ("dp2z2-from-z1", "dp2z1"),       # ZeRO-1 -> ZeRO-2 on 2 ranks (the uninterrupted ZeRO-1 run: same arithmetic in fp32)
     ("pp2dp2-from-tp2", "pp2dp2"),    # TP 2 -> 1 inside a 2-stage pipeline (Megatron-style TP, parallel/tensor.py)
     ("tp2pp2-from-tp1", "tp2pp2"),    # TP 1 -> 2: the trap, handled by our universal_checkpoint_info
@@ -125,7 +119,7 @@ def test_row_parallel_weights_are_merged_and_split_on_dim_1(runs):
 
 
 @pytest.mark.parametrize("extra, key, says", [
-    ([DP2, "parallel.zero_stage=3"], "parallel.zero_stage", "ZeRO-3 keeps its model states in files of another name"),
+    ([DP2, Z3], "parallel.zero_stage", "with ZeRO-3 on either side it is not exact"),
     ([DP2, "parallel.zero_stage=0"], "parallel.zero_stage", "ZeRO stage 0 (now) keeps the optimizer state inside the model file"),
     ([DP2, Z1, "batch.global_batch_size=16"], "batch.global_batch_size", "keep batch.global_batch_size=8"),
     ([DP2, Z1, "model.hidden_size=64"], "resume", "model.hidden_size: 32 -> 64"),
