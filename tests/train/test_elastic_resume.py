@@ -97,7 +97,8 @@ def test_resumed_run_equals_an_uninterrupted_run_on_the_new_layout(runs, resumed
 def test_conversion_is_kept_in_the_resuming_run_and_marked_done(runs):
     # The checkpoint of another run (resume=PATH) is only read: its directory holds no universal/ folder.
     assert not (runs["dp2z1"] / "universal").exists()
-    (converted,) = (runs["dp4z1-from-dp2"] / "universal").iterdir()
+    # (beside it DeepSpeed's load leaves a `latest_universal` file naming it)
+    (converted,) = (runs["dp4z1-from-dp2"] / "universal").glob("step_*")
     assert converted.name.startswith("step_00000002-") and (converted / "converted.json").is_file()
     # The user's resume converted inside its own run directory, and then saved on the new layout.
     state = json.loads((runs["user"] / "checkpoints" / "step_00000004" / "launcher_state.json").read_text())
@@ -110,7 +111,7 @@ def test_row_parallel_weights_are_merged_and_split_on_dim_1(runs):
     (cat_dim 1), so the loader cuts their columns, not their rows; replicated tensors carry no cat_dim."""
     import torch
 
-    (converted,) = (runs["tp2pp2-from-tp1"] / "universal").iterdir()
+    (converted,) = (runs["tp2pp2-from-tp1"] / "universal").glob("step_*")
     zero = converted / "zero"
     meta = {p.name: torch.load(p / "fp32.pt", weights_only=False).get("cat_dim") for p in zero.iterdir() if p.is_dir()}
     assert meta["1.layer.self_attn.o_proj.weight"] == 1 and meta["2.layer.mlp.down_proj.weight"] == 1
