@@ -29,6 +29,7 @@ from launcher.runtime.data import TokenBatches, prepare_data
 from launcher.runtime.durable import write_atomic
 from launcher.protocol import EXIT_NONFINITE, PREEMPTED_FILE
 from launcher.runtime.distributed import StepAgreement, init_distributed
+from launcher.runtime.elastic import universal_ds_config
 from launcher.runtime.preemption import PreemptionFlag
 from launcher.runtime.rundir import run_dir_of
 from launcher.runtime.state_bytes import MEASURE_STATE_AT_STEP, measure_model_state_bytes, record_state_bytes
@@ -282,7 +283,9 @@ def run(cfg) -> int:
     #    The checkpoint to resume from is chosen before the process group too: rank 0 verifies it (minutes at
     #    175B) while the others wait on its answer with a bound of their own, not in a collective bounded by
     #    train.dist_timeout_s (runtime/checkpoint.py agree_before_group).
-    resume_from = ckpt.agree_before_group(cfg, run_dir, int(os.environ["RANK"]), warn=lambda m: print(m, flush=True))
+    #    Saved on another layout, rank 0 converts it to DeepSpeed's universal form first (runtime/elastic.py).
+    resume_from, universal = ckpt.agree_before_group(cfg, run_dir, int(os.environ["RANK"]), layout,
+                                                     warn=lambda m: print(m, flush=True))
 
     # 3. Process group (gloo / nccl); the run dir exists from here on
     #    (under SLURM no `launcher train` parent made it, so rank 0 freezes the config there itself).
@@ -303,15 +306,15 @@ def run(cfg) -> int:
                "document_eos": prepared.eos_id if getattr(cfg.data, "document_mask", False) else None}
 
     # 4. Model + engine; a pipelined engine runs whole optimizer steps itself.
-    engine = build_engine(cfg, layout, ds_config)
+    engine = build_engine(cfg, layout, universal_ds_config(ds_config) if universal else ds_config)
     step_fn = train_step_pipeline if layout.pipeline_engine else functools.partial(train_step, **sp_args)
 
-    # 5. Resume: refuse a changed layout, then restore DeepSpeed's state; the step is our data position.
+    # 5. Resume: refuse what cannot continue, then restore DeepSpeed's state; the step is our data position.
     start_step, tokens_seen = 0, 0
     if resume_from is not None:
         saved = ckpt.load_state(resume_from)
         ckpt.check_resume_compatible(saved, cfg, layout, resume_from, prepared)
-        ckpt.load_checkpoint(engine, resume_from)
+        ckpt.load_checkpoint(engine, universal or resume_from)
         start_step, tokens_seen = saved["step"], saved["tokens_seen"]
         if is_main:
             truncate_metrics(run_dir, start_step)

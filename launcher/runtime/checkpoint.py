@@ -51,7 +51,12 @@ TAG_PREFIX = "step_"
 # Layout fields a DeepSpeed checkpoint is tied to: ZeRO partitions optimizer state per DP rank,
 # and the batch arithmetic decides which samples each step reads.
 LAYOUT_KEYS = ("world_size", "data_degree", "tensor_degree", "pipeline_degree", "sequence_degree", "zero_stage",
-               "micro_batch_size", "global_batch_size", "seq_length", "dtype", "padded_vocab_size")
+               "micro_batch_size", "global_batch_size", "seq_length", "dtype", "padded_vocab_size",
+               "sequence_parallel", "context_degree")
+# Keys added after checkpoints were written: absent from an older checkpoint, they mean the default, which is
+# how that run ran (Megatron SP, ring-attention CP and the document mask did not exist), so it still resumes.
+ADDED_KEY_DEFAULTS = {"parallel.sequence_parallel": False, "parallel.context_degree": 1, "data.document_mask": False}
+ADDED_LAYOUT_DEFAULTS = {"sequence_parallel": False, "context_degree": 1}
 
 
 def tag_for(step: int) -> str:
@@ -374,13 +379,21 @@ def _may_change(key: str) -> bool:
 
 
 def resume_changes(saved: dict, cfg, layout, tag_dir: Path, prepared=None) -> list[str]:
-    """Every change between a checkpoint and the run resuming it that a resume cannot absorb, as `key: saved -> now`."""
+    """Every change between a checkpoint and the run resuming it that a resume cannot absorb, as `key: saved -> now`.
+
+    A change of DP size, TP or PP degree, ZeRO stage or micro batch is absorbed (runtime/elastic.py: through
+    DeepSpeed's universal checkpoint); what it cannot carry is refused by elastic.refuse_unconvertible."""
+    from launcher.runtime.elastic import ELASTIC_CONFIG_KEYS, ELASTIC_LAYOUT_KEYS
+
     now = _flatten(OmegaConf.to_container(cfg, resolve=True))
     then = _flatten(saved.get("config", {}))
+    for k, default in ADDED_KEY_DEFAULTS.items():
+        then.setdefault(k, default)   # a checkpoint from before the key existed ran as its default does
     changes = [f"{k}: {then.get(k, '(absent)')} -> {now.get(k, '(absent)')}" for k in sorted(set(now) | set(then))
-               if then.get(k) != now.get(k) and not _may_change(k)]
+               if then.get(k) != now.get(k) and not _may_change(k) and k not in ELASTIC_CONFIG_KEYS]
     old = saved["layout"]
-    changes += [f"layout.{k}: {old.get(k)} -> {getattr(layout, k)}" for k in LAYOUT_KEYS if old.get(k) != getattr(layout, k)]
+    changes += [f"layout.{k}: {old.get(k, ADDED_LAYOUT_DEFAULTS.get(k))} -> {getattr(layout, k)}" for k in LAYOUT_KEYS
+                if old.get(k, ADDED_LAYOUT_DEFAULTS.get(k)) != getattr(layout, k) and k not in ELASTIC_LAYOUT_KEYS]
     if prepared is not None:
         # The tokens and the tokenizer themselves (a config can stay equal while the files behind it change).
         data = saved.get("data", {})
@@ -437,17 +450,24 @@ def check_schedule_kept(saved: dict, cfg, tag_dir: Path) -> None:
 def check_resume_compatible(saved: dict, cfg, layout, tag_dir: Path, prepared=None) -> None:
     """Refuse a resume that changes more than RESUME_MAY_CHANGE, with a diff of what changed (key: saved -> now),
     or that would change the learning-rate schedule (check_schedule_kept)."""
+    from launcher.runtime.elastic import needs_conversion, refuse_global_batch_change, refuse_unconvertible
+
     check_schedule_kept(saved, cfg, tag_dir)
+    refuse_global_batch_change(saved, cfg, layout, tag_dir)
     changes = resume_changes(saved, cfg, layout, tag_dir, prepared)
     if changes:
         raise ConfigError("resume", str(tag_dir),
-                          f"the checkpoint was saved with another model, data or layout ({'; '.join(changes)}); ZeRO optimizer "
-                          "state is partitioned per data-parallel rank, the data order follows the batch layout and the "
-                          "weights fit one model shape and tokenizer, so it cannot be continued as is. A resume may change "
-                          "only: train.steps (with the LR schedule's decay horizon kept), evaluation, logging, checkpointing, train.nan_policy, train.dist_timeout_s "
+                          f"the checkpoint was saved with another model, data or settings ({'; '.join(changes)}); the "
+                          "weights fit one model shape and tokenizer, the data order follows the global batch and the "
+                          "optimizer and schedule continue from the saved state, so it cannot be continued as is. A resume "
+                          "may change only: the layout (cluster.nodes, cluster.gpus_per_node, parallel.*_degree, "
+                          "parallel.zero_stage 1-3, batch.micro_batch_size: docs/training.md, \"Changing the layout\"), "
+                          "train.steps (with the LR schedule's decay horizon kept), evaluation, logging, checkpointing, train.nan_policy, train.dist_timeout_s "
                           "and where/how the job is scheduled (cluster.partition, time, ...)",
                           "resume with the checkpoint's settings (see its launcher_state.json), or start a new run "
                           "(resume=never, model.init_from=<an exported HF directory>)")
+    if needs_conversion(saved, cfg, layout):
+        refuse_unconvertible(saved, cfg, layout, tag_dir)
 
 
 def load_checkpoint(engine, tag_dir: Path) -> None:
@@ -461,9 +481,18 @@ def load_checkpoint(engine, tag_dir: Path) -> None:
     mp_rank_00's optimizer state and the TP-rank-0 file of each of its layers besides its own, twice the bytes it
     needs (measured: bench/build/results.md, "Resume"). `_check_ckpt_list_mapped` makes the same check read only
     the pickle (torch.load(mmap=True) maps the tensor data and nothing touches it).
+
+    A universal checkpoint (runtime/elastic.py) is a tag directory of the same shape, loaded by an engine
+    configured with load_universal.
     """
     from deepspeed.runtime.state_dict_factory import SDLoaderBase
 
+    # DeepSpeed 0.19.8's ZeRO-3 universal load copies the hyperparameters of param_groups[0] onto every group
+    # (stage3.py load_hp_checkpoint_state_from_checkpoint_dir_stage3), so the norms and biases, which get no weight
+    # decay (runtime/optimizer.py), would be decayed from then on (measured: DP4 -> DP2 grad norm 9.2e-5 off an
+    # uninterrupted run one step after the resume). Each group's weight decay is this run's: put it back.
+    groups = getattr(engine.optimizer, "param_groups", None) or []
+    decay = [g.get("weight_decay") for g in groups]
     real_check = SDLoaderBase.check_ckpt_list
     SDLoaderBase.check_ckpt_list = _check_ckpt_list_mapped
     try:
@@ -473,6 +502,9 @@ def load_checkpoint(engine, tag_dir: Path) -> None:
         SDLoaderBase.check_ckpt_list = real_check
     if load_path is None:
         raise RuntimeError(f"DeepSpeed could not load the checkpoint {tag_dir}")
+    for g, wd in zip(getattr(engine.optimizer, "param_groups", None) or [], decay):
+        if wd is not None:
+            g["weight_decay"] = wd
 
 
 def _check_ckpt_list_mapped(self) -> None:
@@ -503,8 +535,10 @@ VERIFY_WAIT_BASE_S = 600
 VERIFY_MIN_BYTES_PER_S = 100e6
 
 
-def agree_before_group(cfg, run_dir: Path, rank: int, warn: Callable[[str], None] = print) -> Optional[Path]:
-    """Every rank's checkpoint to resume from (or None), decided by rank 0 *before* the process group exists.
+def agree_before_group(cfg, run_dir: Path, rank: int, layout, warn: Callable[[str], None] = print
+                       ) -> tuple[Optional[Path], Optional[Path]]:
+    """Every rank's checkpoint to resume from (or None), decided by rank 0 *before* the process group exists, and
+    the universal form to load instead when it was saved on another layout (rank 0 converts it: runtime/elastic.py).
 
     Rank 0 runs checkpoint_to_resume (which hashes every byte of the checkpoint unless `launcher train` already
     did: minutes for a 175B optimizer state) and writes its choice or its error to `<run_dir>/.resume-<attempt>.json`;
@@ -519,13 +553,17 @@ def agree_before_group(cfg, run_dir: Path, rank: int, warn: Callable[[str], None
             if old != handoff:
                 old.unlink(missing_ok=True)
         try:
+            from launcher.runtime.elastic import prepare_resume
+
             found = checkpoint_to_resume(cfg, run_dir, warn=warn)
-            rec = {"checkpoint": None if found is None else str(found)}
+            universal = prepare_resume(found, run_dir, cfg, layout, log=warn)
+            rec = {"checkpoint": None if found is None else str(found), "universal": universal and str(universal)}
         except ConfigError as err:
             rec = {"error": [err.key, err.value, err.rule, err.fix]}
         write_atomic(handoff, json.dumps(rec))
     else:
-        limit = VERIFY_WAIT_BASE_S + _checkpoint_bytes(run_dir / "checkpoints") / VERIFY_MIN_BYTES_PER_S
+        # A conversion to a universal checkpoint reads the checkpoint and writes it again (a few passes): 4x.
+        limit = VERIFY_WAIT_BASE_S + 4 * _checkpoint_bytes(run_dir / "checkpoints") / VERIFY_MIN_BYTES_PER_S
         deadline = time.monotonic() + limit
         while not handoff.is_file():
             if time.monotonic() > deadline:
@@ -535,7 +573,8 @@ def agree_before_group(cfg, run_dir: Path, rank: int, warn: Callable[[str], None
         rec = json.loads(handoff.read_text())
     if "error" in rec:
         raise ConfigError(*rec["error"])
-    return None if rec["checkpoint"] is None else Path(rec["checkpoint"])
+    return (None if rec["checkpoint"] is None else Path(rec["checkpoint"]),
+            None if rec.get("universal") is None else Path(rec["universal"]))
 
 
 def clear_resume_handoff(run_dir: Path) -> None:

@@ -101,6 +101,8 @@ class Throughput:
 
 def format_versus_plan(rec: dict) -> str:
     """One line: measured vs planned step time and peak memory."""
+    if rec.get("step_time_s") is None:  # no step timed (a resume with no steps left)
+        return "no step timed in this launch: nothing to hold the plan to"
     if rec["predicted_step_time_s"] is None:
         return (f"median step {rec['step_time_s'] * 1e3:,.0f} ms over {rec['steps_timed']} steps (no plan prediction: "
                 "CPU ranks without cluster.profile; `launcher calibrate` writes one)")

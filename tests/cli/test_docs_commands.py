@@ -40,6 +40,11 @@ EXCEPTIONS = {
         "500 steps (minutes); ZeRO-3 and bf16 against a single-process reference: tests/train/test_train_runs.py",
     "launcher train recipe=tiny resume=auto": "200 steps when there is no run to resume; preempt + resume=auto step for step: "
                                               "tests/train/test_train_cli.py::test_preempted_run_resumes_exactly",
+    "launcher train recipe=tiny run_name=elastic cluster.gpus_per_node=4 batch.micro_batch_size=4":
+        "200 steps on 4 CPU ranks (minutes); the same 4 -> 2 resume on the harness's small model, held to an uninterrupted "
+        "2-rank run: tests/train/test_elastic_resume.py",
+    "launcher train recipe=tiny run_name=elastic cluster.gpus_per_node=2 batch.micro_batch_size=4 resume=auto":
+        "continues the run above (minutes); DP 4 -> 2 with --config ... resume=auto: tests/train/test_elastic_resume.py",
     "launcher export runs/<run>/checkpoints/latest out/hf-model": "<run> is a placeholder; export of every ZeRO stage: "
                                                                   "tests/train/test_train_runs.py::test_export_reproduces_training_logits",
     "launcher train recipe=tiny cluster.gpus_per_node=4 parallel.context_degree=2 data.seq_length=1024":

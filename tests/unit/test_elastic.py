@@ -1,0 +1,84 @@
+"""launcher/runtime/elastic.py without ranks: the universal_checkpoint_info patterns against the real parameter names
+of the models the launcher builds, the PipelineModule <-> transformers renaming, and the refusals.
+The resumes themselves (real ranks, equal to uninterrupted runs): tests/train/test_elastic_resume.py."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from launcher.config.compose import compose
+from launcher.config.errors import ConfigError
+from launcher.config.layout import resolve_layout
+from launcher.runtime import elastic
+
+SMALL = ["model.hidden_size=32", "model.num_hidden_layers=3", "model.num_attention_heads=2", "model.num_key_value_heads=2",
+         "model.intermediate_size=64", "model.vocab_size=320", "model.max_position_embeddings=64", "data.seq_length=32"]
+
+
+def hf_names(overrides) -> tuple[list[str], object]:
+    from launcher.runtime.build import meta_model
+
+    cfg = compose(overrides)
+    return [n for n, _ in meta_model(cfg.model).named_parameters()], cfg
+
+
+CASES = [(["recipe=tiny", *SMALL], "llama"), (["recipe=tiny", *SMALL, "model.tie_word_embeddings=true"], "llama"),
+         (["recipe=bloom-176b", "cluster=cpu", "model.hidden_size=32", "model.num_hidden_layers=3",
+           "model.num_attention_heads=2", "model.vocab_size=320"], "bloom")]
+
+
+@pytest.mark.parametrize("overrides, arch", CASES)
+def test_renaming_round_trips_and_the_patterns_classify_every_parameter_once(overrides, arch):
+    names, cfg = hf_names(overrides)
+    tie = bool(cfg.model.tie_word_embeddings)
+    spec = {"arch": arch, "layers": cfg.model.num_hidden_layers, "tie": tie}
+    to_hf = {p: h for p, h in elastic._hf_to_pipeline_candidates(spec, names).items()}
+    assert sorted(to_hf.values()) == sorted(names)
+    assert elastic.pipeline_to_hf_names(arch, cfg.model.num_hidden_layers, to_hf) == to_hf
+    row_words = ("o_proj.weight", "down_proj.weight") if arch == "llama" else ("self_attention.dense.weight", "dense_4h_to_h.weight")
+    col_words = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj") if arch == "llama" else ("query_key_value", "dense_h_to_4h")
+    for pipeline, named in ((True, list(to_hf)), (False, names)):
+        info = elastic.universal_info(arch, pipeline, tie)
+        rows, reps = info["parameter_with_row_parallelism_patterns"], info["tp_replicated_parameter_patterns"]
+        used = set()
+        for name in named:
+            hits = [p for p in rows + reps if re.match(p, name)]
+            assert len(hits) <= 1, (name, hits)  # DeepSpeed: "Got more than one matching patterns"
+            used.update(hits)
+            hf = to_hf.get(name, name)
+            if hf.endswith(row_words):
+                assert hits and hits[0] in rows, name
+            elif any(w in hf for w in col_words) and not hf.endswith(("dense.bias", "dense_4h_to_h.bias")):
+                assert not hits, name  # column-parallel: the default, cut along dim 0
+            else:
+                assert hits and hits[0] in reps, name  # embedding, head, norms, row-parallel biases
+        assert used == set(rows + reps)  # DeepSpeed (strict): "Unused patterns ... while merging tp slices"
+
+
+def saved_for(overrides):
+    cfg = compose(["recipe=tiny", *SMALL, *overrides])
+    layout = resolve_layout(cfg)
+    from omegaconf import OmegaConf
+
+    from launcher.runtime.checkpoint import LAYOUT_KEYS
+
+    return {"layout": {k: getattr(layout, k) for k in LAYOUT_KEYS}, "config": OmegaConf.to_container(cfg, resolve=True)}
+
+
+def test_an_optimizer_without_adam_moments_is_refused():
+    saved = saved_for(["cluster.gpus_per_node=4", "batch.micro_batch_size=4"])
+    saved["config"]["optimizer"]["name"] = "lion"
+    cfg = compose(["recipe=tiny", *SMALL, "cluster.gpus_per_node=2", "batch.micro_batch_size=4"])
+    with pytest.raises(ConfigError) as err:
+        elastic.refuse_unconvertible(saved, cfg, resolve_layout(cfg), "step_00000002")
+    assert err.value.key == "optimizer.name" and "exp_avg" in err.value.rule and err.value.fix
+
+
+def test_only_a_change_of_the_partitioning_needs_a_conversion():
+    saved = saved_for(["cluster.gpus_per_node=2", "batch.micro_batch_size=4"])
+    same = compose(["recipe=tiny", *SMALL, "cluster.gpus_per_node=2", "batch.micro_batch_size=2"])  # micro only
+    other = compose(["recipe=tiny", *SMALL, "cluster.gpus_per_node=4", "batch.micro_batch_size=4"])
+    assert not elastic.needs_conversion(saved, same, resolve_layout(same))
+    assert elastic.needs_conversion(saved, other, resolve_layout(other))
