@@ -82,3 +82,24 @@ def test_only_a_change_of_the_partitioning_needs_a_conversion():
     other = compose(["recipe=tiny", *SMALL, "cluster.gpus_per_node=4", "batch.micro_batch_size=4"])
     assert not elastic.needs_conversion(saved, same, resolve_layout(same))
     assert elastic.needs_conversion(saved, other, resolve_layout(other))
+
+
+def test_a_checkpoint_from_before_the_new_keys_resumes_and_a_cp_change_is_refused():
+    from launcher.runtime.checkpoint import resume_changes
+
+    overrides = ["cluster.gpus_per_node=2", "batch.micro_batch_size=4"]
+    saved = saved_for(overrides)
+    # Written before parallel.sequence_parallel / parallel.context_degree / data.document_mask existed.
+    for group, key in (("parallel", "sequence_parallel"), ("parallel", "context_degree"), ("data", "document_mask")):
+        del saved["config"][group][key]
+    for key in ("sequence_parallel", "context_degree"):
+        del saved["layout"][key]
+    cfg = compose(["recipe=tiny", *SMALL, *overrides])
+    assert resume_changes(saved, cfg, resolve_layout(cfg), "step_00000002") == []
+    # Switching the new features on is still a change the resume names.
+    on = compose(["recipe=tiny", *SMALL, *overrides, "data.document_mask=true"])
+    assert resume_changes(saved, on, resolve_layout(on), "step_00000002") == ["data.document_mask: False -> True"]
+    cp = compose(["recipe=tiny", *SMALL, "cluster.gpus_per_node=2", "batch.micro_batch_size=8", "parallel.context_degree=2"])
+    with pytest.raises(ConfigError) as err:
+        elastic.refuse_unconvertible(saved_for(overrides), cp, resolve_layout(cp), "step_00000002")
+    assert err.value.key == "parallel.context_degree"

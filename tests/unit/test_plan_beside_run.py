@@ -44,3 +44,11 @@ def test_cpu_ranks_without_a_profile_record_no_prediction():
     s = th.versus_plan(1 << 20)
     assert s["predicted_step_time_s"] is None and s["step_time_over_predicted"] is None
     assert "no plan prediction" in format_versus_plan(s)
+
+
+def test_a_launch_that_timed_no_step_says_so():
+    # A resume with no steps left times nothing: the summary has no median to put beside the plan.
+    cfg = compose(["recipe=tiny", f"cluster.profile={PROFILE}"])
+    s = Throughput(cfg, resolve_layout(cfg)).versus_plan(1 << 20)
+    assert s["step_time_s"] is None
+    assert "no step timed" in format_versus_plan(s)
