@@ -19,7 +19,6 @@ import time
 import warnings
 from pathlib import Path
 
-from launcher.config.errors import ConfigError
 from launcher.config.layout import resolve_layout
 from launcher.config.supported import check_supported  # pure rules: plan --search applies the same ones
 from launcher.deepspeed_config import build_deepspeed_config

@@ -3,7 +3,7 @@
 
     PYTHONPATH=$PWD .venv/bin/python bench/published/overlap_variant.py
 """
-import sys, yaml, statistics
+import sys, yaml
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
 import compare as C
 from launcher.plan import steptime

@@ -42,7 +42,6 @@ def main() -> None:
             for r in range(ranks):
                 ph = json.loads((out / f"rank{r}-phases.json").read_text())
                 st = json.loads(next(out.glob(f"rank{r}-step*.json")).read_text())
-                aten = sum(o["self_s"] for o in st["ops"] if o["op"].startswith("aten::") or o["op"].startswith("gloo"))
                 print(f"rank {r}: threads {st['threads']} phases(ms) " + " ".join(f"{k}={v*1e3:.1f}" for k, v in ph.items())
                       + f" | profiled step {st['wall_s']*1e3:.0f} ms, all-op self sum {sum(o['self_s'] for o in st['ops'])*1e3:.0f}")
                 for o in st["ops"][:18]:

@@ -235,7 +235,7 @@ def _check_optimizer(cfg) -> None:
         raise ConfigError("optimizer.weight_decay", o.weight_decay,
                           f"AdamW multiplies each weight by 1 - lr x weight_decay per step: 1 - {o.lr:g} x {o.weight_decay:g} "
                           f"= {1 - o.lr * o.weight_decay:.3g} <= 0 zeroes or flips every weight",
-                          f"keep lr x weight_decay well below 1, e.g. optimizer.weight_decay=0.1")
+                          "keep lr x weight_decay well below 1, e.g. optimizer.weight_decay=0.1")
 
 
 def _check_eval_split(cfg) -> None:

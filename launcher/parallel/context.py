@@ -150,13 +150,9 @@ def setup_context_parallel(cp: int):
 
 def build_context_parallel_model(model_cfg, seed: int, vocab_size: int):
     """The transformers model (same seeded weights as one rank) with ring attention."""
-    from launcher.runtime.model import build_model
+    from launcher.runtime.model import build_model_with_attention
 
-    if model_cfg.arch not in ("llama", "mistral", "qwen2"):
-        raise NotImplementedError(f"context parallelism is implemented for the llama family, not {model_cfg.arch!r}")
-    model = build_model(model_cfg, seed, vocab_size=vocab_size)
-    model.set_attn_implementation(ATTN_NAME)
-    return model
+    return build_model_with_attention(model_cfg, seed, vocab_size, ATTN_NAME, "context parallelism")
 
 
 def chunk_positions(seq: int, cp_rank: int, cp: int, device=None) -> torch.Tensor:

@@ -323,7 +323,6 @@ def build_pipeline_module(cfg, layout, seed: int):
     Must be called on every rank after torch.distributed is initialised.
     """
     import torch.distributed as dist
-    from deepspeed.pipe import PipelineModule
     from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
 
     from launcher.parallel.tensor import register_sequence_parallel_grad_hooks, tensor_parallel_group

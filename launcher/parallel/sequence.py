@@ -65,13 +65,9 @@ def setup_sequence_parallel(sp: int):
 
 def build_sequence_parallel_model(model_cfg, seed: int, vocab_size: int):
     """The transformers model (same seeded weights as one rank) with Ulysses attention."""
-    from launcher.runtime.model import build_model
+    from launcher.runtime.model import build_model_with_attention
 
-    if model_cfg.arch not in ("llama", "mistral", "qwen2"):
-        raise NotImplementedError(f"sequence parallelism is implemented for the llama family, not {model_cfg.arch!r}")
-    model = build_model(model_cfg, seed, vocab_size=vocab_size)
-    model.set_attn_implementation(ATTN_NAME)
-    return model
+    return build_model_with_attention(model_cfg, seed, vocab_size, ATTN_NAME, "sequence parallelism")
 
 
 def local_chunk(input_ids: torch.Tensor, sp_rank: int, sp: int):

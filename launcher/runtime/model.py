@@ -116,7 +116,6 @@ def hf_meta(cfg) -> dict:
     the loaded config.json and generation_config.json exactly as read (null without model.init_from /
     model.hf_config), and the tokenizer directory's own files (data.tokenizer_path as a directory)."""
     import json
-    from pathlib import Path
 
     from launcher.config.hfmodel import config_path, source_key
 
@@ -149,3 +148,14 @@ def build_model(model_cfg, seed: int, vocab_size: Optional[int] = None, device=N
     if device is not None and str(device) == "meta":
         return meta_model(model_cfg, vocab_size)
     return build_whole_model(model_cfg, seed, vocab_size)
+def build_model_with_attention(model_cfg, seed: int, vocab_size: int, attn_name: str, what: str):
+    """The transformers model (the same seeded weights as one rank) with its attention replaced by the function
+    registered as `attn_name` in transformers' attention registry (Ulysses: launcher/parallel/sequence.py; ring
+    attention: launcher/parallel/context.py). `what` names the feature in the refusal for other architectures."""
+    if model_cfg.arch not in ("llama", "mistral", "qwen2"):
+        raise NotImplementedError(f"{what} is implemented for the llama family, not {model_cfg.arch!r}")
+    model = build_model(model_cfg, seed, vocab_size=vocab_size)
+    model.set_attn_implementation(attn_name)
+    return model
+
+

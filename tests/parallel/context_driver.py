@@ -11,9 +11,7 @@ sequence-parallel groups are module globals, released before each case (parallel
 from __future__ import annotations
 
 import gc
-import json
 import os
-import sys
 import time
 
 import torch
@@ -94,26 +92,8 @@ def run_case(spec: str) -> dict:
 
 
 def main() -> None:
-    import deepspeed
-
-    from launcher.runtime.distributed import avoid_shm_comm_build
-
-    out_path, specs = sys.argv[1], sys.argv[2:]
-    avoid_shm_comm_build("cpu")
-    deepspeed.init_distributed(dist_backend="gloo")
-    torch.set_num_threads(1)
-    results = []
-    for spec in specs:
-        results.append(run_case(spec))
-        if dist.get_rank() == 0:
-            r = results[-1]
-            print(f"[context_driver] {r['name']}: loss diff {r['max_abs_loss_diff']:.2e}, grad-norm diff "
-                  f"{r['max_abs_grad_norm_diff']}, {r['seconds']:.1f}s", flush=True)
-    if dist.get_rank() == 0:
-        with open(out_path, "w") as f:
-            json.dump(results, f, indent=1)
-    dist.barrier()
-    dist.destroy_process_group()
+    base.main(run_case, lambda r: f"[context_driver] {r['name']}: loss diff {r['max_abs_loss_diff']:.2e}, grad-norm diff "
+                                  f"{r['max_abs_grad_norm_diff']}, {r['seconds']:.1f}s")
 
 
 if __name__ == "__main__":

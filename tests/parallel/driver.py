@@ -306,7 +306,14 @@ def run_case(spec: str) -> dict:
                                                        "grad_accum_steps", "dtype")}}
 
 
-def main() -> None:
+def _describe(r: dict) -> str:
+    return (f"[driver] {r['name']}: max rel diff {r['max_rel_diff']:.2e} in {r['seconds']:.1f}s; "
+            f"params per rank {[i['params'] for i in r['per_rank']]}")
+
+
+def main(run=run_case, describe=_describe) -> None:
+    """Run every case spec of argv in this one launch (start-up paid once); rank 0 prints a line per case and
+    writes the results to argv[1]. tests/parallel/context_driver.py runs its own cases through it."""
     import deepspeed
 
     from launcher.runtime.distributed import avoid_shm_comm_build
@@ -317,11 +324,9 @@ def main() -> None:
     torch.set_num_threads(1)
     results = []
     for spec in specs:
-        results.append(run_case(spec))
+        results.append(run(spec))
         if dist.get_rank() == 0:
-            r = results[-1]
-            print(f"[driver] {r['name']}: max rel diff {r['max_rel_diff']:.2e} in {r['seconds']:.1f}s; "
-                  f"params per rank {[i['params'] for i in r['per_rank']]}", flush=True)
+            print(describe(results[-1]), flush=True)
     if dist.get_rank() == 0:
         with open(out_path, "w") as f:
             json.dump(results, f, indent=1)

@@ -11,7 +11,6 @@ see, so the test can bound what the walk did not classify. Each rank writes <out
 
 import gc
 import json
-import os
 import sys
 from pathlib import Path
 

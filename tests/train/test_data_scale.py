@@ -15,7 +15,7 @@ import pytest
 from launcher.config.compose import compose
 from launcher.config.errors import ConfigError
 from launcher.config.layout import resolve_layout
-from launcher.runtime.data import TokenBatches, _permute, _key, index_path, prepare_data, read_documents
+from launcher.runtime.data import TokenBatches, _permute, _key, prepare_data, read_documents
 
 from train_helpers import base_overrides
 

@@ -11,7 +11,6 @@ converted is refused before any rank starts. 11 launches (~3 min on 2 cores).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
