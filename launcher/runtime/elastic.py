@@ -5,7 +5,7 @@ A DeepSpeed checkpoint is tied to the layout it was saved on: ZeRO keeps one opt
 pipeline stage, TP keeps one slice per TP rank. A plain `load_checkpoint` on another DP size fails
 ("The checkpoint being loaded used a DP world size of 4 but the current world size is 2", also with
 `zero_optimization.elastic_checkpoint: true`), and across pipeline degrees ("parameter-alignment layout does
-not match"): ../shared/notes/parallel-features-findings.md, "Elastic resume". DeepSpeed's answer is the
+not match"), measured on DeepSpeed 0.19.8 on CPU ranks. DeepSpeed's answer is the
 universal checkpoint (deepspeed/checkpoint/ds_to_universal.py): every parameter's fp32 value and Adam
 moments as whole tensors, one folder per parameter name, which `"checkpoint": {"load_universal": true}`
 slices for whatever layout loads it. So a resume on another layout is:
