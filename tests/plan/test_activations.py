@@ -99,23 +99,10 @@ def _case_name(mode, arch, dtype, ckpt, layers):
 @pytest.fixture(scope="module")
 def rank_measurements(tmp_path_factory):
     """One torchrun launch of 2 ranks measuring every RANK_CASES case at 1 and 3 blocks; {name: [rank0, rank1]}."""
-    import json
-    import os
-    import subprocess
-
-    from tests.conftest import REPO, venv_bin
-
     tmp = tmp_path_factory.mktemp("activations")
     cases = [{"name": _case_name(m, a, d, c, n), "mode": m, "arch": a, "dtype": d, "ckpt": c, "layers": n}
              for (m, a, d, c) in RANK_CASES for n in (1, 3)]
-    (tmp / "cases.json").write_text(json.dumps(cases))
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([venv_bin("torchrun"), "--standalone", "--nproc_per_node", "2",
-                           str(REPO / "tests/plan/activation_worker.py"), str(tmp), str(tmp / "cases.json")],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    ranks = [json.loads((tmp / f"rank{r}.json").read_text()) for r in range(2)]
-    return {name: [ranks[0][name], ranks[1][name]] for name in ranks[0]}
+    return measure_on_two_ranks(tmp, cases)
 
 
 @pytest.mark.slow
@@ -160,3 +147,21 @@ def test_plan_json_reports_activation_bytes_per_layer(compose):
     assert cfg.model.activation_checkpointing and layout.dtype == "bf16"
     assert s["activation_bytes_per_layer"] == layout.seq_length * layout.micro_batch_size * cfg.model.hidden_size * 2
     assert s["memory_per_gpu_bytes"]["activations"] > s["activation_bytes_per_layer"]
+
+
+def measure_on_two_ranks(tmp, cases: list[dict]) -> dict:
+    """Run activation_worker.py's `cases` in one 2-rank torchrun launch; {case name: [rank 0 record, rank 1 record]}."""
+    import json
+    import os
+    import subprocess
+
+    from tests.conftest import REPO, venv_bin
+
+    (tmp / "cases.json").write_text(json.dumps(cases))
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([venv_bin("torchrun"), "--standalone", "--nproc_per_node", "2",
+                           str(REPO / "tests/plan/activation_worker.py"), str(tmp), str(tmp / "cases.json")],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    ranks = [json.loads((tmp / f"rank{r}.json").read_text()) for r in range(2)]
+    return {name: [ranks[0][name], ranks[1][name]] for name in ranks[0]}

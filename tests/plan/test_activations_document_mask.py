@@ -16,7 +16,8 @@ torch = pytest.importorskip("torch")
 from launcher.plan import activations as act  # noqa: E402
 from launcher.runtime.documents import document_position_ids  # noqa: E402
 from tests.plan.activation_measure import param_storages, saved_bytes  # noqa: E402
-from tests.plan.test_activations import ARCHS, BASE, DTYPES, MICRO, SEQ, activation_shape  # noqa: E402
+from tests.plan.test_activations import (ARCHS, BASE, DTYPES, MICRO, SEQ, activation_shape,  # noqa: E402
+                                         measure_on_two_ranks)
 
 EOS = 0
 
@@ -98,24 +99,11 @@ def test_plan_reports_the_mask(compose):
 @pytest.fixture(scope="module")
 def autotp_measurements(tmp_path_factory):
     """One torchrun launch of 2 ranks: AutoTP llama with the document mask, {name: [rank0, rank1]}."""
-    import json
-    import os
-    import subprocess
-
-    from tests.conftest import REPO, venv_bin
-
     tmp = tmp_path_factory.mktemp("activations-docmask")
     cases = [{"name": f"{dtype}-{ckpt}-L{n}-{mask}", "mode": "autotp", "arch": "llama", "dtype": dtype, "ckpt": ckpt,
               "layers": n, "document_mask": mask}
              for dtype in ("bf16", "fp32") for ckpt in (False, True) for n in (1, 3) for mask in (True, False) if n == 3 or mask]
-    (tmp / "cases.json").write_text(json.dumps(cases))
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([venv_bin("torchrun"), "--standalone", "--nproc_per_node", "2",
-                           str(REPO / "tests/plan/activation_worker.py"), str(tmp), str(tmp / "cases.json")],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    ranks = [json.loads((tmp / f"rank{r}.json").read_text()) for r in range(2)]
-    return {name: [ranks[0][name], ranks[1][name]] for name in ranks[0]}
+    return measure_on_two_ranks(tmp, cases)
 
 
 @pytest.mark.slow
