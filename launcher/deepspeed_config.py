@@ -182,14 +182,10 @@ def build_deepspeed_config(cfg, layout: Layout) -> dict:
         "scheduler": _scheduler(cfg),
     }
     ds.update(_precision(cfg, layout))
-    if cfg.model.activation_checkpointing:
-        ds["activation_checkpointing"] = {
-            # DeepSpeed splits each checkpointed input over the TP ranks, assuming they hold the same tensor; under
-        # sequence parallelism each already holds only its own s/tp tokens.
-        "partition_activations": layout.tensor_degree > 1 and not layout.sequence_parallel,
-            "contiguous_memory_optimization": False,
-            "cpu_checkpointing": False,
-        }
+    # No "activation_checkpointing" section: DeepSpeed 0.19.8 reads it only in deepspeed.checkpointing.configure,
+    # which its engine never calls (runtime/activation_checkpointing/checkpointing.py), so its keys
+    # (partition_activations, cpu_checkpointing) would promise what does not happen. Recompute is switched on where
+    # it runs: transformers' gradient checkpointing (train.py) and the pipeline's activation_checkpoint_interval.
     if layout.tensor_degree > 1 and not layout.pipeline_engine:
         # AutoTP only without a pipeline: inside a PipelineModule it builds its own (world/tp, tp) mesh
         # that ignores the pipeline axis and cannot find a policy for the pipeline's layers

@@ -59,10 +59,10 @@ Activation checkpointing (model.activation_checkpointing; the only recompute mod
 blocks, transformers' gradient_checkpointing (non-reentrant) or DeepSpeed's reentrant checkpoint in the
 PipelineModule, one block per checkpoint):
     kept per block       w h per token: the block's input (torch's _NoopSaveInputs; DeepSpeed's CheckpointFunction
-                         keeps it as ctx.deepspeed_saved_tensors). Not divided by t: our DeepSpeed config asks for
-                         partition_activations under TP, but DeepSpeed reads that key only in
-                         deepspeed.checkpointing.configure, which nothing calls, so every TP rank keeps the full
-                         input (a departure from Megatron's 2sbh/t).
+                         keeps it as ctx.deepspeed_saved_tensors). Not divided by t: DeepSpeed partitions checkpointed
+                         inputs over TP (partition_activations) only after deepspeed.checkpointing.configure,
+                         which its engine never calls and we do not either, so every TP rank keeps the full input
+                         (a departure from Megatron's 2sbh/t).
     working set          one block's full set (the formula above) while that block is recomputed in backward.
 
 Document mask (data.document_mask, launcher/runtime/documents.py; llama family and gpt on 1 rank / ZeRO DP, llama
