@@ -1,0 +1,3 @@
+from launcher import lean_imports
+
+lean_imports.install()
