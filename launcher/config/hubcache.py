@@ -6,8 +6,10 @@ The snapshot is found by huggingface_hub itself (`snapshot_download(local_files_
 snapshots/<commit> directory, honoring HF_HUB_CACHE / HF_HOME), so a name resolves to the directory a
 `from_pretrained(name)` would read. A missing name, or a snapshot without the files the key needs (a download of
 config.json alone for init_from), is refused before start saying how to download it. A local path is never looked
-up: only a value that is not an existing path and has the `owner/name` shape is a hub name (names without an owner,
-such as the legacy `gpt2`, are relative paths here; write `openai-community/gpt2`).
+up: only a value that is not an existing path and has the `owner/name` shape is a hub name. A name without an owner
+(the legacy `gpt2`, `bert-base-uncased`) is ambiguous with a relative path, so it is a hub name only when it is not
+an existing path and the cache holds that repo (models--gpt2, huggingface_hub's folder for repo id `gpt2`); otherwise
+it stays a path and the key's own "does not exist" refusal names it.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 from launcher.config.errors import ConfigError
 
 HUB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
+OWNERLESS_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 # What each key reads from the directory (one of each tuple must be there).
 NEEDS = {
@@ -29,7 +32,19 @@ NEEDS = {
 
 def is_hub_name(value) -> bool:
     s = str(value)
-    return bool(HUB_NAME.fullmatch(s)) and not Path(s).expanduser().exists()
+    if Path(s).expanduser().exists():
+        return False
+    if HUB_NAME.fullmatch(s):
+        return True
+    return bool(OWNERLESS_NAME.fullmatch(s)) and _cached_repo(s)
+
+
+def _cached_repo(name: str) -> bool:
+    """Whether the local Hugging Face cache has a folder for model repo `name` (no network, no file read)."""
+    from huggingface_hub import constants
+    from huggingface_hub.file_download import repo_folder_name
+
+    return (Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=name, repo_type="model")).is_dir()
 
 
 def local_path(key: str, value):

@@ -51,6 +51,7 @@ def hub(tmp_path_factory):
     cache = root / "home" / "hub"
     snap = cache_repo(cache, "acme/tiny-llama", root / "model")
     cache_repo(cache, "acme/config-only", root / "model", only={"config.json"})
+    cache_repo(cache, "tiny-llama-ownerless", root / "model")   # a legacy name without an owner, like `gpt2`
     seen = {r.repo_id: {f.file_name for rev in r.revisions for f in rev.files} for r in scan_cache_dir(cache).repos}
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= seen["acme/tiny-llama"], seen
     assert try_to_load_from_cache("acme/tiny-llama", "config.json", cache_dir=cache) == str(snap / "config.json")
@@ -74,6 +75,12 @@ def test_hub_names_resolve_through_HF_HUB_CACHE_and_HF_HOME(hub, tmp_path):
         assert f"{key}='{name}'" in r.stderr and says in r.stderr and f"`hf download {name}`" in r.stderr, r.stderr
     r = launcher([*args, "model.hf_config=acme/config-only"], HF_HUB_CACHE=cache, HF_HUB_OFFLINE=1)
     assert r.returncode == 0, r.stderr[-2000:]   # hf_config needs config.json only
+    # An owner-less name is a hub name when the cache holds it (and no such path exists); else it stays a path.
+    r = launcher([*args, "model.init_from=tiny-llama-ownerless"], HF_HUB_CACHE=cache, HF_HUB_OFFLINE=1)
+    assert r.returncode == 0, r.stderr[-2000:]
+    r = launcher([*args, "model.init_from=tiny-llama-uncached"], HF_HUB_CACHE=cache, HF_HUB_OFFLINE=1)
+    assert r.returncode == 2 and "model.init_from='tiny-llama-uncached'" in r.stderr and "does not exist" in r.stderr, \
+        r.stderr[-2000:]
 
 
 def test_train_from_hub_names_in_the_cache(hub, tmp_path):
