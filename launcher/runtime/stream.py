@@ -24,7 +24,7 @@ g = step * global_batch + micro_step * (micro * dp) + dp_rank * micro + i, so a 
 with a packed file. Every rank reads and tokenizes the whole stream and keeps its slots (the windows cross
 document boundaries, so no rank can know where its windows start without the tokens before them): tokenizing
 costs dp times what one reader would pay, in each rank's own process. Fine while a tokenizer outruns a rank's
-consumption (a fast tokenizer does ~1M tokens/s on one core); at large DP, pretokenize (data.streaming=false).
+consumption (measured: 0.59M tokens/s through this path, docs/data.md); at large DP, pretokenize (data.streaming=false).
 
 Resume: the step gives the position (step * global_batch windows consumed, also written to the checkpoint as
 data_position.samples_consumed); the resumed rank re-reads and re-tokenizes the stream up to it. That costs a

@@ -134,8 +134,12 @@ def test_two_dp_ranks_split_each_global_batch_as_the_batch_path(corpus):
             assert (sb.batch(sb.val_sample_ids(b)).numpy() == np.stack([held[k] for k in ks])).all()
 
 
+def _records(run_dir: Path) -> list[dict]:
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]
+
+
 def _losses(run_dir: Path) -> tuple[dict, dict]:
-    recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]
+    recs = _records(run_dir)
     return ({r["step"]: r["loss"] for r in recs if r["kind"] == "train"},
             {r["step"]: r["val_loss"] for r in recs if r["kind"] == "eval"})
 
@@ -143,7 +147,9 @@ def _losses(run_dir: Path) -> tuple[dict, dict]:
 @pytest.mark.slow
 def test_streamed_two_rank_run_resumes_exactly(corpus, tmp_path):
     """(c) 2 ranks (DP 2, ZeRO-2, AdamW): 6 steps straight == 3 steps + resume to 6, losses and val
-    losses to 1e-6; the checkpoint records the stream position (3 x 8 windows)."""
+    losses to 1e-6; the checkpoint records the stream position (3 x 8 windows). (b) in real ranks: 1 rank reading
+    the same global batches (micro 4 x accum 2) has the 2-rank run's losses and gradient norms (a rank reading a
+    wrong share, or a share twice, changes both; a gradient-scale error changes the norm)."""
     path, cache, tok, _ = corpus
     common = _overrides(cache, path, "data.streaming=true", f"data.tokenizer_path={tok}", "data.shuffle_buffer=32",
                         "train.eval_every=3", "train.eval_batches=2", "scheduler.decay_steps=6", f"runs_dir={tmp_path}")
@@ -163,3 +169,9 @@ def test_streamed_two_rank_run_resumes_exactly(corpus, tmp_path):
     assert max(abs(got[s] - ref[s]) for s in ref) < 1e-6, (ref, got)
     assert max(abs(got_val[s] - ref_val[s]) for s in ref_val) < 1e-6, (ref_val, got_val)
     assert len({round(v, 6) for v in ref.values()}) == 6  # the steps read different windows
+    one = launcher(["train", *common, "train.steps=3", "run_name=one", "cluster.gpus_per_node=1"], timeout=300)
+    assert one.returncode == 0, one.stdout[-3000:] + one.stderr[-3000:]
+    two = {r["step"]: r for r in _records(tmp_path / "straight") if r["kind"] == "train"}
+    for r in (r for r in _records(tmp_path / "one") if r["kind"] == "train"):
+        assert abs(r["loss"] - two[r["step"]]["loss"]) < 1e-5, (r, two[r["step"]])
+        assert abs(r["grad_norm"] - two[r["step"]]["grad_norm"]) < 1e-4 * two[r["step"]]["grad_norm"], (r, two[r["step"]])
