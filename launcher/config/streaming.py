@@ -14,7 +14,7 @@ from launcher.config.errors import ConfigError
 
 def check_streaming(cfg) -> None:
     d = cfg.data
-    if not d.get("streaming", False):
+    if not getattr(d, "streaming", False):
         return
     if d.source != "hf":
         raise ConfigError("data.streaming", True,

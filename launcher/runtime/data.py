@@ -842,7 +842,7 @@ def prepare_data(cfg, layout, progress: bool = False, console=None) -> PreparedD
         raise ConfigError("data.source", cfg.data.source, "must be stdlib, hf, tokens or blend", "select data=stdlib, data=hf, data=tokens or data=blend")
     if not 0.0 <= cfg.data.val_fraction < 1.0:
         raise ConfigError("data.val_fraction", cfg.data.val_fraction, "must be in [0, 1)", "use e.g. data.val_fraction=0.01")
-    if cfg.data.source == "hf" and cfg.data.get("streaming", False):
+    if cfg.data.source == "hf" and getattr(cfg.data, "streaming", False):
         from launcher.runtime.stream import prepare_stream  # no packed files: tokenized in the ranks (stream.py)
 
         return prepare_stream(cfg, layout)
