@@ -175,3 +175,24 @@ def test_streamed_two_rank_run_resumes_exactly(corpus, tmp_path):
     for r in (r for r in _records(tmp_path / "one") if r["kind"] == "train"):
         assert abs(r["loss"] - two[r["step"]]["loss"]) < 1e-5, (r, two[r["step"]])
         assert abs(r["grad_norm"] - two[r["step"]]["grad_norm"]) < 1e-4 * two[r["step"]]["grad_norm"], (r, two[r["step"]])
+
+
+def test_a_resume_refuses_a_changed_streamed_corpus(corpus, tmp_path):
+    """The stream has no packed file to compare: its identity (files' sizes and mtimes, tokenizer, settings) stands
+    in for one, and resume_changes names a rewritten corpus file."""
+    import os
+
+    from launcher.deepspeed_config import build_deepspeed_config
+    from launcher.runtime import checkpoint as ckpt
+
+    path = tmp_path / "copy.jsonl"
+    shutil.copy(corpus[0], path)
+    cfg, layout, prepared = _streamed((path, *corpus[1:]))
+    state = ckpt.build_state(cfg, layout, build_deepspeed_config(cfg, layout), 3, 0, prepared)
+    assert state["data_position"]["samples_consumed"] == 3 * layout.global_batch_size
+    assert ckpt.resume_changes(state, cfg, layout, tmp_path, prepared) == []
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    _, _, again = _streamed((path, *corpus[1:]))
+    changes = ckpt.resume_changes(state, cfg, layout, tmp_path, again)
+    assert len(changes) == 1 and changes[0].startswith("packed tokens: stream-"), changes
