@@ -293,7 +293,9 @@ def _train_in_run_dir(cfg, layout, run_dir, lock, con, prepared, resume_from) ->
     from launcher.runtime.launch import start_local_ranks
     from launcher.runtime.rundir import freeze_config
 
-    con.print(f"data: {prepared.num_tokens:,} tokens ({prepared.source}), {prepared.train_samples:,} train / "
+    con.print(f"data: streamed ({prepared.source}), tokenized in every rank, windows of {prepared.seq_length}"
+              if prepared.format == "stream" else
+              f"data: {prepared.num_tokens:,} tokens ({prepared.source}), {prepared.train_samples:,} train / "
               f"{prepared.val_samples:,} val samples of {prepared.seq_length}", markup=False)
     config_path = freeze_config(cfg, run_dir, build_deepspeed_config(cfg, layout))
     write_atomic(run_dir / "data.json", json.dumps(prepared.as_dict(), indent=2))

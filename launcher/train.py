@@ -299,7 +299,12 @@ def run(cfg) -> int:
     # The ranks of one tensor-parallel group (and of one pipeline) read the same samples: index by DP rank.
     # Ulysses (CP) ranks of one replica also read the same samples, each keeping its S/sp (S/cp) tokens.
     coord = rank_coord(layout, rank)
-    batches = TokenBatches(prepared, layout, seed=cfg.train.seed, dp_rank=coord.dp)
+    if prepared.format == "stream":  # data.streaming: tokenized here as the loop reads it (runtime/stream.py)
+        from launcher.runtime.stream import StreamBatches
+
+        batches = StreamBatches(cfg, prepared, layout, dp_rank=coord.dp)
+    else:
+        batches = TokenBatches(prepared, layout, seed=cfg.train.seed, dp_rank=coord.dp)
     # data.document_mask: the EOS id each micro-batch's positions restart after (check_supported allowed the layout).
     sp_args = {"sp_rank": coord.sp, "sp": layout.sequence_degree, "cp_rank": coord.cp, "cp": layout.context_degree,
                "document_eos": prepared.eos_id if getattr(cfg.data, "document_mask", False) else None}

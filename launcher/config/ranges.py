@@ -122,6 +122,7 @@ RANGES: dict[str, Range] = {
     "data.max_bytes": W(1, nullable=True, example="e.g. data.max_bytes=10000000, or null (read everything)"),
     "data.num_workers": W(1, example="e.g. data.num_workers=8 (one per core)"),
     "data.split_seed": W(0, example="e.g. data.split_seed=0"),
+    "data.shuffle_buffer": W(0, example="e.g. data.shuffle_buffer=10000 (documents), or 0 (corpus order)"),
     "parallel.tensor_degree": W(1, example="e.g. parallel.tensor_degree=1"),
     "parallel.pipeline_degree": W(1, example="e.g. parallel.pipeline_degree=1"),
     "parallel.sequence_degree": W(1, example="e.g. parallel.sequence_degree=1"),

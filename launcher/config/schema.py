@@ -100,6 +100,13 @@ class DataConfig:
     Needs token files that name their EOS (data=stdlib/hf, our data=tokens files) and model.arch llama, mistral,
     qwen2 or gpt on 1 rank, ZeRO data parallelism or AutoTP (tensor_degree > 1 without a pipeline); refused before
     start with a pipeline or Ulysses (launcher/config/supported.py, launcher/runtime/documents.py)."""
+    streaming: bool = False
+    """data=hf: read the dataset with datasets' streaming mode and tokenize it inside every rank as training consumes
+    it, instead of pretokenizing all of it into data.cache_dir first: for corpora larger than the disk cache.
+    Needs data.tokenizer_path; a resume re-reads the stream up to its position (docs/data.md, launcher/runtime/stream.py)."""
+    shuffle_buffer: int = 10000
+    """data.streaming: documents pass through a shuffle buffer of this many (seeded by train.seed and the pass over
+    the corpus); 0 = in corpus order. Range: >= 0."""
 
 
 @dataclass

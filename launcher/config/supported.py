@@ -8,6 +8,7 @@ launcher/train.py, because the planner must not import the runtime (torch, deeps
 from __future__ import annotations
 
 from launcher.config.errors import ConfigError
+from launcher.config.streaming import check_streaming
 
 # The architectures launcher/parallel/pipeline.py can cut into a DeepSpeed PipelineModule (its ARCH_MODULES);
 # GPT2LMHeadModel has no stage builder there, so a gpt pipeline would fail after the ranks start.
@@ -20,6 +21,7 @@ LLAMA_FAMILY = ("llama", "mistral", "qwen2")
 
 def check_supported(cfg, layout) -> None:
     """What this loop does not run yet, refused before any process starts."""
+    check_streaming(cfg)
     if layout.sequence_parallel:
         _check_megatron_sequence_parallel(cfg, layout)
     if layout.sequence_degree > 1 and layout.tensor_degree > 1:

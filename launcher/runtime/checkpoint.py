@@ -55,7 +55,8 @@ LAYOUT_KEYS = ("world_size", "data_degree", "tensor_degree", "pipeline_degree", 
                "sequence_parallel", "context_degree")
 # Keys added after checkpoints were written: absent from an older checkpoint, they mean the default, which is
 # how that run ran (Megatron SP, ring-attention CP and the document mask did not exist), so it still resumes.
-ADDED_KEY_DEFAULTS = {"parallel.sequence_parallel": False, "parallel.context_degree": 1, "data.document_mask": False}
+ADDED_KEY_DEFAULTS = {"parallel.sequence_parallel": False, "parallel.context_degree": 1, "data.document_mask": False,
+                      "data.streaming": False, "data.shuffle_buffer": 10000}
 ADDED_LAYOUT_DEFAULTS = {"sequence_parallel": False, "context_degree": 1}
 
 
@@ -90,7 +91,9 @@ def build_state(cfg, layout, ds_config: dict, step: int, tokens_seen: int, prepa
         "step": step,
         "tokens_seen": tokens_seen,
         # Batches are a pure function of (seed, step): the step is the whole data position.
-        "data_position": {"next_step": step, "seed": cfg.train.seed, "train_samples": prepared.train_samples},
+        # samples_consumed: a streamed corpus (data.streaming) is re-read up to this window on resume.
+        "data_position": {"next_step": step, "seed": cfg.train.seed, "train_samples": prepared.train_samples,
+                          "samples_consumed": step * layout.global_batch_size},
         "layout": {k: getattr(layout, k) for k in LAYOUT_KEYS},
         "config": OmegaConf.to_container(cfg, resolve=True),
         "deepspeed_config": ds_config,

@@ -842,6 +842,10 @@ def prepare_data(cfg, layout, progress: bool = False, console=None) -> PreparedD
         raise ConfigError("data.source", cfg.data.source, "must be stdlib, hf, tokens or blend", "select data=stdlib, data=hf, data=tokens or data=blend")
     if not 0.0 <= cfg.data.val_fraction < 1.0:
         raise ConfigError("data.val_fraction", cfg.data.val_fraction, "must be in [0, 1)", "use e.g. data.val_fraction=0.01")
+    if cfg.data.source == "hf" and getattr(cfg.data, "streaming", False):
+        from launcher.runtime.stream import prepare_stream  # no packed files: tokenized in the ranks (stream.py)
+
+        return prepare_stream(cfg, layout)
     bin_path, index, docs = _packed(cfg, progress, console)
     val_bin = bin_path.with_name(index["val_bin"]) if index.get("val_bin") else None
     f = {"num_tokens": index["num_tokens"], "val_path": str(val_bin) if val_bin else None, "val_num_tokens": index.get("val_num_tokens", 0)}
