@@ -119,10 +119,10 @@ def node_stage_sets(layout: Layout) -> list[tuple[int, ...]]:
 
 
 def _zero_stages(tp: int, pp: int, megatron_sp: bool = False) -> tuple[int, ...]:
-    if pp > 1 or megatron_sp:
-        return (0, 1)  # DeepSpeed's pipeline engine: ZeRO 0-1 only (layout.py, supported.py)
+    if pp > 1:
+        return (0, 1)  # DeepSpeed's pipeline engine: ZeRO 0-1 only (layout.py)
     if tp > 1:
-        return (0, 1, 2)  # AutoTP under ZeRO-3 is refused (config/supported.py)
+        return (0, 1, 2)  # AutoTP, and Megatron SP on the plain engine, under ZeRO-3 are refused (config/supported.py)
     return (0, 1, 2, 3)
 
 

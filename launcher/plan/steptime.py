@@ -253,9 +253,9 @@ def block_costs(shape: ModelShape, st: Strategy, prof: Profile, links: dict) -> 
 
 
 def _autotp(st: Strategy) -> bool:
-    """TP without the pipeline engine runs DeepSpeed AutoTP; on it (stages, or Megatron SP on one stage),
+    """TP outside our layer list runs DeepSpeed AutoTP; in it (stages, or Megatron SP at pipeline_degree = 1),
     launcher/parallel/tensor.py (train.py build_engine)."""
-    return st.tensor_degree > 1 and not st.pipeline_engine
+    return st.tensor_degree > 1 and not st.pipeline_layers
 
 
 def _column_parallel_groups(shape: ModelShape, st: Strategy) -> int:
