@@ -199,18 +199,25 @@ def test_bloom_recipe_tp2_pp2_dp2_end_to_end(runs):
 
 def test_issue_command_tp2_sp_zero2(tmp_path):
     """The issue's command as a user types it, `launcher train recipe=tiny cluster.gpus_per_node=4
-    parallel.tensor_degree=2 parallel.sequence_parallel=true`, with only the run length and where files go added:
-    TP2 + Megatron SP x DP2 under the recipe's ZeRO-2 trains, saves and exports a transformers model that gives
-    the run's own held-out loss (once refused: DeepSpeed's pipeline engine, which ran SP, supports ZeRO 0-1 only)."""
+    parallel.tensor_degree=2 parallel.sequence_parallel=true`, with only the run length, the log interval and where
+    files go added: TP2 + Megatron SP x DP2 under the recipe's ZeRO-2 trains (22 steps: the recipe warms up over 20),
+    resumes from its step-11 checkpoint exactly (ZeRO-2 partitions over the 2 replicas), and exports a transformers
+    model that gives the run's own held-out loss (once refused: DeepSpeed's pipeline engine, which ran SP, takes
+    ZeRO 0-1 only)."""
     ext = tmp_path / "torch_extensions"
     ext.mkdir()
-    run = train(["recipe=tiny", "cluster.gpus_per_node=4", "parallel.tensor_degree=2", "parallel.sequence_parallel=true",
-                 "train.steps=3", f"runs_dir={tmp_path / 'runs'}", "run_name=issue", f"data.cache_dir={tmp_path / 'cache'}",
-                 "logging.progress_bar=false"], ext)
+    issue = ["recipe=tiny", "cluster.gpus_per_node=4", "parallel.tensor_degree=2", "parallel.sequence_parallel=true"]
+    where = ["train.steps=22", "checkpoint.save_every=11", "logging.log_every=1", f"runs_dir={tmp_path / 'runs'}",
+             f"data.cache_dir={tmp_path / 'cache'}", "logging.progress_bar=false"]
+    run = train(issue + where + ["run_name=issue"], ext)
     ds = json.loads((run["dir"] / "deepspeed.json").read_text())
     assert ds["zero_optimization"]["stage"] == 2 and "pipeline" not in ds
-    assert [r["step"] for r in run["train"]][-1] == 3 and all(torch.isfinite(torch.tensor(r["loss"])) for r in run["train"])
+    assert [r["step"] for r in run["train"]] == list(range(1, 23))
+    assert all(torch.isfinite(torch.tensor(r["loss"])) for r in run["train"])
     layout = resolve_layout(run["cfg"])
     assert (layout.tensor_degree, layout.data_degree, layout.sequence_parallel) == (2, 2, True)
     logged = run["eval"][-1]["val_loss"]
     assert abs(exported_val_loss(run) - logged) <= 1e-5 * logged
+    resumed = train(issue + where + ["run_name=issue-resumed", f"resume={run['dir'] / 'checkpoints' / 'step_00000011'}"], ext)
+    assert [r["step"] for r in resumed["train"]] == list(range(12, 23))
+    assert_follows(resumed["train"], run["train"][11:], tol=1e-6)
