@@ -123,7 +123,7 @@ def check_document_mask(cfg, layout) -> None:
     if layout.sequence_parallel:
         raise ConfigError("data.document_mask", True,
                           "runs on 1 rank, with ZeRO data parallelism and with AutoTP only, not with "
-                          "parallel.sequence_parallel=true: Megatron SP runs our TP on the pipeline engine, whose blocks "
+                          "parallel.sequence_parallel=true: Megatron SP runs our TP layers, whose blocks "
                           "recompute positions 0..seq-1 (launcher/parallel/pipeline.py)",
                           "set data.document_mask=false, or parallel.sequence_parallel=false")
     for key, (degree, why) in degrees.items():

@@ -28,8 +28,8 @@ One micro-batch on one rank (n = b s / sp tokens outside attention; t = TP, sp =
                             a pipeline) all-reduces backward once per column-parallel linear (LLaMA 5 per block)
                             and shards the head by vocabulary, all-gathering its logits. all-reduce of B bytes
                             over r ranks: latency + 2 (r - 1)/r B / bus bandwidth (ring; NCCL-tests' busbw).
-    TP + Megatron SP        (parallel.sequence_parallel; Korthikanti et al. 2022, section 4.2.2; our TP on the
-                            pipeline engine, one stage without a pipeline) each all-reduce becomes an all-gather
+    TP + Megatron SP        (parallel.sequence_parallel; Korthikanti et al. 2022, section 4.2.2; our TP layers,
+                            with or without a pipeline) each all-reduce becomes an all-gather
                             and a reduce-scatter of the same tensor: the same ring bytes, so the TP charge is
                             unchanged; the norms and residual adds run on n / t tokens.
     Ulysses SP              4 all-to-alls (q, k, v, output) forward and 4 backward per block, (sp-1)/sp of
