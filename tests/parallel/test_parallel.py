@@ -303,8 +303,9 @@ def test_megatron_sequence_parallel_matches_one_rank(request, launch, name):
 @pytest.mark.slow
 def test_megatron_sequence_parallel_test_sees_missing_norm_allreduce(ranks2):
     """The negative control: without the all-reduce of the norm weights' gradients over the TP ranks, each rank
-    steps its norms with the gradient of its own 16 tokens. The comparison above must see it (measured: loss
-    1.5e-4 off at step 2, gradient norm 3.2e-5 off at step 0)."""
+    steps its norms with the gradient of its own 16 tokens. The comparison above must see it, here on the plain
+    engine under ZeRO-2 (measured when it ran ZeRO-1 on a one-stage pipeline engine: loss 1.5e-4 off at step 2,
+    gradient norm 3.2e-5 off at step 0)."""
     r = ranks2["tp2-sp-z2-no-norm-allreduce"]
     with pytest.raises(AssertionError):
         _assert_matches_one_rank(r, tol=SP_TOL, first_norm_tol=SP_TOL)
