@@ -22,7 +22,8 @@ def deepspeed_batch_world(layout: Layout) -> int:
 
     DeepSpeed checks train_batch_size == micro x accum x W when it parses the
     config (deepspeed/runtime/config.py, DeepSpeedConfig.__init__):
-    - with a pipeline, the PipelineModule's topology is passed as `mpu` and
+    - with our layer list (a pipeline, or Megatron SP at pipeline_degree = 1:
+      launcher/parallel/tensor_model.py), its grid is the `mpu` and
       W = its data-parallel size, our data_degree;
     - without one, the config is parsed before AutoTP installs its groups, so
       W = the whole world / sequence_parallel_size, i.e. data_degree x
@@ -31,7 +32,7 @@ def deepspeed_batch_world(layout: Layout) -> int:
     So with AutoTP the train_batch_size we emit is larger than the real global
     batch by the factor tensor_degree, and that is what DeepSpeed accepts.
     """
-    if layout.pipeline_engine:
+    if layout.pipeline_layers:
         return layout.data_degree
     return layout.data_degree * layout.tensor_degree
 
@@ -186,7 +187,7 @@ def build_deepspeed_config(cfg, layout: Layout) -> dict:
     # which its engine never calls (runtime/activation_checkpointing/checkpointing.py), so its keys
     # (partition_activations, cpu_checkpointing) would promise what does not happen. Recompute is switched on where
     # it runs: transformers' gradient checkpointing (train.py) and the pipeline's activation_checkpoint_interval.
-    if layout.tensor_degree > 1 and not layout.pipeline_engine:
+    if layout.tensor_degree > 1 and not layout.pipeline_layers:
         # AutoTP only without a pipeline: inside a PipelineModule it builds its own (world/tp, tp) mesh
         # that ignores the pipeline axis and cannot find a policy for the pipeline's layers
         # ("Not able to determine model policy automatically"); there launcher/parallel/tensor.py

@@ -162,10 +162,11 @@ def tensor_source(tag_dir: Path, layout: dict, cfg, shapes: dict):
     import torch
 
     if layout["pipeline_degree"] > 1 or layout["tensor_degree"] > 1:
-        from launcher.parallel.export import checkpoint_shards, merge_one
+        from launcher.parallel.export import LAYER_FILE, checkpoint_shards, merge_one
 
-        # Megatron SP runs on the pipeline engine even with one stage, and so saves per-layer files.
-        pipelined = layout["pipeline_degree"] > 1 or bool(cfg.parallel.get("sequence_parallel", False))
+        # Per-layer files with stages; Megatron SP at one stage saves them too in checkpoints written while it ran
+        # on a one-stage pipeline engine, and mp_rank files of our layer list on the plain engine since.
+        pipelined = layout["pipeline_degree"] > 1 or any(LAYER_FILE.fullmatch(f.name) for f in tag_dir.iterdir())
         shards = checkpoint_shards(tag_dir, cfg.model.arch, cfg.model.num_hidden_layers, cfg.model.tie_word_embeddings,
                                    pipelined=pipelined)
         return set(shards), lambda name: merge_one(name, shards[name], shapes[name])

@@ -47,8 +47,10 @@ def build_engine(cfg, layout, ds_config: dict):
     Which model, by layout (the rest of the loop only sees the engine):
     - pipeline_degree > 1: a PipelineModule, each rank building only its stage (launcher/parallel/pipeline.py),
       tensor-parallel inside the stages on the pipeline grid when tensor_degree > 1 (launcher/parallel/tensor.py);
-      deepspeed.initialize then returns a PipelineEngine, driven by train_step_pipeline; the same with one stage
-      for Megatron sequence parallelism (layout.pipeline_engine: our TP modules have the SP mode, AutoTP has none);
+      deepspeed.initialize then returns a PipelineEngine, driven by train_step_pipeline;
+    - Megatron sequence parallelism at pipeline_degree = 1: the same per-rank TP layers on the plain engine, with
+      their grid as the `mpu` (launcher/parallel/tensor_model.py; our TP modules have the SP mode, AutoTP has none),
+      so ZeRO-2 applies; driven by train_step like every plain engine;
     - sequence_degree > 1: the transformers model with Ulysses attention (launcher/parallel/sequence.py); the SP
       groups go to deepspeed.initialize as its `mpu`, so ZeRO and the gradient reduction see them;
     - context_degree > 1: the same with ring attention (launcher/parallel/context.py), its CP groups as the `mpu`;
@@ -64,6 +66,10 @@ def build_engine(cfg, layout, ds_config: dict):
         from launcher.parallel.pipeline import build_pipeline_module
 
         model = build_pipeline_module(cfg, layout, seed=cfg.train.seed)  # activation checkpointing per block inside
+    elif layout.pipeline_layers:
+        from launcher.parallel.tensor_model import build_tensor_parallel_model
+
+        model, mpu = build_tensor_parallel_model(cfg, layout, seed=cfg.train.seed)  # checkpointing per block inside
     elif layout.sequence_degree > 1:
         from launcher.parallel.sequence import build_sequence_parallel_model, setup_sequence_parallel
 
@@ -143,7 +149,7 @@ def micro_loss(engine, input_ids, sp_rank: int, sp: int, cp_rank: int = 0, cp: i
 
 def train_step(engine, batches: TokenBatches, step: int, accum: int, agree: "StepAgreement", veto, measure_state: bool = False,
                sp_rank: int = 0, sp: int = 1, cp_rank: int = 0, cp: int = 1, document_eos=None):
-    """One optimizer step of a plain (AutoTP, Ulysses) engine: `accum` micro-batches forward + backward, then DeepSpeed's step.
+    """One optimizer step of a plain (AutoTP, Megatron SP, Ulysses, CP) engine: `accum` micro-batches forward + backward, then DeepSpeed's step.
 
     engine.step() is called after every micro-batch; DeepSpeed applies the optimizer (with clipping and
     the LR schedule) only at the accumulation boundary, and scales each micro loss by 1/accum itself.

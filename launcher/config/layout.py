@@ -71,8 +71,14 @@ class Layout:
 
     @property
     def pipeline_engine(self) -> bool:
-        """Whether the run goes through DeepSpeed's pipeline engine: with stages, or with Megatron SP (one stage:
-        our TP modules live in the PipelineModule; AutoTP, the path without a pipeline, has no SP mode)."""
+        """Whether the run goes through DeepSpeed's pipeline engine (train_batch, ZeRO 0-1 only): with stages."""
+        return self.pipeline_degree > 1
+
+    @property
+    def pipeline_layers(self) -> bool:
+        """Whether the model is our layer list (launcher/parallel/pipeline.py, built per rank, TP from
+        launcher/parallel/tensor.py): with stages, or with Megatron SP (AutoTP has no SP mode). At
+        pipeline_degree = 1 it runs on DeepSpeed's plain engine (launcher/parallel/tensor_model.py), so ZeRO-2 applies."""
         return self.pipeline_degree > 1 or self.sequence_parallel
 
     @property

@@ -121,7 +121,8 @@ class ParallelConfig:
     """Megatron sequence parallelism inside TP (Megatron-LM's --sequence-parallel; Korthikanti et al. 2022, section
     4.2.2): the TP ranks also split the sequence outside the TP regions (norms, residuals), so those activations
     are 1/tensor_degree per rank; all-gather + reduce-scatter replace each all-reduce (same bytes). Takes no
-    extra ranks. Needs tensor_degree > 1; runs on the pipeline engine (one stage when pipeline_degree = 1)."""
+    extra ranks. Needs tensor_degree > 1; runs our TP layers (on the pipeline engine with stages, on the plain
+    engine with ZeRO 0-2 when pipeline_degree = 1: launcher/parallel/tensor_model.py)."""
     context_degree: int = 1
     """Context-parallel ranks (CP, ring attention, head-tail chunks): each holds 2 chunks of seq_length / (2 CP) tokens
     of every sample of its replica; they take ranks like TP does (launcher/parallel/context.py). Range: >= 1."""

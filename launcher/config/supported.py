@@ -66,24 +66,31 @@ def check_supported(cfg, layout) -> None:
 
 
 def _check_megatron_sequence_parallel(cfg, layout) -> None:
-    """parallel.sequence_parallel runs our Megatron TP (launcher/parallel/tensor.py) on DeepSpeed's pipeline engine,
-    with one stage when pipeline_degree = 1 (AutoTP, the TP path without a pipeline, has no SP mode)."""
+    """parallel.sequence_parallel runs our Megatron TP (launcher/parallel/tensor.py) in our layer list: on DeepSpeed's
+    pipeline engine with stages, on its plain engine at pipeline_degree = 1 (launcher/parallel/tensor_model.py; AutoTP,
+    the other TP path without a pipeline, has no SP mode)."""
     if layout.sequence_degree > 1:
         raise ConfigError("parallel.sequence_parallel", True,
                           f"Megatron sequence parallelism (inside TP) and Ulysses (parallel.sequence_degree="
                           f"{layout.sequence_degree}) both split the sequence and are not composed: Ulysses runs on the "
-                          "plain transformers model, Megatron SP on the pipeline engine",
+                          "plain transformers model, Megatron SP on our tensor-parallel layers",
                           "set parallel.sequence_degree=1 (the TP ranks split the sequence), or parallel.sequence_parallel=false")
     if cfg.model.arch not in LLAMA_FAMILY:
         raise ConfigError("parallel.sequence_parallel", True,
                           f"Megatron sequence parallelism is implemented for the LLaMA-family decoder blocks "
                           f"(model.arch={', '.join(LLAMA_FAMILY)}), not model.arch={cfg.model.arch}",
                           "set parallel.sequence_parallel=false (tensor parallelism alone runs), or model.arch=llama")
-    if layout.zero_stage > 1:
-        raise ConfigError("parallel.zero_stage", layout.zero_stage,
-                          "parallel.sequence_parallel=true runs on DeepSpeed's pipeline engine (one stage when "
-                          "pipeline_degree = 1), which supports ZeRO stage 0 or 1 only",
-                          "set parallel.zero_stage=1 (or 0), or parallel.sequence_parallel=false")
+    if layout.zero_stage == 3:
+        # ZeRO-1/2 keep every parameter whole on its rank and reduce gradients over the grid's data-parallel group,
+        # which tests/parallel holds to one rank (loss and gradient norm). ZeRO-3 would partition our TP shards
+        # again over DP and gather them in its module hooks around layers DeepSpeed did not build; that is not
+        # verified, so it is refused rather than run.
+        raise ConfigError("parallel.zero_stage", 3,
+                          f"parallel.sequence_parallel=true (Megatron SP over tensor_degree={layout.tensor_degree}) runs on "
+                          "our tensor-parallel layers with ZeRO stage 0, 1 or 2; ZeRO-3's parameter partitioning of "
+                          "those TP-sharded layers is not implemented",
+                          "set parallel.zero_stage=2 (or 1, 0): the TP ranks already split the weights tensor_degree ways, "
+                          "or parallel.sequence_parallel=false")
 
 
 # data.document_mask reaches the model as position ids that restart after each EOS, from which transformers
@@ -118,7 +125,7 @@ def check_document_mask(cfg, layout) -> None:
     if layout.sequence_parallel:
         raise ConfigError("data.document_mask", True,
                           "runs on 1 rank, with ZeRO data parallelism and with AutoTP only, not with "
-                          "parallel.sequence_parallel=true: Megatron SP runs our TP on the pipeline engine, whose blocks "
+                          "parallel.sequence_parallel=true: Megatron SP runs our TP layers, whose blocks "
                           "recompute positions 0..seq-1 (launcher/parallel/pipeline.py)",
                           "set data.document_mask=false, or parallel.sequence_parallel=false")
     for key, (degree, why) in degrees.items():

@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from launcher.parallel.pipeline import layer_hf_prefixes
+from launcher.parallel.tensor_model import PREFIX
 
 # layer_{idx:02d}-model_{tp:02d}-model_states.pt: PipelineModule.ckpt_layer_path (the grid's rank repr
 # keeps only the 'model' axis, i.e. the TP rank).
@@ -129,7 +130,9 @@ def checkpoint_state_dict(tag_dir: Path, arch: str, num_layers: int, tied: bool,
     - pipelined: one file per layer and TP rank (PipelineModule.save_state_dict, written by DP rank 0);
       a tied head is not saved separately (its forward is the embedding's), transformers re-ties it;
     - AutoTP without a pipeline: one mp_rank_XX_model_states.pt per TP rank (DeepSpeed's engine
-      saves `module` under the tensor-parallel rank), already under transformers' names.
+      saves `module` under the tensor-parallel rank), already under transformers' names;
+    - Megatron SP at pipeline_degree = 1 (launcher/parallel/tensor_model.py): the same mp_rank files, holding
+      our layer list under its PREFIX ("pipe.<layer index>.<local name>"), named through hf_name like the layer files.
     """
     return merge_by_shape(checkpoint_shards(tag_dir, arch, num_layers, tied, pipelined), full_shapes)
 
@@ -152,8 +155,10 @@ def checkpoint_shards(tag_dir: Path, arch: str, num_layers: int, tied: bool, pip
         for f in files:
             m = MP_FILE.fullmatch(f.name)
             if m is not None:
-                for name, t in torch.load(f, map_location="cpu", mmap=True, weights_only=False)["module"].items():
-                    shards.setdefault(name, {})[int(m.group(1))] = t
+                for key, t in torch.load(f, map_location="cpu", mmap=True, weights_only=False)["module"].items():
+                    names = hf_name(key.removeprefix(PREFIX), num_layers, tied, arch) if key.startswith(PREFIX) else [key]
+                    for name in names:
+                        shards.setdefault(name, {})[int(m.group(1))] = t
     if not shards:
         raise FileNotFoundError(f"{tag_dir}: no {'layer_*-model_*' if pipelined else 'mp_rank_*'}_model_states.pt files")
     return shards

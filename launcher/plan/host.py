@@ -66,7 +66,7 @@ def build_peak_bytes(path: str, own_params: float, whole_params: float, held_par
 
 def build_path(st: Strategy) -> str:
     """Which of the three build paths a layout's ranks take (as launcher/runtime/dryrun.py decides)."""
-    if st.pipeline_engine:  # with Megatron SP a one-stage PipelineModule
+    if st.pipeline_layers:  # with Megatron SP our layer list on the plain engine
         return "pipeline"
     if st.zero_stage == 3 and st.tensor_degree == 1:
         return "zero3"

@@ -156,8 +156,8 @@ class Strategy:
     document_mask: bool = False            # data.document_mask: a (micro, 1, s, s) mask reaches every block (plan/activations.py)
 
     @property
-    def pipeline_engine(self) -> bool:
-        """Runs as a DeepSpeed PipelineModule (config.layout.Layout.pipeline_engine): blocks recompute rotary."""
+    def pipeline_layers(self) -> bool:
+        """Runs as our layer list (config.layout.Layout.pipeline_layers: stages, or Megatron SP on the plain engine): blocks recompute rotary."""
         return self.pipeline_degree > 1 or self.sequence_parallel
 
     @property

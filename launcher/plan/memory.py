@@ -105,7 +105,7 @@ def activation_bytes_per_layer(shape: ModelShape, st: Strategy) -> float:
         return tokens * act.checkpointed_block_bytes_per_token(m, st.dtype, st.tensor_degree if st.sequence_parallel else 1)
     per_block = tokens * act.block_bytes_per_token(m, st.seq_length, st.dtype, st.tensor_degree, st.sequence_degree,
                                                    st.sequence_parallel, st.document_mask)
-    if st.pipeline_engine:
+    if st.pipeline_layers:
         per_block += act.rotary_bytes(m, st.seq_length, st.dtype, st.sequence_split)
     return per_block
 
@@ -198,13 +198,13 @@ def _stage_memory(shape: ModelShape, st: Strategy, stage: int, working_set: floa
     first, last = stage == 0, stage == st.pipeline_degree - 1
     s, b, u = st.seq_length, st.micro_batch_size, st.sequence_split
     saved = act.stage_saved_bytes(m, blocks, s, b, st.dtype, st.recompute, st.tensor_degree, st.sequence_degree,
-                                  first=first, last=last, pipeline=st.pipeline_engine, sp=st.sequence_parallel,
+                                  first=first, last=last, pipeline=st.pipeline_layers, sp=st.sequence_parallel,
                                   context=st.context_degree, document_mask=st.document_mask)
     acts = saved * in_flight_micro_batches(st, stage) + (working_set if blocks else 0.0)
     logits = 0.0
     if last:
         # The head's vocabulary is not split by our TP (replicated head), so neither are its logits.
-        predicted = (s - 1) * b if st.pipeline_engine else s * b / u
+        predicted = (s - 1) * b if st.pipeline_layers else s * b / u
         logits = predicted * (4 * st.padded_vocab_size + act.INDEX_BYTES) + act.loss_backward_bytes(m, s, b, st.dtype, u)
         acts += act.loss_backward_bytes(m, s, b, st.dtype, u)
     w = weight_bytes(st.dtype)

@@ -5,8 +5,8 @@ only, without TP or PP: what launcher/train.py runs), context_degree (ring-atten
 with seq_length % (2 CP) = 0, any span of nodes (its K/V passes are point-to-point sized, not all-to-all), llama
 family only, without TP, PP or SP, as train runs it), tensor_degree (divisors of the heads, within one node),
 pipeline_degree (what divides the rest of the world, at most one block per stage, llama and bloom only),
-Megatron sequence parallelism on and off wherever TP > 1 (LLaMA family; it runs on the pipeline engine, so with
-ZeRO 0-1 only),
+Megatron sequence parallelism on and off wherever TP > 1 (LLaMA family; our TP layers: ZeRO 0-1 with a
+pipeline, 0-2 without),
 ZeRO stage 0-3 (0-1 with a pipeline), micro batch (divisors of the per-replica batch), recompute (off / full,
 the two the launcher can run: model.activation_checkpointing). Held as configured: the global batch and the
 sequence length (so the tokens per step), precision, cluster and model. The configured TP / PP / SP / ZeRO /
@@ -119,10 +119,10 @@ def node_stage_sets(layout: Layout) -> list[tuple[int, ...]]:
 
 
 def _zero_stages(tp: int, pp: int, megatron_sp: bool = False) -> tuple[int, ...]:
-    if pp > 1 or megatron_sp:
-        return (0, 1)  # DeepSpeed's pipeline engine: ZeRO 0-1 only (layout.py, supported.py)
+    if pp > 1:
+        return (0, 1)  # DeepSpeed's pipeline engine: ZeRO 0-1 only (layout.py)
     if tp > 1:
-        return (0, 1, 2)  # AutoTP under ZeRO-3 is refused (config/supported.py)
+        return (0, 1, 2)  # AutoTP, and Megatron SP on the plain engine, under ZeRO-3 are refused (config/supported.py)
     return (0, 1, 2, 3)
 
 

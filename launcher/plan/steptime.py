@@ -28,8 +28,8 @@ One micro-batch on one rank (n = b s / sp tokens outside attention; t = TP, sp =
                             a pipeline) all-reduces backward once per column-parallel linear (LLaMA 5 per block)
                             and shards the head by vocabulary, all-gathering its logits. all-reduce of B bytes
                             over r ranks: latency + 2 (r - 1)/r B / bus bandwidth (ring; NCCL-tests' busbw).
-    TP + Megatron SP        (parallel.sequence_parallel; Korthikanti et al. 2022, section 4.2.2; our TP on the
-                            pipeline engine, one stage without a pipeline) each all-reduce becomes an all-gather
+    TP + Megatron SP        (parallel.sequence_parallel; Korthikanti et al. 2022, section 4.2.2; our TP layers,
+                            with or without a pipeline) each all-reduce becomes an all-gather
                             and a reduce-scatter of the same tensor: the same ring bytes, so the TP charge is
                             unchanged; the norms and residual adds run on n / t tokens.
     Ulysses SP              4 all-to-alls (q, k, v, output) forward and 4 backward per block, (sp-1)/sp of
@@ -253,9 +253,9 @@ def block_costs(shape: ModelShape, st: Strategy, prof: Profile, links: dict) -> 
 
 
 def _autotp(st: Strategy) -> bool:
-    """TP without the pipeline engine runs DeepSpeed AutoTP; on it (stages, or Megatron SP on one stage),
+    """TP outside our layer list runs DeepSpeed AutoTP; in it (stages, or Megatron SP at pipeline_degree = 1),
     launcher/parallel/tensor.py (train.py build_engine)."""
-    return st.tensor_degree > 1 and not st.pipeline_engine
+    return st.tensor_degree > 1 and not st.pipeline_layers
 
 
 def _column_parallel_groups(shape: ModelShape, st: Strategy) -> int:

@@ -100,7 +100,7 @@ def rank_ledger(cfg, layout) -> list[dict]:
 
     full = meta_model(cfg.model, vocab_size=layout.padded_vocab_size)
     whole_numel = sum(p.numel() for p in full.parameters())
-    roles = _roles_pipeline(cfg, layout, full) if layout.pipeline_engine else _roles_whole(cfg, layout, full)
+    roles = _roles_pipeline(cfg, layout, full) if layout.pipeline_layers else _roles_whole(cfg, layout, full)
     grad_fp32 = cfg.precision.grad_accum_dtype == "fp32"
     w = weight_bytes(layout.dtype)
     summary = {}
@@ -115,7 +115,7 @@ def rank_ledger(cfg, layout) -> list[dict]:
             held = sum(zero3_partition_numel(n, layout.data_degree) for n in numels)
             states["params"] = 0.0 if cfg.parallel.offload_param else held * w
         # The planner's host-memory check (launcher/plan/host.py) uses the same function with its own counts.
-        path = "pipeline" if layout.pipeline_engine else ("zero3" if role.get("zero3_build") else "whole")
+        path = "pipeline" if layout.pipeline_layers else ("zero3" if role.get("zero3_build") else "whole")
         host = build_peak_bytes(path, params, whole_numel, held, layout.dtype, role["build_extra_bytes"] or 0)
         summary[key] = {
             "layers": role["layers"],
@@ -131,7 +131,7 @@ def rank_ledger(cfg, layout) -> list[dict]:
     records = []
     for c in rank_map(layout):
         records.append({"rank": c.rank, "node": c.node, "gpu": c.gpu, "stage": c.pp, "tp_rank": c.tp, "dp_rank": c.dp,
-                        "sp_rank": c.sp, **summary[(c.pp if layout.pipeline_engine else 0, c.tp)]})
+                        "sp_rank": c.sp, **summary[(c.pp if layout.pipeline_layers else 0, c.tp)]})
     return records
 
 

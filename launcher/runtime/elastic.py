@@ -104,8 +104,8 @@ def refuse_unconvertible(saved: dict, cfg, layout, tag_dir: Path) -> None:
                "resume on the checkpoint's own layout")
     if old.get("sequence_parallel", False) or layout.sequence_parallel:
         refuse("parallel.sequence_parallel", old.get("sequence_parallel", False), layout.sequence_parallel,
-               "a change of layout with Megatron sequence parallelism (our TP on the pipeline engine, one stage "
-               "without a pipeline) is not verified to load exactly", "resume on the checkpoint's own layout")
+               "a change of layout with Megatron sequence parallelism (our TP layers: on the pipeline engine with "
+               "stages, on the plain engine without) is not verified to load exactly", "resume on the checkpoint's own layout")
     if old["padded_vocab_size"] != layout.padded_vocab_size:
         refuse("parallel.tensor_degree", old["tensor_degree"], layout.tensor_degree,
                f"the embedding is padded to a multiple of the tensor degree: {old['padded_vocab_size']} rows then, "

@@ -71,7 +71,7 @@ class _DataParallelSize:
 
 
 def _deepspeed_world(layout) -> int:
-    if layout.pipeline_degree > 1:
+    if layout.pipeline_degree > 1 or layout.sequence_parallel:   # our layer list: its grid is the mpu
         return layout.data_degree
     return layout.world_size // layout.sequence_degree
 

@@ -2,6 +2,8 @@
 
 Each CASE is `name:mode:key=value,key=value` where mode is
     pipe    launcher.parallel.pipeline.build_pipeline_module + engine.train_batch (PP, PP x DP, TP x PP [x DP])
+    tpplain launcher.parallel.tensor_model (our TP + Megatron SP layers at pipeline_degree 1) on DeepSpeed's plain
+            engine with the grid as mpu, driven like train.py's train_step (ZeRO 0-2)
     autotp  the plain transformers model with DeepSpeed AutoTP (tensor_parallel.autotp_size from the generated config)
     ulysses Ulysses sequence parallelism (launcher/parallel/sequence.py); after every other case of a launch, all
             with one sequence_degree (its groups are global: DeepSpeed keeps the `mpu` of the first one)
@@ -165,6 +167,53 @@ def run_pipe(cfg, layout, sgd):
     return engine, losses, norms, info, exported
 
 
+def run_tpplain(cfg, layout, sgd):
+    """Megatron TP + SP at pipeline_degree 1 on the plain engine (launcher/parallel/tensor_model.py)."""
+    from launcher.parallel.export import gather_hf_state_dict
+    from launcher.parallel.pipeline import DecoderBlockPipe
+    from launcher.parallel.tensor import ColumnParallelLinear, RowParallelLinear
+    from launcher.parallel.tensor_model import build_tensor_parallel_model
+
+    model, grid = build_tensor_parallel_model(cfg, layout, SEED)
+    engine = initialize(model, cfg, layout, sgd, mpu=grid)
+    dp_rank = grid.get_data_parallel_rank()
+    block_tokens = set()
+    for m in model.modules():
+        if isinstance(m, DecoderBlockPipe):
+            m.register_forward_hook(lambda _m, args, _out: block_tokens.add(args[0].shape[1]))
+    losses, norms = [], []
+    for step in range(STEPS):
+        micro = []
+        for mb in my_micro_batches(step, layout, dp_rank):
+            loss = engine(input_ids=mb, labels=mb).loss
+            engine.backward(loss)
+            engine.step()
+            micro.append(loss.detach())
+        # Every TP rank holds its replica's whole loss (replicated head): the world mean is the replicas' mean.
+        avg = torch.stack(micro).mean()
+        dist.all_reduce(avg)
+        losses.append(avg.item() / dist.get_world_size())
+        norms.append(grad_norm(engine))
+    eval_ids = global_batch(10_000, layout.micro_batch_size, layout.seq_length, layout.vocab_size)
+    with torch.no_grad():
+        eval_loss = engine(input_ids=eval_ids, labels=eval_ids).loss.item()
+    exported = gather_hf_state_dict(model.pipe, grid, cfg.model.num_hidden_layers, cfg.model.tie_word_embeddings,
+                                    cfg.model.arch)
+    blocks = [m for m in model.modules() if isinstance(m, DecoderBlockPipe)]
+    info = {"stage": 0, "dp_rank": dp_rank, "tp_rank": grid.get_slice_parallel_rank(), "slice_group": list(grid.slice_group),
+            "params": sum(p.numel() for p in model.parameters()), "blocks": len(blocks),
+            "column_parallel": sum(isinstance(m, ColumnParallelLinear) for m in model.modules()),
+            "row_parallel": sum(isinstance(m, RowParallelLinear) for m in model.modules()),
+            "plain_linear_in_blocks": sum(isinstance(m, torch.nn.Linear) for b in blocks for m in b.modules()),
+            "block_linear_params": sum(p.numel() for b in blocks for n, p in b.named_parameters() if "norm" not in n),
+            "sharded_params": sum(p.numel() for p in model.parameters() if getattr(p, "tensor_model_parallel", False)),
+            "sequence_parallel_params": sum(p.numel() for p in model.parameters() if getattr(p, "sequence_parallel", False)),
+            "engine": type(engine).__name__, "optimizer": type(engine.optimizer).__name__,
+            "zero_stage": engine.zero_optimization_stage(), "block_tokens": sorted(block_tokens),
+            "pipeline_eval_loss": eval_loss}
+    return engine, losses, norms, info, exported
+
+
 def run_autotp(cfg, layout, sgd):
     from deepspeed.module_inject.layers import LinearAllreduce, LinearLayer
 
@@ -284,7 +333,7 @@ def run_case(spec: str) -> dict:
     if broken:
         tensor_mod.register_sequence_parallel_grad_hooks = lambda module, group: 0
     try:
-        engine, losses, norms, info, exported = {"pipe": run_pipe, "autotp": run_autotp, "ulysses": run_ulysses}[mode](cfg, layout, sgd)
+        engine, losses, norms, info, exported = {"pipe": run_pipe, "tpplain": run_tpplain, "autotp": run_autotp, "ulysses": run_ulysses}[mode](cfg, layout, sgd)
     finally:
         tensor_mod.register_sequence_parallel_grad_hooks = hooks
     seconds = time.perf_counter() - t0

@@ -44,7 +44,9 @@ PP = "parallel.pipeline_degree=2"
 TP = "parallel.tensor_degree=2"
 SP = "parallel.sequence_degree=2"
 Z1, Z2, Z3 = "parallel.zero_stage=1", "parallel.zero_stage=2", "parallel.zero_stage=3"
-MSP = "parallel.sequence_parallel=true"  # Megatron SP inside TP (launcher/parallel/tensor.py), on the pipeline engine
+# Megatron SP inside TP (launcher/parallel/tensor.py): on the pipeline engine with stages, on the plain engine at one
+# stage (launcher/parallel/tensor_model.py, the driver's `tpplain` mode), where ZeRO-2 applies.
+MSP = "parallel.sequence_parallel=true"
 SGD = "opt=sgd"  # ZeRO-0 fp32: DeepSpeed reports no gradient norm, so SGD without clipping exposes the scale
 # Ulysses cases come last in a launch (DeepSpeed keeps their SP groups for the rest of the process).
 LAUNCHES = {
@@ -55,9 +57,12 @@ LAUNCHES = {
         f"pp2-bf16:pipe:{PP},{Z1},precision=bf16,precision.grad_accum_dtype=fp32",
         f"tp2:autotp:{TP},{SGD}",
         f"tp2-z1:autotp:{TP},{Z1}",
-        f"tp2-sp:pipe:{TP},{MSP},{SGD}",
-        f"tp2-sp-z1:pipe:{TP},{MSP},{Z1}",
-        f"tp2-sp-z1-no-norm-allreduce:pipe:{TP},{MSP},{Z1},break=norm_grads",
+        f"tp2-sp:tpplain:{TP},{MSP},{SGD}",
+        f"tp2-sp-z1:tpplain:{TP},{MSP},{Z1}",
+        f"tp2-sp-z2:tpplain:{TP},{MSP},{Z2}",
+        f"tp2-sp-z2-sgd:tpplain:{TP},{MSP},{Z2},{SGD}",
+        f"tp2-sp-z2-tied-ac:tpplain:{TP},{MSP},{Z2},model.tie_word_embeddings=true,model.activation_checkpointing=true",
+        f"tp2-sp-z2-no-norm-allreduce:tpplain:{TP},{MSP},{Z2},break=norm_grads",
         f"sp2:ulysses:{SP},{SGD}",
         f"sp2-z1:ulysses:{SP},{Z1}",
         f"sp2-z2:ulysses:{SP},{Z2}",
@@ -76,7 +81,8 @@ LAUNCHES = {
         f"bloom-pp2-dp2-z1:pipe:{BLOOM},{PP},{Z1}",
         f"tp2-sp-pp2:pipe:{TP},{PP},{MSP},{SGD}",
         f"tp2-sp-pp2-z1-tied-ac:pipe:{TP},{PP},{MSP},{Z1},model.tie_word_embeddings=true,model.activation_checkpointing=true",
-        f"tp2-sp-dp2-z1:pipe:{TP},{MSP},{Z1}",
+        f"tp2-sp-dp2-z1:tpplain:{TP},{MSP},{Z1}",
+        f"tp2-sp-dp2-z2:tpplain:{TP},{MSP},{Z2}",
         f"sp2-dp2-z1:ulysses:{SP},{Z1}",
         f"sp2-dp2-z3:ulysses:{SP},{Z3}",
     ],
@@ -276,12 +282,14 @@ SP_TOL = 1e-5
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("launch,name", [("ranks2", "tp2-sp"), ("ranks2", "tp2-sp-z1"), ("ranks4", "tp2-sp-pp2"),
-                                         ("ranks4", "tp2-sp-pp2-z1-tied-ac"), ("ranks4", "tp2-sp-dp2-z1")])
+@pytest.mark.parametrize("launch,name", [("ranks2", "tp2-sp"), ("ranks2", "tp2-sp-z1"), ("ranks2", "tp2-sp-z2"),
+                                         ("ranks2", "tp2-sp-z2-sgd"), ("ranks4", "tp2-sp-pp2"),
+                                         ("ranks4", "tp2-sp-pp2-z1-tied-ac"), ("ranks4", "tp2-sp-dp2-z1"),
+                                         ("ranks4", "tp2-sp-dp2-z2")])
 def test_megatron_sequence_parallel_matches_one_rank(request, launch, name):
-    """TP2 + Megatron SP (Korthikanti et al. 2022, section 4.2.2), without a pipeline (one stage), x PP2 (tied
-    embedding, activation checkpointing) and x DP2: every decoder block receives seq/2 = 16 of the 32 tokens,
-    and the loss and gradient-norm trajectories are the 1-rank ones; the export merges to the 1-rank model."""
+    """TP2 + Megatron SP (Korthikanti et al. 2022, section 4.2.2), without a pipeline (the plain engine, ZeRO 0-2),
+    x PP2 (tied embedding, activation checkpointing) and x DP2: every decoder block receives seq/2 = 16 of the 32
+    tokens, and the loss and gradient-norm trajectories are the 1-rank ones; the export merges to the 1-rank model."""
     r = request.getfixturevalue(launch)[name]
     _assert_matches_one_rank(r, tol=SP_TOL, first_norm_tol=SP_TOL)
     _assert_megatron_sharding(r)
@@ -295,14 +303,35 @@ def test_megatron_sequence_parallel_matches_one_rank(request, launch, name):
 @pytest.mark.slow
 def test_megatron_sequence_parallel_test_sees_missing_norm_allreduce(ranks2):
     """The negative control: without the all-reduce of the norm weights' gradients over the TP ranks, each rank
-    steps its norms with the gradient of its own 16 tokens. The comparison above must see it (measured: loss
-    1.5e-4 off at step 2, gradient norm 3.2e-5 off at step 0)."""
-    r = ranks2["tp2-sp-z1-no-norm-allreduce"]
+    steps its norms with the gradient of its own 16 tokens. The comparison above must see it, here on the plain
+    engine under ZeRO-2 (measured when it ran ZeRO-1 on a one-stage pipeline engine: loss 1.5e-4 off at step 2,
+    gradient norm 3.2e-5 off at step 0)."""
+    r = ranks2["tp2-sp-z2-no-norm-allreduce"]
     with pytest.raises(AssertionError):
         _assert_matches_one_rank(r, tol=SP_TOL, first_norm_tol=SP_TOL)
     loss_diff = max(abs(a - b) / abs(b) for a, b in zip(r["losses"], r["reference"]))
     assert loss_diff > 10 * SP_TOL
     assert abs(r["grad_norms"][0] - r["reference_grad_norms"][0]) > SP_TOL * r["reference_grad_norms"][0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launch,name,stage", [("ranks2", "tp2-sp-z2", 2), ("ranks2", "tp2-sp-z2-sgd", 2),
+                                               ("ranks2", "tp2-sp-z2-tied-ac", 2), ("ranks4", "tp2-sp-dp2-z2", 2),
+                                               ("ranks2", "tp2-sp-z1", 1), ("ranks2", "tp2-sp", 0)])
+def test_megatron_sequence_parallel_runs_on_the_plain_engine_with_zero(request, launch, name, stage):
+    """At pipeline_degree 1 Megatron SP is not a one-stage PipelineEngine (which asserts ZeRO < 2) but DeepSpeed's
+    plain engine with the grid as mpu, so ZeRO-2 partitions gradients and optimizer state over DP. The first
+    step's gradient norm is the 1-rank one to 1e-5 (a factor 2 on any gradient would be far outside), the SGD
+    case's loss trajectory sees the update itself, and the tied + checkpointed case matches too."""
+    r = request.getfixturevalue(launch)[name]
+    _assert_matches_one_rank(r, tol=SP_TOL, first_norm_tol=SP_TOL)
+    _assert_export_reproduces_pipeline(r)
+    for info in r["per_rank"]:
+        assert info["engine"] == "DeepSpeedEngine" and info["zero_stage"] == stage
+        assert info["block_tokens"] == [16]
+        assert info["block_linear_params"] == info["blocks"] * BLOCK_LINEAR // 2
+    if stage:
+        assert r["per_rank"][0]["optimizer"] == "DeepSpeedZeroOptimizer"
 
 
 @pytest.mark.slow

@@ -1,7 +1,7 @@
 """`launcher train` / `launcher export` with pipeline and tensor parallelism, as a user runs them (real torchrun, CPU ranks).
 
 - a 1-rank run is the reference; TP2 x PP2 (4 ranks, Megatron TP inside a PipelineModule, ZeRO-1), AutoTP
-  TP2 x DP2 (4 ranks, ZeRO-1), TP2 + Megatron SP (2 ranks, ZeRO-1, one pipeline stage) and Ulysses SP2 (2 ranks,
+  TP2 x DP2 (4 ranks, ZeRO-1), TP2 + Megatron SP (2 ranks, the recipe's ZeRO-2 on the plain engine) and Ulysses SP2 (2 ranks,
   ZeRO-1) follow its loss and grad-norm trajectory,
   save, resume exactly and export a transformers model that reproduces the training run's own held-out
   loss (i.e. its logits); Ulysses SP2 under ZeRO-3 follows it too (its gradients were 1/2 with DeepSpeed's
@@ -81,8 +81,9 @@ def runs(tmp_path_factory):
     out["autotp"] = train(llama(tmp, "autotp", "cluster.gpus_per_node=4", "parallel.tensor_degree=2", z1), ext)
     out["autotp-resumed"] = train(llama(tmp, "autotp-resumed", "cluster.gpus_per_node=4", "parallel.tensor_degree=2", z1,
                                         f"resume={out['autotp']['dir'] / 'checkpoints' / 'step_00000002'}"), ext)
-    # Megatron SP without a pipeline: our TP on a one-stage PipelineModule (launcher/config/layout.py, pipeline_engine)
-    tp2sp = ("cluster.gpus_per_node=2", "parallel.tensor_degree=2", "parallel.sequence_parallel=true", z1)
+    # Megatron SP without a pipeline: our TP layers on DeepSpeed's plain engine (launcher/parallel/tensor_model.py),
+    # under recipe=tiny's own ZeRO-2 (the pipeline engine, which ran it before, refuses ZeRO-2).
+    tp2sp = ("cluster.gpus_per_node=2", "parallel.tensor_degree=2", "parallel.sequence_parallel=true")
     out["tp2sp"] = train(llama(tmp, "tp2sp", *tp2sp), ext)
     out["tp2sp-resumed"] = train(llama(tmp, "tp2sp-resumed", *tp2sp,
                                        f"resume={out['tp2sp']['dir'] / 'checkpoints' / 'step_00000002'}"), ext)
@@ -148,8 +149,14 @@ def test_checkpoint_holds_every_layer_and_tp_shard(runs):
     tag = runs["tp2pp2"]["dir"] / "checkpoints" / "step_00000002"
     # PipelineModule.ckpt_layer_path: embedding, 2 blocks, norm, head = 5 layers, each per TP rank.
     assert sorted(p.name for p in tag.glob("layer_*")) == [f"layer_{i:02d}-model_{t:02d}-model_states.pt" for i in range(5) for t in range(2)]
-    assert sorted(p.name for p in (runs["autotp"]["dir"] / "checkpoints" / "step_00000002").glob("mp_rank_*")) == [
-        "mp_rank_00_model_states.pt", "mp_rank_01_model_states.pt"]
+    for name in ("autotp", "tp2sp"):
+        tag = runs[name]["dir"] / "checkpoints" / "step_00000002"
+        assert sorted(p.name for p in tag.glob("mp_rank_*")) == ["mp_rank_00_model_states.pt", "mp_rank_01_model_states.pt"]
+    # Megatron SP at one stage: the plain engine's files, ZeRO-2 optimizer partitions, no pipeline layer files.
+    tag = runs["tp2sp"]["dir"] / "checkpoints" / "step_00000002"
+    assert not list(tag.glob("layer_*")) and len(list(tag.glob("zero_pp_rank_*_optim_states.pt"))) == 2
+    ds = json.loads((runs["tp2sp"]["dir"] / "deepspeed.json").read_text())
+    assert ds["zero_optimization"]["stage"] == 2 and "pipeline" not in ds and "tensor_parallel" not in ds
 
 
 @pytest.mark.parametrize("name", ["tp2pp2", "autotp", "tp2sp", "sp2"])
@@ -188,3 +195,29 @@ def test_bloom_recipe_tp2_pp2_dp2_end_to_end(runs):
     assert config["model_type"] == "bloom" and config["n_layer"] == 4 and config["tie_word_embeddings"]
     logged = run["eval"][0]["val_loss"]
     assert abs(exported_val_loss(run) - logged) <= 2e-2 * logged
+
+
+def test_issue_command_tp2_sp_zero2(tmp_path):
+    """The issue's command as a user types it, `launcher train recipe=tiny cluster.gpus_per_node=4
+    parallel.tensor_degree=2 parallel.sequence_parallel=true`, with only the run length, the log interval and where
+    files go added: TP2 + Megatron SP x DP2 under the recipe's ZeRO-2 trains (22 steps: the recipe warms up over 20),
+    resumes from its step-11 checkpoint exactly (ZeRO-2 partitions over the 2 replicas), and exports a transformers
+    model that gives the run's own held-out loss (once refused: DeepSpeed's pipeline engine, which ran SP, takes
+    ZeRO 0-1 only)."""
+    ext = tmp_path / "torch_extensions"
+    ext.mkdir()
+    issue = ["recipe=tiny", "cluster.gpus_per_node=4", "parallel.tensor_degree=2", "parallel.sequence_parallel=true"]
+    where = ["train.steps=22", "checkpoint.save_every=11", "logging.log_every=1", f"runs_dir={tmp_path / 'runs'}",
+             f"data.cache_dir={tmp_path / 'cache'}", "logging.progress_bar=false"]
+    run = train(issue + where + ["run_name=issue"], ext)
+    ds = json.loads((run["dir"] / "deepspeed.json").read_text())
+    assert ds["zero_optimization"]["stage"] == 2 and "pipeline" not in ds
+    assert [r["step"] for r in run["train"]] == list(range(1, 23))
+    assert all(torch.isfinite(torch.tensor(r["loss"])) for r in run["train"])
+    layout = resolve_layout(run["cfg"])
+    assert (layout.tensor_degree, layout.data_degree, layout.sequence_parallel) == (2, 2, True)
+    logged = run["eval"][-1]["val_loss"]
+    assert abs(exported_val_loss(run) - logged) <= 1e-5 * logged
+    resumed = train(issue + where + ["run_name=issue-resumed", f"resume={run['dir'] / 'checkpoints' / 'step_00000011'}"], ext)
+    assert [r["step"] for r in resumed["train"]] == list(range(12, 23))
+    assert_follows(resumed["train"], run["train"][11:], tol=1e-6)

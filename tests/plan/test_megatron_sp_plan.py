@@ -59,4 +59,7 @@ def test_search_proposes_tp_sp_only_where_train_runs_it():
     sts = [c.strategy for c in ranked]
     with_sp = [st for st in sts if st.sequence_parallel]
     assert with_sp
-    assert all(st.tensor_degree > 1 and st.zero_stage <= 1 and st.sequence_degree == 1 for st in with_sp)
+    assert all(st.tensor_degree > 1 and st.zero_stage <= 2 and st.sequence_degree == 1 for st in with_sp)
+    # ZeRO-2 only at one stage: the plain engine (launcher/parallel/tensor_model.py); the pipeline engine takes 0-1.
+    assert all(st.pipeline_degree == 1 for st in with_sp if st.zero_stage == 2)
+    assert any(st.zero_stage == 2 for st in with_sp)
