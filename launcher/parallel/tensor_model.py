@@ -10,8 +10,8 @@ deepspeed.initialize sees no PipelineModule and returns its plain DeepSpeedEngin
 What makes the plain engine right for these layers:
 - `mpu` = the PipelineModule's own grid (PipelineParallelGrid: get_data_parallel_group, get_model_parallel_*,
   get_tensor_model_parallel_*). DeepSpeed then averages gradients and (ZeRO-1/2) partitions optimizer state over
-  the data-parallel group only; without it the TP ranks would be averaged as replicas (shared/notes/parallel-
-  features-findings.md, "Megatron-style sequence parallelism inside TP"). It also sizes the batch check by data_degree.
+  the data-parallel group only; without it the TP ranks would be averaged as replicas (DeepSpeed's engine
+  _configure_distributed_model: no mpu means every rank is a replica). It also sizes the batch check by data_degree.
 - the global gradient norm: the ZeRO-1/2 optimizer (zero/stage_1_and_2.py, complete_grad_norm_calculation_for_cpu_
   offload / get_grad_norm_direct) and the fp32 clip (runtime/utils.py clip_grad_norm_) sum a parameter marked
   `tensor_model_parallel` (our shards) or `model_parallel` on every TP rank and an unmarked one on TP rank 0 only,
