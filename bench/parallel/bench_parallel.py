@@ -29,12 +29,13 @@ LAYOUTS = {"1 rank": (1, []), "tp2": (2, [TP]), "pp2": (2, [PP]), "sp2": (2, [SP
            "tp2 x dp2": (4, [TP]), "tp2 x pp2": (4, [TP, PP]), "tp2 x pp2 x dp2": (8, [TP, PP])}
 
 
-def run(name: str, nproc: int, extra: list[str], tmp: Path) -> dict:
-    out = tmp / f"{name.replace(' ', '')}.json"
+def run(name: str, nproc: int, args: list[str], tmp: Path) -> dict:
+    """One torchrun launch of worker.py with `args` (overrides, and --activations): its result record."""
+    out = tmp / f"{''.join(c for c in name if c.isalnum())}.json"
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "TORCH_EXTENSIONS_DIR": str(tmp / "ext")}
     torchrun = str(Path(sys.executable).parent / "torchrun")
     proc = subprocess.run([torchrun, "--nproc_per_node", str(nproc), "--master_port", "29711",
-                           str(REPO / "bench/parallel/worker.py"), str(out), *MODEL, *extra],
+                           str(REPO / "bench/parallel/worker.py"), str(out), *args],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     if proc.returncode != 0:
         raise RuntimeError(proc.stderr[-3000:])
@@ -47,7 +48,7 @@ def main() -> None:
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name, (nproc, extra) in LAYOUTS.items():
-            results[name] = run(name, nproc, extra, Path(tmp))
+            results[name] = run(name, nproc, MODEL + extra, Path(tmp))
             print(f"{name:>16}: {results[name]['median_s'] * 1e3:7.0f} ms", flush=True)
     base = results["1 rank"]["median_s"]
     for r in results.values():
@@ -56,8 +57,16 @@ def main() -> None:
                "torch": torch.__version__, "deepspeed": __import__("deepspeed").__version__,
                "note": "CPU ranks over gloo; all ranks of a layout share these cores (8 ranks on 2 cores are 4x "
                        "oversubscribed), and other processes may have shared the cores during the run"}
-    doc = {"model": MODEL, "machine": machine, "results": results}
-    (HERE / "results.json").write_text(json.dumps(doc, indent=2) + "\n")
+    save({"model": MODEL, "machine": machine, "results": results})
+
+
+def save(part: dict) -> None:
+    """Replace this script's keys of results.json (bench_long_context.py keeps its own under "long_context") and
+    re-render results.md from the whole file."""
+    path = HERE / "results.json"
+    doc = json.loads(path.read_text()) if path.exists() else {}
+    doc.update(part)
+    path.write_text(json.dumps(doc, indent=2) + "\n")
     write_markdown(doc)
 
 
@@ -81,6 +90,10 @@ def write_markdown(doc: dict) -> None:
               "block forward and four backward; the pipeline pays its "
               "bubble (p-1)/m = 1/8 for pp2 with 8 micro-batches, 1/4 with DP2. The ratios are CPU/gloo overhead under "
               "contention, not a prediction of GPU speed-up (`launcher plan` models that)."]
+    if "long_context" in doc:
+        from bench_long_context import markdown_lines
+
+        lines += [""] + markdown_lines(doc["long_context"])
     (HERE / "results.md").write_text("\n".join(lines) + "\n")
 
 
