@@ -248,9 +248,38 @@ def load_profile(path: str) -> Profile:
             source=f"{p} ({doc.get('source', 'launcher calibrate')})")
     except (TypeError, ValueError, KeyError, AttributeError) as err:
         raise ConfigError(key, path, f"has a malformed field ({type(err).__name__}: {err})", fix)
+    prof = alone_rates(prof, (doc.get("measurements") or {}).get("world"))
     rates = [*prof.gemm_tflops.values(), *prof.attention_tflops.values(), prof.memory_gbps, prof.intra.bus_gbps,
              prof.inter.bus_gbps]
     if not prof.gemm_tflops or not prof.attention_tflops or any(not (r > 0) for r in rates) \
             or any(v < 0 for v in (*prof.gemm_half_dim.values(), *prof.attention_half_seq.values())):
         raise ConfigError(key, path, "has a rate that is not positive (every TFLOP/s and GB/s must be > 0)", fix)
     return prof
+
+
+def alone_rates(prof: Profile, measured_ranks) -> Profile:
+    """The profile's compute rates as one rank computing alone on its compute slot.
+
+    `launcher calibrate` times its GEMMs, attention, copies, operator chains and ZeRO-3 hooks on every local rank at
+    once (launcher/runtime/calibrate.py), so with more ranks than compute slots (4 CPU ranks on 2 cores) each rank
+    had a slots/ranks share of a core and measured that share of its alone rate. The step-time model stretches
+    compute by ranks / slots itself (steptime._compute_stretch), so the share is taken back out here: rates
+    x ranks / slots, per-operation times / (ranks / slots). Without this a 4-rank profile planned a 4-rank layout
+    twice too slow (bench/parallel/results.md, the CP4 row). Collectives are left as measured: their cost under
+    sharing is what a step meets. `measured_ranks`: the profile's measurements.world; None (a profile written
+    by hand or a GPU profile): as written."""
+    from dataclasses import replace
+
+    slots = prof.compute_slots
+    if not slots or not measured_ranks or int(measured_ranks) <= slots:
+        return prof
+    f = int(measured_ranks) / slots
+
+    def table(t: dict) -> dict:
+        return {d: [[x, r * f] for x, r in rows] for d, rows in t.items()}
+
+    return replace(prof, gemm_tflops={d: r * f for d, r in prof.gemm_tflops.items()},
+                   attention_tflops={d: r * f for d, r in prof.attention_tflops.items()},
+                   gemm_table=table(prof.gemm_table), attention_table=table(prof.attention_table),
+                   memory_gbps=prof.memory_gbps * f, kernel_overhead_s=prof.kernel_overhead_s / f,
+                   zero3_module_s=prof.zero3_module_s / f)

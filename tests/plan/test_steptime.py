@@ -275,3 +275,27 @@ def test_context_parallel_ring_passes_and_halved_tokens():
     t = steptime.estimate_step_time(shape, st, hardware(ideal(intra=Link(lat, bus))))
     assert t.sp_comm_s == pytest.approx(4 * (2 * ring + dkv), rel=1e-9)
     assert t.gemm_s == pytest.approx((4 * _block_gemm_flops(128, 352, n) + 3 * 2 * n * 128 * 2048) / P, rel=1e-9)
+
+
+def test_a_profile_calibrated_on_more_ranks_than_cores_is_not_stretched_twice(tmp_path):
+    # One machine, 2 cores, measured by calibrate twice: with 2 ranks each rank had a core (GEMM rate P); with 4
+    # ranks each had half a core, so every timed operation ran at half speed (rate P/2, per-operator overhead 2x).
+    # Both files describe the same machine, so a 4-rank layout must plan the same step time from either (the model
+    # stretches compute by 4 ranks / 2 cores once; bench/parallel's CP4 row was planned 2x slow before).
+    import yaml
+
+    _, shape, st = setup("cluster.gpus_per_node=4", "parallel.tensor_degree=2", "parallel.zero_stage=1")
+    two = ideal(compute_slots=2, kernel_overhead_s=1e-5, memory_gbps=10.0, gemm_table={"any": [[64.0, P / 1e12]]})
+    half = dict(compute_slots=2, kernel_overhead_s=2e-5, memory_gbps=5.0, gemm_tflops={"any": P / 2e12},
+                gemm_table={"any": [[64.0, P / 2e12]]}, attention_tflops={"any": 0.5e12})
+    four = ideal(**half)
+    times = []
+    for prof, ranks in ((two, 2), (four, 4)):
+        path = tmp_path / f"p{ranks}.yaml"
+        path.write_text(yaml.safe_dump(profile_to_dict(prof, measured={"world": ranks})))
+        times.append(steptime.estimate_step_time(shape, st, hardware(load_profile(str(path)), "cpu")).step_time_s)
+    assert times[1] == pytest.approx(times[0], rel=1e-9)
+    # A hand-written profile (no measurements) is taken as written.
+    path = tmp_path / "hand.yaml"
+    path.write_text(yaml.safe_dump(profile_to_dict(four)))
+    assert load_profile(str(path)).gemm_tflops == four.gemm_tflops
