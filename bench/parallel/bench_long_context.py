@@ -43,7 +43,7 @@ LAYOUTS = {
     "1 rank": (1, [], "transformers model, SDPA"),
     "TP2": (2, ["parallel.tensor_degree=2"], "DeepSpeed AutoTP (TP without a pipeline)"),
     "TP2+SP": (2, ["parallel.tensor_degree=2", "parallel.sequence_parallel=true"],
-               "our Megatron TP (launcher/parallel/tensor.py) on a one-stage PipelineEngine"),
+               "our Megatron TP (launcher/parallel/tensor.py); measured on a one-stage PipelineEngine, now the plain engine (launcher/parallel/tensor_model.py)"),
     "CP2": (2, ["parallel.context_degree=2"], "ring attention, head-tail chunks (launcher/parallel/context.py)"),
     "CP4": (4, ["parallel.context_degree=4"], "ring attention, head-tail chunks (launcher/parallel/context.py)"),
 }
@@ -83,7 +83,7 @@ def planned_saved_bytes(args: list[str]) -> float:
     st, shape = strategy(cfg, layout), model_shape(cfg.model)
     return act.stage_saved_bytes(activation_shape(shape, st), cfg.model.num_hidden_layers, st.seq_length,
                                  st.micro_batch_size, st.dtype, st.recompute, st.tensor_degree, st.sequence_degree,
-                                 pipeline=st.pipeline_engine, sp=st.sequence_parallel, context=st.context_degree)
+                                 pipeline=st.pipeline_layers, sp=st.sequence_parallel, context=st.context_degree)
 
 
 def measure(name: str, ranks: int, extra: list[str], seq: int, tmp: Path) -> dict:
