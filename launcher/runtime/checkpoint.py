@@ -450,12 +450,29 @@ def check_schedule_kept(saved: dict, cfg, tag_dir: Path) -> None:
                       f"(resume=never, model.init_from=<launcher export of this checkpoint>)")
 
 
+def refuse_one_stage_pipeline_files(layout, tag_dir: Path) -> None:
+    """Megatron SP at pipeline_degree=1 ran on a one-stage pipeline engine until the plain engine took it over
+    (launcher/parallel/tensor_model.py): such a checkpoint holds the layers in per-layer files, which the plain
+    engine does not read (it loads mp_rank_<tp> files). `launcher export` reads either format."""
+    if not (layout.sequence_parallel and layout.pipeline_degree == 1):
+        return
+    if any(Path(tag_dir).glob("layer_*-model_*-model_states.pt")):
+        raise ConfigError("resume", str(tag_dir),
+                          "holds per-layer files (layer_*-model_*-model_states.pt): it was written when Megatron sequence "
+                          "parallelism at parallel.pipeline_degree=1 ran on DeepSpeed's one-stage pipeline engine; this "
+                          "launcher runs that layout on the plain engine, which loads the layers from mp_rank_<tp> files, "
+                          "so the weights would not be found",
+                          f"export it (`launcher export {tag_dir} <out>`) and start a new run from the export with "
+                          "model.init_from=<out> and resume=never (the optimizer state restarts)")
+
+
 def check_resume_compatible(saved: dict, cfg, layout, tag_dir: Path, prepared=None) -> None:
     """Refuse a resume that changes more than RESUME_MAY_CHANGE, with a diff of what changed (key: saved -> now),
     or that would change the learning-rate schedule (check_schedule_kept)."""
     from launcher.runtime.elastic import needs_conversion, refuse_global_batch_change, refuse_unconvertible
 
     check_schedule_kept(saved, cfg, tag_dir)
+    refuse_one_stage_pipeline_files(layout, tag_dir)
     refuse_global_batch_change(saved, cfg, layout, tag_dir)
     changes = resume_changes(saved, cfg, layout, tag_dir, prepared)
     if changes:

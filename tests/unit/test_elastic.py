@@ -103,3 +103,26 @@ def test_a_checkpoint_from_before_the_new_keys_resumes_and_a_cp_change_is_refuse
     with pytest.raises(ConfigError) as err:
         elastic.refuse_unconvertible(saved_for(overrides), cp, resolve_layout(cp), "step_00000002")
     assert err.value.key == "parallel.context_degree"
+
+
+def test_a_one_stage_pipeline_sp_checkpoint_is_refused_with_the_export_fix(tmp_path):
+    # Megatron SP at pipeline_degree=1 once ran on a one-stage pipeline engine, whose checkpoint keeps each layer in
+    # its own file (DeepSpeed's PipelineModule.save_state_dict names); the plain engine that runs it now reads
+    # mp_rank_<tp> files, so such a tag is refused before start, pointing at the export.
+    import torch
+
+    from launcher.runtime.checkpoint import refuse_one_stage_pipeline_files
+
+    sp = resolve_layout(compose(["recipe=tiny", *SMALL, "cluster.gpus_per_node=2", "parallel.tensor_degree=2",
+                                 "parallel.sequence_parallel=true"]))
+    tag = tmp_path / "global_step3"
+    tag.mkdir()
+    torch.save({"module": {}}, tag / "mp_rank_00_model_states.pt")
+    refuse_one_stage_pipeline_files(sp, tag)   # the plain engine's own files: fine
+    torch.save({"weight": torch.zeros(2)}, tag / "layer_00-model_00-model_states.pt")
+    with pytest.raises(ConfigError, match=r"(?s)resume=.*per-layer files.*launcher export"):
+        refuse_one_stage_pipeline_files(sp, tag)
+    pp2 = resolve_layout(compose(["recipe=tiny", *SMALL, "cluster.gpus_per_node=4", "parallel.tensor_degree=2",
+                                  "parallel.pipeline_degree=2", "parallel.sequence_parallel=true",
+                                  "parallel.zero_stage=1"]))
+    refuse_one_stage_pipeline_files(pp2, tag)   # with stages the per-layer files are what the pipeline engine reads
