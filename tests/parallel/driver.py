@@ -167,6 +167,25 @@ def run_pipe(cfg, layout, sgd):
     return engine, losses, norms, info, exported
 
 
+def train_tensor_parallel(engine, layout, dp_rank):
+    """STEPS steps of a plain engine whose TP ranks hold their replica's whole loss (replicated head): (losses, grad
+    norms). Mean over this replica's micro-batches, then over all ranks: TP ranks hold equal losses, so the world mean
+    is the mean over the replicas, i.e. over the global batch."""
+    losses, norms = [], []
+    for step in range(STEPS):
+        micro = []
+        for mb in my_micro_batches(step, layout, dp_rank):
+            loss = engine(input_ids=mb, labels=mb).loss
+            engine.backward(loss)
+            engine.step()
+            micro.append(loss.detach())
+        avg = torch.stack(micro).mean()
+        dist.all_reduce(avg)
+        losses.append(avg.item() / dist.get_world_size())
+        norms.append(grad_norm(engine))
+    return losses, norms
+
+
 def run_tpplain(cfg, layout, sgd):
     """Megatron TP + SP at pipeline_degree 1 on the plain engine (launcher/parallel/tensor_model.py)."""
     from launcher.parallel.export import gather_hf_state_dict
@@ -181,19 +200,7 @@ def run_tpplain(cfg, layout, sgd):
     for m in model.modules():
         if isinstance(m, DecoderBlockPipe):
             m.register_forward_hook(lambda _m, args, _out: block_tokens.add(args[0].shape[1]))
-    losses, norms = [], []
-    for step in range(STEPS):
-        micro = []
-        for mb in my_micro_batches(step, layout, dp_rank):
-            loss = engine(input_ids=mb, labels=mb).loss
-            engine.backward(loss)
-            engine.step()
-            micro.append(loss.detach())
-        # Every TP rank holds its replica's whole loss (replicated head): the world mean is the replicas' mean.
-        avg = torch.stack(micro).mean()
-        dist.all_reduce(avg)
-        losses.append(avg.item() / dist.get_world_size())
-        norms.append(grad_norm(engine))
+    losses, norms = train_tensor_parallel(engine, layout, dp_rank)
     eval_ids = global_batch(10_000, layout.micro_batch_size, layout.seq_length, layout.vocab_size)
     with torch.no_grad():
         eval_loss = engine(input_ids=eval_ids, labels=eval_ids).loss.item()
@@ -224,20 +231,7 @@ def run_autotp(cfg, layout, sgd):
     tp = layout.tensor_degree
     # TP ranks are consecutive (launcher/plan/rankmap.py), so this rank's replica is rank // tp.
     dp_rank = dist.get_rank() // tp
-    losses, norms = [], []
-    for step in range(STEPS):
-        micro = []
-        for mb in my_micro_batches(step, layout, dp_rank):
-            loss = engine(input_ids=mb, labels=mb).loss
-            engine.backward(loss)
-            engine.step()
-            micro.append(loss.detach())
-        # Mean over this replica's micro-batches, then over all ranks: TP ranks hold equal losses,
-        # so the world mean is the mean over the replicas, i.e. over the global batch.
-        avg = torch.stack(micro).mean()
-        dist.all_reduce(avg)
-        losses.append(avg.item() / dist.get_world_size())
-        norms.append(grad_norm(engine))
+    losses, norms = train_tensor_parallel(engine, layout, dp_rank)
     layers = engine.module.model.layers
     info = {
         "params": sum(p.numel() for p in engine.module.parameters()),
