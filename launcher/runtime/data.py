@@ -943,6 +943,25 @@ class _Stream:
         return self.train_row(self.train + k)  # a token file's held-out samples are its last ones
 
 
+def train_slots(step: int, micro_step: int, gbs: int, micro: int, dp: int, dp_rank: int) -> range:
+    """Global sample slots of DP rank `dp_rank`'s micro-batch `micro_step` of optimizer step `step` (0-based): a
+    global batch of `gbs` slots is ordered micro-step, then DP rank, then sample. The one rule every data path
+    splits a global batch by (TokenBatches, runtime/stream.py's StreamBatches)."""
+    first = step * gbs + micro_step * micro * dp + dp_rank * micro
+    return range(first, first + micro)
+
+
+def val_slots(batch: int, micro: int, dp: int, dp_rank: int) -> range:
+    """Held-out slots of eval micro-batch `batch` of DP rank `dp_rank`: eval batch b is slots [b dp micro, (b+1) dp micro)."""
+    first = (batch * dp + dp_rank) * micro
+    return range(first, first + micro)
+
+
+def slot_dp_rank(g: int, gbs: int, micro: int, dp: int) -> int:
+    """The DP rank train_slots gives slot g (val_slots' owner too, with gbs = micro x dp)."""
+    return ((g % gbs) // micro) % dp
+
+
 class TokenBatches:
     """Deterministic, disjoint per-DP-rank batches over memory-mapped token files.
 
@@ -1023,14 +1042,13 @@ class TokenBatches:
 
     def train_sample_ids(self, step: int, micro_step: int) -> list[int]:
         """Sample ids of this rank's micro-batch `micro_step` of optimizer step `step` (0-based)."""
-        first = step * self.gbs + micro_step * self.micro * self.dp + self.dp_rank * self.micro
-        return self._samples(np.arange(first, first + self.micro, dtype=np.int64)).tolist()
+        slots = train_slots(step, micro_step, self.gbs, self.micro, self.dp, self.dp_rank)
+        return self._samples(np.arange(slots.start, slots.stop, dtype=np.int64)).tolist()
 
     def val_sample_ids(self, batch: int) -> list[int]:
         """Held-out samples of eval micro-batch `batch`: fixed, disjoint across ranks, wrapping when few."""
-        first = (batch * self.dp + self.dp_rank) * self.micro
         v = max(1, self.prepared.val_samples)
-        return [self.prepared.train_samples + (g % v) for g in range(first, first + self.micro)]
+        return [self.prepared.train_samples + (g % v) for g in val_slots(batch, self.micro, self.dp, self.dp_rank)]
 
     def _row(self, sample: int) -> np.ndarray:
         t = self.prepared.train_samples

@@ -48,7 +48,8 @@ import numpy as np
 from launcher.config.errors import ConfigError
 from launcher.runtime import inputs
 from launcher.runtime.data import (ENCODE_CHUNK_DOCS, Documents, PreparedData, _encode_chunk, _eos_id, _key,
-                                   _stat_identity, build_tokenizer, held_out_rule, token_dtype, tokenizer_location)
+                                   _stat_identity, build_tokenizer, held_out_rule, slot_dp_rank, token_dtype,
+                                   tokenizer_location, train_slots, val_slots)
 
 STREAM_FORMAT = "launcher-stream-v1"
 
@@ -225,17 +226,12 @@ class StreamBatches:
         self._val_mine: dict[int, np.ndarray] = {}
         self._val_all: Optional[list[np.ndarray]] = None  # every held-out window, once a pass showed there are few
 
-    def _mine_slot(self, g: int) -> bool:
-        return ((g % self.gbs) // self.micro) % self.dp == self.dp_rank
-
     def train_sample_ids(self, step: int, micro_step: int) -> list[int]:
-        """Slots of this rank's micro-batch `micro_step` of optimizer step `step` (TokenBatches' arithmetic)."""
-        first = step * self.gbs + micro_step * self.micro * self.dp + self.dp_rank * self.micro
-        return list(range(first, first + self.micro))
+        """Slots of this rank's micro-batch `micro_step` of optimizer step `step` (data.train_slots, as TokenBatches)."""
+        return list(train_slots(step, micro_step, self.gbs, self.micro, self.dp, self.dp_rank))
 
     def val_sample_ids(self, batch: int) -> list[int]:
-        first = (batch * self.dp + self.dp_rank) * self.micro
-        return [-1 - k for k in range(first, first + self.micro)]
+        return [-1 - k for k in val_slots(batch, self.micro, self.dp, self.dp_rank)]
 
     def _load_global_batch(self, start: int) -> None:
         """Read the stream up to slot `start` (a resume re-tokenizes what it skips), then keep this rank's windows
@@ -249,7 +245,7 @@ class StreamBatches:
         for g in range(start, start + self.gbs):
             w = next(self._train)
             self._pos += 1
-            if self._mine_slot(g):
+            if slot_dp_rank(g, self.gbs, self.micro, self.dp) == self.dp_rank:
                 self._mine[g] = w
         self._batch_start = start
 
@@ -268,7 +264,7 @@ class StreamBatches:
             self._val = val_windows(self.cfg, self.tok, self.eos_id, self.seq)
         for w in self._val:
             j, self._val_pos = self._val_pos, self._val_pos + 1
-            if ((j // self.micro) % self.dp) == self.dp_rank:
+            if slot_dp_rank(j, self.micro * self.dp, self.micro, self.dp) == self.dp_rank:
                 self._val_mine[j] = w
             if j == k:
                 return w
