@@ -40,14 +40,11 @@ def saved_activation_bytes(engine, layout, coord, x) -> int:
 
     from launcher.train import micro_loss
 
-    module = engine.module
     if layout.pipeline_engine:
-        # The one-stage PipelineModule (Megatron SP) runs its layers in order and its loss_fn on the output, as
-        # PipelineEngine's forward does on a single stage.
-        forward = lambda: module.loss_fn(module(x), x)   # noqa: E731
-    else:
-        forward = lambda: micro_loss(engine, x, coord.sp, layout.sequence_degree, coord.cp, layout.context_degree)[0]  # noqa: E731
-    loss, n = saved_bytes(forward, param_storages(module))
+        # A stage holds part of the model; Megatron SP at one stage runs on the plain engine (parallel/tensor_model.py).
+        raise SystemExit("--activations measures the whole model's forward on a plain engine, not a pipeline stage")
+    forward = lambda: micro_loss(engine, x, coord.sp, layout.sequence_degree, coord.cp, layout.context_degree)[0]  # noqa: E731
+    loss, n = saved_bytes(forward, param_storages(engine.module))
     del loss
     return n
 
