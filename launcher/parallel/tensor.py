@@ -188,7 +188,10 @@ def shard_bloom_block(block: nn.Module, tp: TensorParallel) -> nn.Module:
 
 def _split_sequence(x, group):
     size, rank = dist.get_world_size(group), dist.get_rank(group)
-    return x.chunk(size, dim=1)[rank].contiguous()
+    # A copy, not .contiguous(): at micro-batch 1 the slice is already contiguous, so .contiguous() returns the view
+    # and this rank's s/tp tokens would keep the whole (b, s, h) tensor alive (measured: the embedding output stayed
+    # saved, 0.93% over the plan at seq 1024, bench/parallel/results.md).
+    return x.chunk(size, dim=1)[rank].clone(memory_format=torch.contiguous_format)
 
 
 def _gather_sequence(x, group):
