@@ -22,9 +22,12 @@ def deepspeed_batch_world(layout: Layout) -> int:
 
     DeepSpeed checks train_batch_size == micro x accum x W when it parses the
     config (deepspeed/runtime/config.py, DeepSpeedConfig.__init__):
-    - with our layer list (a pipeline, or Megatron SP at pipeline_degree = 1:
+    - with our layer list (a pipeline, or Megatron SP / TP x CP at pipeline_degree = 1:
       launcher/parallel/tensor_model.py), its grid is the `mpu` and
-      W = its data-parallel size, our data_degree;
+      W = its data-parallel size, our data_degree; except that with a pipeline and
+      context parallelism the grid's data axis holds the CP ranks too (the pipeline
+      engine takes no other mpu: launcher/parallel/pipeline.py), so W = data_degree x
+      context_degree, and the train_batch_size we emit is the global batch x CP;
     - without one, the config is parsed before AutoTP installs its groups, so
       W = the whole world / sequence_parallel_size, i.e. data_degree x
       tensor_degree: the assertion counts each TP rank as if it were a replica
@@ -32,6 +35,8 @@ def deepspeed_batch_world(layout: Layout) -> int:
     So with AutoTP the train_batch_size we emit is larger than the real global
     batch by the factor tensor_degree, and that is what DeepSpeed accepts.
     """
+    if layout.pipeline_engine:
+        return layout.data_degree * layout.context_degree
     if layout.pipeline_layers:
         return layout.data_degree
     return layout.data_degree * layout.tensor_degree

@@ -46,11 +46,12 @@ def build_engine(cfg, layout, ds_config: dict):
 
     Which model, by layout (the rest of the loop only sees the engine):
     - pipeline_degree > 1: a PipelineModule, each rank building only its stage (launcher/parallel/pipeline.py),
-      tensor-parallel inside the stages on the pipeline grid when tensor_degree > 1 (launcher/parallel/tensor.py);
-      deepspeed.initialize then returns a PipelineEngine, driven by train_step_pipeline;
-    - Megatron sequence parallelism at pipeline_degree = 1: the same per-rank TP layers on the plain engine, with
-      their grid as the `mpu` (launcher/parallel/tensor_model.py; our TP modules have the SP mode, AutoTP has none),
-      so ZeRO-2 applies; driven by train_step like every plain engine;
+      tensor-parallel inside the stages on the pipeline grid when tensor_degree > 1 (launcher/parallel/tensor.py),
+      ring attention in its blocks when context_degree > 1; deepspeed.initialize then returns a PipelineEngine,
+      driven by train_step_pipeline;
+    - Megatron sequence parallelism, or TP x CP, at pipeline_degree = 1: the same per-rank TP layers on the plain
+      engine, with their grid as the `mpu` (launcher/parallel/tensor_model.py; our TP modules have the SP mode and
+      ring attention, AutoTP neither), so ZeRO-2 applies; driven by train_step like every plain engine;
     - sequence_degree > 1: the transformers model with Ulysses attention (launcher/parallel/sequence.py); the SP
       groups go to deepspeed.initialize as its `mpu`, so ZeRO and the gradient reduction see them;
     - context_degree > 1: the same with ring attention (launcher/parallel/context.py), its CP groups as the `mpu`;
@@ -187,7 +188,20 @@ def train_step(engine, batches: TokenBatches, step: int, accum: int, agree: "Ste
     return global_loss, stop, data_wait, state_bytes
 
 
-def train_step_pipeline(engine, batches: TokenBatches, step: int, accum: int, agree, veto, measure_state: bool = False):
+def pipeline_pairs(micro, cp_rank: int = 0, cp: int = 1) -> list:
+    """The (inputs, labels) pairs a PipelineEngine pulls: (ids, ids) for causal_lm_loss's shift, or under context
+    parallelism this rank's head-tail chunk of the ids and of the targets shifted over the whole sequence
+    (launcher/parallel/context.py local_chunk; the blocks know their chunks' positions, and
+    pipeline.context_pipeline_loss takes the targets)."""
+    if cp == 1:
+        return [(x, x) for x in micro]
+    from launcher.parallel.context import local_chunk
+
+    return [(ids, targets) for ids, _, targets in (local_chunk(x, cp_rank, cp) for x in micro)]
+
+
+def train_step_pipeline(engine, batches: TokenBatches, step: int, accum: int, agree, veto, measure_state: bool = False,
+                        cp_rank: int = 0, cp: int = 1, **_not_in_pipelines):
     """One optimizer step of a PipelineEngine: DeepSpeed's 1F1B schedule over `accum` micro-batches.
 
     engine.train_batch runs forward, backward and the optimizer step itself, pulling (inputs, labels)
@@ -198,7 +212,7 @@ def train_step_pipeline(engine, batches: TokenBatches, step: int, accum: int, ag
     t0 = time.perf_counter()
     micro = [batches.batch(batches.train_sample_ids(step, j)) for j in range(accum)]
     data_wait = time.perf_counter() - t0
-    loss = engine.train_batch(data_iter=iter([(x, x) for x in micro]))
+    loss = engine.train_batch(data_iter=iter(pipeline_pairs(micro, cp_rank, cp)))
     # The loss is known only after the update: a non-finite one is caught afterwards (run: "applied").
     global_loss, stop = agree.start(loss).wait()
     return global_loss, stop, data_wait, None
@@ -216,7 +230,7 @@ def evaluate(engine, batches: TokenBatches, num_batches: int, world: int, sp_ran
         inputs = [batches.batch(batches.val_sample_ids(b)).to(engine.device) for b in range(num_batches)]
         if isinstance(engine, PipelineEngine):
             # Averaged over the micro-batches and DP replicas and broadcast to every stage by DeepSpeed.
-            local = engine.eval_batch(iter([(x, x) for x in inputs]), num_micro_batches=num_batches).item()
+            local = engine.eval_batch(iter(pipeline_pairs(inputs, cp_rank, cp)), num_micro_batches=num_batches).item()
         else:
             local = sum(loss.item() * scale for loss, scale in (micro_loss(engine, x, sp_rank, sp, cp_rank, cp, document_eos)
                                                                 for x in inputs)) / num_batches
@@ -317,7 +331,7 @@ def run(cfg) -> int:
 
     # 4. Model + engine; a pipelined engine runs whole optimizer steps itself.
     engine = build_engine(cfg, layout, universal_ds_config(ds_config) if universal else ds_config)
-    step_fn = train_step_pipeline if layout.pipeline_engine else functools.partial(train_step, **sp_args)
+    step_fn = functools.partial(train_step_pipeline if layout.pipeline_engine else train_step, **sp_args)
 
     # 5. Resume: refuse what cannot continue, then restore DeepSpeed's state; the step is our data position.
     start_step, tokens_seen = 0, 0

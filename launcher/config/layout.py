@@ -77,13 +77,21 @@ class Layout:
     @property
     def pipeline_layers(self) -> bool:
         """Whether the model is our layer list (launcher/parallel/pipeline.py, built per rank, TP from
-        launcher/parallel/tensor.py): with stages, or with Megatron SP (AutoTP has no SP mode). At
-        pipeline_degree = 1 it runs on DeepSpeed's plain engine (launcher/parallel/tensor_model.py), so ZeRO-2 applies."""
-        return self.pipeline_degree > 1 or self.sequence_parallel
+        launcher/parallel/tensor.py): with stages, with Megatron SP (AutoTP has no SP mode), or with TP x ring-attention
+        CP (AutoTP's groups and CP's cannot both be laid out). At pipeline_degree = 1 it runs on DeepSpeed's plain
+        engine (launcher/parallel/tensor_model.py), so ZeRO-2 applies."""
+        return self.pipeline_degree > 1 or self.sequence_parallel or (self.tensor_degree > 1 and self.context_degree > 1)
 
     @property
     def model_parallel_size(self) -> int:
         return self.tensor_degree * self.pipeline_degree * self.sequence_degree * self.context_degree
+
+    @property
+    def zero_partition_degree(self) -> int:
+        """Ranks one ZeRO partition is cut over (optimizer state, gradients, ZeRO-3 parameters), and the gradient
+        reduction's group: DeepSpeed's sequence-data-parallel group, data_degree x sequence_parallel_size (0.19.8
+        runtime/engine.py hands seq_data_parallel_group to every ZeRO optimizer as its dp_process_group)."""
+        return self.data_degree * self.sequence_parallel_size
 
     @property
     def sequence_parallel_size(self) -> int:
@@ -360,7 +368,7 @@ def _check_megatron_sequence_parallel(cfg, tp: int) -> bool:
     return True
 
 
-def _check_context_parallel(cfg, cp: int, tp: int, pp: int, sp: int, device: str) -> None:
+def _check_context_parallel(cfg, cp: int, tp: int, sp: int, device: str) -> None:
     """Ring attention (launcher/parallel/context.py): 2 x cp equal chunks per sample; what it does not compose with."""
     if cp == 1:
         return
@@ -374,17 +382,20 @@ def _check_context_parallel(cfg, cp: int, tp: int, pp: int, sp: int, device: str
                           f"{seq} % {2 * cp} = {seq % (2 * cp)}",
                           f"set data.seq_length to {join_or(nearest_multiples(seq, 2 * cp))}, or parallel.context_degree "
                           f"to one of {join_or(sorted(fits, key=lambda c: (abs(c - cp), c))[:3])}")
-    for key, value, why in (
-            ("parallel.sequence_degree", sp, "Ulysses and ring attention both split the sequence, and DeepSpeed has "
-             "one sequence-parallel group per rank to reduce their gradients over"),
-            ("parallel.pipeline_degree", pp, "DeepSpeed's pipeline engine takes its own grid as mpu and has no "
-             "sequence-parallel group, so the CP ranks' gradients would be averaged as if they were replicas"),
-            ("parallel.tensor_degree", tp, "tensor parallelism without a pipeline is DeepSpeed AutoTP, whose groups "
-             "and DeepSpeed's sequence-parallel groups (parallel_state_sp, consecutive ranks) are not composed "
-             "(the same reason Ulysses runs without TP)")):
-        if value > 1:
-            raise ConfigError(key, value, f"context parallelism (context_degree={cp}) runs without it in `launcher train`: "
-                              f"{why}", f"set {key}=1, or parallel.context_degree=1")
+    if sp > 1:
+        raise ConfigError("parallel.sequence_degree", sp, f"context parallelism (context_degree={cp}) runs without it in "
+                          "`launcher train`: Ulysses and ring attention both split the sequence, and DeepSpeed has one "
+                          "sequence-parallel group per rank to reduce their gradients over",
+                          "set parallel.sequence_degree=1, or parallel.context_degree=1")
+    local = seq // cp
+    if cfg.parallel.sequence_parallel and local % tp:
+        # Megatron SP then splits each rank's seq / cp tokens (its two chunks) over the TP ranks.
+        raise ConfigError("parallel.sequence_parallel", True,
+                          f"with context_degree={cp} each rank holds data.seq_length / context_degree = {seq} / {cp} = "
+                          f"{local} tokens, which Megatron SP splits over the tensor-parallel ranks: {local} % "
+                          f"tensor_degree = {local} % {tp} = {local % tp}",
+                          f"set data.seq_length to {join_or(nearest_multiples(seq, math.lcm(2 * cp, cp * tp)))}, or "
+                          "parallel.sequence_parallel=false")
     if device == "cuda" and cfg.precision.dtype == "fp32":
         raise ConfigError("precision.dtype", "fp32",
                           f"context parallelism on GPUs (context_degree={cp}) runs each ring block with the CUDA "
@@ -447,7 +458,7 @@ def resolve_layout(cfg) -> Layout:
     padded_vocab = _check_tensor_parallel(cfg, tp, warnings)
     _check_sequence_parallel(cfg, sp, pp)
     megatron_sp = _check_megatron_sequence_parallel(cfg, tp)
-    _check_context_parallel(cfg, cp, tp, pp, sp, device)
+    _check_context_parallel(cfg, cp, tp, sp, device)
     dp = _data_degree(cfg, world, tp, pp, sp, cp)
     accum = _check_batch(cfg, dp)
     _check_pipeline(cfg, pp, p.zero_stage, accum, warnings)

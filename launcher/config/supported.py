@@ -24,12 +24,20 @@ def check_supported(cfg, layout) -> None:
     check_streaming(cfg)
     if layout.sequence_parallel:
         _check_megatron_sequence_parallel(cfg, layout)
+    if layout.context_degree > 1 and layout.tensor_degree > 1 and layout.zero_stage == 3:
+        # The same layers and the same reason as Megatron SP below.
+        raise ConfigError("parallel.zero_stage", 3,
+                          f"context parallelism with tensor parallelism (context_degree={layout.context_degree} x "
+                          f"tensor_degree={layout.tensor_degree}) runs on our tensor-parallel layers with ZeRO stage 0, "
+                          "1 or 2; ZeRO-3's parameter partitioning of those TP-sharded layers is not implemented",
+                          "set parallel.zero_stage=2 (or 1, 0), or parallel.tensor_degree=1 (ring attention runs "
+                          "under ZeRO-3 without TP)")
     if layout.sequence_degree > 1 and layout.tensor_degree > 1:
         raise ConfigError("parallel.sequence_degree", layout.sequence_degree,
                           f"Ulysses sequence parallelism runs without tensor parallelism in `launcher train` "
                           f"(tensor_degree={layout.tensor_degree}: AutoTP and the Ulysses all-to-all are not composed yet)",
                           "set parallel.tensor_degree=1, or parallel.sequence_degree=1")
-    if layout.tensor_degree > 1 and layout.pipeline_degree == 1 and layout.zero_stage == 3 and not layout.sequence_parallel:
+    if layout.tensor_degree > 1 and layout.zero_stage == 3 and not layout.pipeline_layers:
         # deepspeed.initialize checks the batch against world / sp ranks; ZeRO-3 then re-reads the config with
         # AutoTP's groups as mpu (runtime/zero/partition_parameters.py, Init -> DeepSpeedConfig(config, mpu))
         # and checks it against data_degree. Measured on 2 CPU ranks (TP 2): "8 != 2 * 4 * 2", "16 != 2 * 4 * 1".
@@ -49,7 +57,7 @@ def check_supported(cfg, layout) -> None:
                           f"ring-attention context parallelism is implemented for model.arch={', '.join(LLAMA_FAMILY)} "
                           f"(launcher/parallel/context.py, a transformers attention function), not {cfg.model.arch}",
                           "set parallel.context_degree=1, or model.arch=llama")
-    if layout.tensor_degree > 1 and layout.pipeline_degree == 1 and cfg.model.arch == "gpt" and not layout.sequence_parallel:
+    if layout.tensor_degree > 1 and cfg.model.arch == "gpt" and not layout.pipeline_layers:
         # Measured: DeepSpeed 0.19.8's AutoTP stops inside deepspeed.initialize on GPT2LMHeadModel ("AutoTP not
         # supported for model. Please use kernel injection"), after every rank started.
         raise ConfigError("parallel.tensor_degree", layout.tensor_degree,

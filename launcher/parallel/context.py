@@ -36,7 +36,9 @@ What the chunking changes outside attention, and how it stays exact (as for Ulys
   mean loss; DeepSpeed (mpu = parallel_state_sp, "sequence_parallel_size" = cp) sums the gradients over the CP
   ranks and averages over the data-parallel replicas, which is the gradient of that sum. ZeRO-3 needs
   reduce_scatter off for that sum (launcher/deepspeed_config.py, zero3_sequence_parallel_reduction).
-Groups: parallel_state_sp's consecutive-rank groups, the order of launcher/plan/rankmap.py (CP inside DP).
+Groups: parallel_state_sp's consecutive-rank groups, the order of launcher/plan/rankmap.py (CP inside DP). With
+tensor parallelism (CP x TP, our TP layers on the plain engine: launcher/parallel/tensor_model.py) the CP group is
+the ranks of one TP coordinate and one replica, TP ranks apart; each TP rank rings its own heads.
 """
 
 from __future__ import annotations
@@ -131,20 +133,32 @@ def ring_attention(module, query, key, value, attention_mask, dropout: float = 0
     return RingAttention.apply(query, key, value, scaling), None
 
 
-def setup_context_parallel(cp: int):
-    """Create the CP groups (DeepSpeed's sequence-parallel groups), set torch's ring to head-tail and register the
-    attention; returns the `mpu` module for deepspeed.initialize."""
-    from deepspeed.runtime.sequence_parallel import parallel_state_sp
+def register_ring_attention() -> None:
+    """Register the ring as transformers attention `ATTN_NAME` and set torch's ring to head-tail."""
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
     ring = _ring_functions()
     # Module-global in torch: the ring's causal schedule must match the head-tail chunks local_chunk feeds it.
     ring._cp_options.enable_load_balance = True
-    parallel_state_sp.initialize_sequence_parallel(cp)
-    _STATE["group"] = parallel_state_sp.get_sequence_parallel_group()
     AttentionInterface.register(ATTN_NAME, ring_attention)
     ALL_MASK_ATTENTION_FUNCTIONS.register(ATTN_NAME, sdpa_mask)  # built by LlamaModel, unused by ring_attention
+
+
+def use_ring_group(group) -> None:
+    """Make ring attention rotate over `group`, this rank's CP ranks: DeepSpeed's sequence-parallel group
+    (setup_context_parallel), or under CP x TP the CP group of our TP grid (launcher/parallel/tensor_model.py)."""
+    register_ring_attention()
+    _STATE["group"] = group
+
+
+def setup_context_parallel(cp: int):
+    """Create the CP groups (DeepSpeed's sequence-parallel groups) and point ring attention at this rank's; returns
+    the `mpu` module for deepspeed.initialize."""
+    from deepspeed.runtime.sequence_parallel import parallel_state_sp
+
+    parallel_state_sp.initialize_sequence_parallel(cp)
+    use_ring_group(parallel_state_sp.get_sequence_parallel_group())
     return parallel_state_sp
 
 

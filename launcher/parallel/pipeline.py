@@ -29,12 +29,15 @@ cut without torch, for `launcher plan` and `launcher train --dry-run`.
 from __future__ import annotations
 
 import copy
+import functools
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from launcher.parallel.context import ATTN_NAME as RING_ATTENTION  # causal by its own schedule: no mask
 
 # Class names DeepSpeed's activation checkpointing matches against; `type:DecoderBlock` partitioning
 # matches both (DeepSpeed searches the regex in the class names, case-insensitively).
@@ -98,7 +101,9 @@ class DecoderBlockPipe(nn.Module):
 
     Between pipeline stages only tensors travel, so what LlamaModel.forward computes once
     and hands every layer is recomputed here from the hidden states:
-    - rotary cos/sin for positions 0..seq-1 (LlamaRotaryEmbedding, no parameters);
+    - rotary cos/sin for positions 0..seq-1 (LlamaRotaryEmbedding, no parameters); under context parallelism
+      (`context` = (cp rank, cp), pipeline_degree = 1 only) the global positions of this rank's two head-tail
+      chunks (launcher/parallel/context.py chunk_positions), whose ring attention is causal by itself;
     - the causal mask: with attn_implementation="sdpa" and attention_mask=None,
       transformers' sdpa_attention_forward sets is_causal=True (module.is_causal is
       True for Llama), exactly the path LlamaModel takes for an unpadded batch. Eager
@@ -106,20 +111,27 @@ class DecoderBlockPipe(nn.Module):
       mask is built.
     """
 
-    def __init__(self, layer: nn.Module, rotary: nn.Module, attn_implementation: str, tp=None):
+    def __init__(self, layer: nn.Module, rotary: nn.Module, attn_implementation: str, tp=None, context=None):
         from launcher.parallel.tensor import shard_llama_decoder_layer
 
         super().__init__()
         # LayerSpec builds only this stage's blocks, so only they are copied and sharded.
         self.layer = shard_llama_decoder_layer(copy.deepcopy(layer), tp) if tp is not None else layer
         self.rotary = rotary
-        self.explicit_mask = attn_implementation != "sdpa"
+        self.explicit_mask = attn_implementation not in ("sdpa", RING_ATTENTION)
         # Under sequence parallelism the block receives s/tp tokens and its attention sees all s (gathered).
         self.seq_factor = tp.size if tp is not None and tp.sequence_parallel else 1
+        self.context = context
 
     def forward(self, hidden):
         seq = hidden.shape[1] * self.seq_factor
-        position_ids = torch.arange(seq, device=hidden.device).unsqueeze(0)
+        if self.context is None:
+            position_ids = torch.arange(seq, device=hidden.device).unsqueeze(0)
+        else:
+            from launcher.parallel.context import chunk_positions
+
+            cp_rank, cp = self.context
+            position_ids = chunk_positions(seq * cp, cp_rank, cp, hidden.device).unsqueeze(0)
         cos_sin = self.rotary(hidden, position_ids)
         mask = causal_additive_mask(seq, hidden.dtype, hidden.device) if self.explicit_mask else None
         return self.layer(hidden, attention_mask=mask, position_ids=position_ids, position_embeddings=cos_sin)
@@ -194,6 +206,39 @@ class HeadPipe(nn.Module):
         return F.linear(hidden, self.weight)
 
 
+def context_groups(grid, cp: int):
+    """((CP group, its ranks), (DP group, its ranks)) of this rank on a grid whose 'data' axis is DP x CP, CP inside
+    (build_pipeline_module). Collective: every rank creates every group, in one order."""
+    import torch.distributed as dist
+
+    topo = grid.topology()
+    pipes, tps, dp = topo.get_dim("pipe"), topo.get_dim("model"), topo.get_dim("data") // cp
+    me = dist.get_rank()
+    mine = {}
+    for pipe in range(pipes):
+        for t in range(tps):
+            for axis, lists in (("cp", [[(d, c) for c in range(cp)] for d in range(dp)]),
+                                ("dp", [[(d, c) for d in range(dp)] for c in range(cp)])):
+                for coords in lists:
+                    ranks = [topo.get_rank(pipe=pipe, data=d * cp + c, model=t) for d, c in coords]
+                    group = dist.new_group(ranks)
+                    if me in ranks:
+                        mine[axis] = (group, ranks)
+    return mine["cp"], mine["dp"]
+
+
+def context_pipeline_loss(logits, targets, cp: int):
+    """The pipeline engine's loss under CP: this rank's share of the replica's mean next-token loss
+    (launcher/parallel/context.py context_parallel_loss: `targets` shifted over the whole sequence, then chunked),
+    times cp. DeepSpeed's pipeline engine averages gradients (and the reported loss) over its grid's data axis,
+    which under CP holds the DP x CP ranks; the factor cp turns that average into the sum over the CP ranks and the
+    mean over the DP replicas that the replica's loss needs."""
+    predicted = targets.shape[0] * (targets.shape[1] * cp - 1)
+    total = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100,
+                            reduction="sum")
+    return total * cp / predicted
+
+
 def causal_lm_loss(logits, labels):
     """Next-token cross entropy with transformers' shift (loss_utils.ForCausalLMLoss):
     position t predicts labels[t+1]; the mean is over the (batch x (seq-1)) predicted tokens,
@@ -238,9 +283,10 @@ def _seeded_spec_classes():
     return SeededLayerSpec, SeededTiedLayerSpec
 
 
-def layer_specs(full, arch: str, attn_implementation: str, tie: bool, tp=None, init=None):
+def layer_specs(full, arch: str, attn_implementation: str, tie: bool, tp=None, init=None, context=None):
     """LayerSpecs that build each layer from the modules of `full` (the whole model on meta), in the order of
-    `layer_hf_prefixes`; `tp`: shard the blocks on that group; `init`: materialise and fill when built."""
+    `layer_hf_prefixes`; `tp`: shard the blocks on that group; `init`: materialise and fill when built;
+    `context`: (cp rank, cp) of ring-attention context parallelism (the blocks' positions)."""
     from launcher.runtime.build import meta_params
 
     SeededLayerSpec, SeededTiedLayerSpec = _seeded_spec_classes()
@@ -261,7 +307,7 @@ def layer_specs(full, arch: str, attn_implementation: str, tie: bool, tp=None, i
         specs.append(SeededLayerSpec(NormPipe, full.get_submodule(names.embed_norm)))
     for layer in full.get_submodule(names.blocks):
         if arch != "bloom":
-            specs.append(SeededLayerSpec(DecoderBlockPipe, layer, rotary, attn_implementation, tp))
+            specs.append(SeededLayerSpec(DecoderBlockPipe, layer, rotary, attn_implementation, tp, context))
         else:
             specs.append(SeededLayerSpec(BloomDecoderBlockPipe, layer, full.config.n_head, tp))
     specs.append(SeededLayerSpec(NormPipe, full.get_submodule(names.final_norm), sp_group))
@@ -319,7 +365,11 @@ def build_pipeline_module(cfg, layout, seed: int):
     """The PipelineModule for `cfg.model` (arch=llama or bloom) on `layout`'s grid (PP x DP, and TP inside the blocks).
 
     The grid is DeepSpeed's PipeModelDataParallelTopology(num_pp, num_mp, num_dp), axes
-    ['pipe', 'data', 'model']: TP innermost, the order of launcher/plan/rankmap.py.
+    ['pipe', 'data', 'model']: TP innermost, the order of launcher/plan/rankmap.py. Under context parallelism
+    its 'data' axis holds data_degree x context_degree ranks, CP inside DP (data coordinate dp x CP + cp, rankmap.py's
+    order); the blocks attend by ring attention over the CP groups made here (`module.context_groups`), and the loss
+    is context_pipeline_loss (the pipeline engine averages over that whole axis: the loss's factor cp says why). At
+    pipeline_degree = 1 launcher/parallel/tensor_model.py tells DeepSpeed's plain engine which ranks are which.
     Must be called on every rank after torch.distributed is initialised.
     """
     import torch.distributed as dist
@@ -336,23 +386,31 @@ def build_pipeline_module(cfg, layout, seed: int):
                                   f"not {cfg.model.arch!r}")
     if layout.sequence_degree > 1:
         raise NotImplementedError("sequence parallelism inside a pipeline (layout.py refuses it too)")
+    cp = layout.context_degree
     if dist.get_world_size() != layout.world_size:
         raise RuntimeError(f"torch.distributed world size {dist.get_world_size()} != layout.world_size {layout.world_size}")
 
     topology = PipeModelDataParallelTopology(num_pp=layout.pipeline_degree, num_mp=layout.tensor_degree,
-                                             num_dp=layout.data_degree)
+                                             num_dp=layout.data_degree * cp)
     tp = tensor_parallel_group(topology, layout.sequence_parallel) if layout.tensor_degree > 1 else None
 
     # The padded vocabulary keeps shapes equal to the unpipelined TP model (layout.py pads to a multiple of TP).
     full = meta_model(cfg.model, vocab_size=layout.padded_vocab_size)
+    attention, context = attn_implementation(cfg.model.arch), None
+    if cp > 1:
+        from launcher.parallel.context import register_ring_attention
+        from launcher.plan.rankmap import rank_coord
+
+        register_ring_attention()
+        full.set_attn_implementation(RING_ATTENTION)  # copied into every block's attention config
+        attention, context = RING_ATTENTION, (rank_coord(layout, dist.get_rank()).cp, cp)
     # model.init_from: each rank reads only its layers' slices; otherwise the seeded init (launcher/runtime/build.py).
     init = CheckpointSlices(cfg.model.init_from) if cfg.model.init_from else SeededInit(seed, init_rules(full))
-    specs = layer_specs(full, cfg.model.arch, attn_implementation(cfg.model.arch), cfg.model.tie_word_embeddings,
-                        tp, init)
+    specs = layer_specs(full, cfg.model.arch, attention, cfg.model.tie_word_embeddings, tp, init, context)
     module = _stage_pipeline_module_class()(
         layers=specs,
         topology=topology,
-        loss_fn=causal_lm_loss,
+        loss_fn=functools.partial(context_pipeline_loss, cp=cp) if cp > 1 else causal_lm_loss,
         partition_method=cfg.parallel.partition_method,
         # One block per checkpoint; only decoder blocks are recomputed (the embedding and head are cheap).
         activation_checkpoint_interval=1 if cfg.model.activation_checkpointing else 0,
@@ -364,6 +422,11 @@ def build_pipeline_module(cfg, layout, seed: int):
         raise RuntimeError(f"DeepSpeed cut the pipeline at {module.parts}, launcher/plan/stages.py at {planned}: "
                            "the plan and --dry-run would misreport the stages")
     mark_for_grad_norm(module, tp.rank if tp is not None else 0)
+    if cp > 1:
+        from launcher.parallel.context import use_ring_group
+
+        module.context_groups = context_groups(module._grid, cp)
+        use_ring_group(module.context_groups[0][0])
     if tp is not None and tp.sequence_parallel:
         register_sequence_parallel_grad_hooks(module, tp.group)
     return module

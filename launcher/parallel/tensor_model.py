@@ -1,4 +1,5 @@
-"""Our tensor-parallel layers on DeepSpeed's plain engine: Megatron TP + SP at pipeline_degree = 1, with ZeRO 0-2.
+"""Our tensor-parallel layers on DeepSpeed's plain engine: Megatron TP + SP, and TP x ring-attention context
+parallelism, at pipeline_degree = 1, with ZeRO 0-2.
 
 DeepSpeed 0.19.8's PipelineEngine asserts ZeRO < 2 (runtime/pipe/engine.py: "ZeRO-2 and ZeRO-3 are incompatible
 with pipeline parallelism"), so running Megatron SP as a one-stage pipeline refused `recipe=tiny` (ZeRO-2). Here
@@ -28,6 +29,16 @@ Activation checkpointing (model.activation_checkpointing) checkpoints each decod
 with torch's non-reentrant checkpoint: DeepSpeed's reentrant one is configured by the PipelineEngine, which is not
 here, and the non-reentrant form needs no requires_grad input.
 
+Context parallelism with TP (CP x TP; Megatron-LM composes them the same way, "tp-cp-dp" innermost first):
+every TP rank rings its own heads' keys and values over its CP group (launcher/parallel/context.py), and the
+blocks take the head-tail chunk positions (pipeline.DecoderBlockPipe). AutoTP would need DeepSpeed's
+sequence-parallel groups (parallel_state_sp: consecutive ranks, the whole world one sequence-data group) and its
+TP mesh (consecutive ranks too) at once; they overlap, so AutoTP x CP cannot be laid out, and our layers run it.
+The grid's 'data' axis then holds CP x DP ranks; `ContextTensorGrid` is the mpu that tells DeepSpeed which is
+which: gradients summed over CP and averaged over DP (the sequence-data-parallel group, sequence_parallel_size =
+CP: DeepSpeed divides by |group| / CP, as for Ulysses), ZeRO-1/2 partitions over CP x DP, the batch checked
+against DP, the norm's model-parallel sum over TP.
+
 Checkpoints are the plain engine's: one mp_rank_<tp>_model_states.pt per TP rank holding this module's state dict
 (names `pipe.<layer index>.<local name>`, i.e. PipelineModule names under PREFIX), plus ZeRO's optimizer files.
 launcher/parallel/export.py maps those names to transformers' (hf_name) and merges the TP shards.
@@ -37,6 +48,7 @@ from __future__ import annotations
 
 import functools
 
+import torch
 from torch import nn
 
 # The attribute holding the PipelineModule: its parameters are saved as PREFIX + the PipelineModule's names.
@@ -46,9 +58,10 @@ PREFIX = "pipe."
 class TensorParallelCausalLM(nn.Module):
     """A one-stage PipelineModule's layers as a causal LM: forward(input_ids, labels) -> CausalLMOutput(loss, logits)."""
 
-    def __init__(self, pipe: nn.Module):
+    def __init__(self, pipe: nn.Module, context=None):
         super().__init__()
         self.pipe = pipe
+        self.context = context  # (cp rank, cp): the blocks attend by ring attention at the head-tail positions
 
     def forward(self, input_ids, labels=None, position_ids=None):
         from transformers.modeling_outputs import CausalLMOutput
@@ -56,14 +69,68 @@ class TensorParallelCausalLM(nn.Module):
         from launcher.parallel.pipeline import causal_lm_loss
 
         if position_ids is not None:
-            # Our blocks build positions 0..s-1 themselves; check_document_mask refuses data.document_mask here.
-            raise NotImplementedError("position_ids (data.document_mask) with Megatron sequence parallelism")
+            # Our blocks build their positions themselves (0..s-1, or the CP chunks'); check_document_mask refuses
+            # data.document_mask here. context_parallel_loss passes the chunk positions: they must be the blocks'.
+            if self.context is None:
+                raise NotImplementedError("position_ids (data.document_mask) with our tensor-parallel layers")
+            from launcher.parallel.context import chunk_positions
+
+            cp_rank, cp = self.context
+            expected = chunk_positions(input_ids.shape[1] * cp, cp_rank, cp, input_ids.device)
+            if not torch.equal(position_ids.reshape(-1, expected.numel())[0], expected):
+                raise ValueError("position_ids are not this context-parallel rank's head-tail chunk positions")
         logits = self.pipe(input_ids)
         return CausalLMOutput(loss=None if labels is None else causal_lm_loss(logits, labels), logits=logits)
 
 
+class ContextTensorGrid:
+    """The `mpu` of CP x TP: the PipelineModule's grid (pipe x data x model, 'data' = DP x CP with CP inside) with
+    its data axis split into the CP groups and the DP groups (module docstring). Every other query (model / tensor /
+    pipe parallel) is the grid's. No `initialize_sequence_parallel` attribute: DeepSpeed's groups module takes an
+    mpu that has one for parallel_state_sp and then ignores its data-parallel group (utils/groups.py)."""
+
+    def __init__(self, grid, groups):
+        self._grid = grid
+        (self._cp_group, self._cp_ranks), (self._dp_group, self._dp_ranks) = groups
+
+    def __getattr__(self, name):
+        return getattr(self._grid, name)
+
+    def get_sequence_parallel_group(self):
+        return self._cp_group
+
+    def get_sequence_parallel_rank(self):
+        return self._cp_ranks.index(self._grid.get_global_rank())
+
+    def get_sequence_parallel_world_size(self):
+        return len(self._cp_ranks)
+
+    def get_data_parallel_group(self):
+        return self._dp_group
+
+    def get_data_parallel_group_ranks(self):
+        return list(self._dp_ranks)
+
+    def get_data_parallel_rank(self):
+        return self._dp_ranks.index(self._grid.get_global_rank())
+
+    def get_data_parallel_world_size(self):
+        return len(self._dp_ranks)
+
+    # The sequence-data-parallel group (CP x DP of one TP coordinate) is the grid's own data axis.
+    def get_sequence_data_parallel_group(self):
+        return self._grid.get_data_parallel_group()
+
+    def get_sequence_data_parallel_rank(self):
+        return self._grid.get_data_parallel_rank()
+
+    def get_sequence_data_parallel_world_size(self):
+        return self._grid.get_data_parallel_world_size()
+
+
 def build_tensor_parallel_model(cfg, layout, seed: int):
-    """(model, mpu) for deepspeed.initialize: our per-rank TP(+SP) layers at pipeline_degree = 1 on the plain engine.
+    """(model, mpu) for deepspeed.initialize: our per-rank TP(+SP) layers at pipeline_degree = 1 on the plain engine;
+    with context_degree > 1 they attend by ring attention and the mpu is a ContextTensorGrid.
 
     Collective (new process groups): every rank calls it, after torch.distributed is initialised.
     """
@@ -78,4 +145,7 @@ def build_tensor_parallel_model(cfg, layout, seed: int):
         pipe.activation_checkpoint_func = functools.partial(torch.utils.checkpoint.checkpoint, use_reentrant=False)
         # Which layers are checkpointed (decoder blocks only); the PipelineEngine computes this in its __init__.
         pipe._precompute_checkpointable_values()
-    return TensorParallelCausalLM(pipe), pipe._grid
+    if layout.context_degree == 1:
+        return TensorParallelCausalLM(pipe), pipe._grid
+    mpu = ContextTensorGrid(pipe._grid, pipe.context_groups)
+    return TensorParallelCausalLM(pipe, (mpu.get_sequence_parallel_rank(), layout.context_degree)), mpu

@@ -267,5 +267,7 @@ def stage_saved_bytes(m: ActivationShape, blocks: int, seq_length: int, micro_ba
     if first:
         total += embedding_bytes(m, seq_length, micro_batch, dtype, split, document_mask)
     if last:
-        total += head_bytes(m, seq_length, micro_batch, dtype, split, pipeline, sp_tp)
+        # Our layer list's loss is causal_lm_loss (transformers' shift: s - 1 predicted positions), except under CP
+        # (TP x CP), whose loss is context_parallel_loss on the local tokens, as without TP.
+        total += head_bytes(m, seq_length, micro_batch, dtype, split, pipeline and split == 1, sp_tp)
     return total

@@ -120,7 +120,7 @@ def rank_checkpoint_bytes(shape: ModelShape, st: Strategy, stage: int) -> float:
 def rank_offload_bytes(shape: ModelShape, st: Strategy, stage: int) -> float:
     """Host bytes of what ZeRO-Offload moves off one rank's GPU (0 without offload)."""
     n = rank_params(shape, st, stage)
-    on_gpu = model_state_bytes(n, st.data_degree, st.zero_stage, st.dtype, st.grad_accum_fp32, st.pipeline_degree)
+    on_gpu = model_state_bytes(n, st.zero_partition_degree, st.zero_stage, st.dtype, st.grad_accum_fp32, st.pipeline_degree)
     out = 0.0
     if st.offload_optimizer:
         out += on_gpu["optimizer"] + n * FP32_BYTES / st.data_degree

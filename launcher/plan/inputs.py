@@ -157,12 +157,18 @@ class Strategy:
 
     @property
     def pipeline_layers(self) -> bool:
-        """Runs as our layer list (config.layout.Layout.pipeline_layers: stages, or Megatron SP on the plain engine): blocks recompute rotary."""
-        return self.pipeline_degree > 1 or self.sequence_parallel
+        """Runs as our layer list (config.layout.Layout.pipeline_layers: stages, or Megatron SP or TP x CP on the plain
+        engine): blocks recompute rotary."""
+        return self.pipeline_degree > 1 or self.sequence_parallel or (self.tensor_degree > 1 and self.context_degree > 1)
 
     @property
     def world_size(self) -> int:
         return self.tensor_degree * self.pipeline_degree * self.sequence_degree * self.context_degree * self.data_degree
+
+    @property
+    def zero_partition_degree(self) -> int:
+        """Ranks ZeRO partitions over: data x sequence split (config.layout.Layout.zero_partition_degree says why)."""
+        return self.data_degree * self.sequence_split
 
     @property
     def sequence_split(self) -> int:

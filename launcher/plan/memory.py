@@ -191,7 +191,7 @@ class MemoryEstimate:
 
 def _stage_memory(shape: ModelShape, st: Strategy, stage: int, working_set: float) -> StageMemory:
     n = stage_params(shape, st, stage)
-    states = model_state_bytes(n, st.data_degree, st.zero_stage, st.dtype, st.grad_accum_fp32,
+    states = model_state_bytes(n, st.zero_partition_degree, st.zero_stage, st.dtype, st.grad_accum_fp32,
                                st.pipeline_degree, st.offload_optimizer, st.offload_param)
     blocks = blocks_in_stage(shape, st, stage)
     m = activation_shape(shape, st)
@@ -204,7 +204,7 @@ def _stage_memory(shape: ModelShape, st: Strategy, stage: int, working_set: floa
     logits = 0.0
     if last:
         # The head's vocabulary is not split by our TP (replicated head), so neither are its logits.
-        predicted = (s - 1) * b if st.pipeline_layers else s * b / u
+        predicted = (s - 1) * b if st.pipeline_layers and u == 1 else s * b / u   # CP's loss: no shift (activations.py)
         logits = predicted * (4 * st.padded_vocab_size + act.INDEX_BYTES) + act.loss_backward_bytes(m, s, b, st.dtype, u)
         acts += act.loss_backward_bytes(m, s, b, st.dtype, u)
     w = weight_bytes(st.dtype)

@@ -353,7 +353,7 @@ def _optimizer_s(params: float, st: Strategy, prof: Profile, tensors: int) -> fl
 def estimate_step_time(shape: ModelShape, st: Strategy, hw: Hardware, train_tokens: Optional[float] = None) -> StepTime:
     """Step time, its breakdown, throughput, TFLOP/s per GPU, MFU and training days for one layout."""
     prof = hw.profile
-    t, p, sp, d = st.tensor_degree, st.pipeline_degree, st.sequence_split, st.data_degree   # sp: Ulysses x CP
+    t, p, sp = st.tensor_degree, st.pipeline_degree, st.sequence_split   # sp: Ulysses x CP
     m, s = st.grad_accum_steps, st.seq_length
     w = weight_bytes(st.dtype)
     world = st.world_size
@@ -390,7 +390,7 @@ def estimate_step_time(shape: ModelShape, st: Strategy, hw: Hardware, train_toke
     pipeline_s = sum(x["time"] for x in stages) + (m - 1) * slow["time"]
 
     # Data parallel traffic and the optimizer, per stage; the step waits for the slowest stage.
-    r = d * sp                      # DeepSpeed's data-parallel group under Ulysses (CP) is dp x sp (dp x cp)
+    r = st.zero_partition_degree    # DeepSpeed's data-parallel group under Ulysses (CP) is dp x sp (dp x cp)
     overlap = _overlap_comm(hw)
     dp_exposed, opt = [], []
     for stage, x in enumerate(stages):

@@ -47,6 +47,8 @@ def _roles_pipeline(cfg, layout, full):
     prefixes = layer_hf_prefixes(arch, cfg.model.num_hidden_layers)
     names = ARCH_MODULES[arch]
     roles = {}
+    # With stages the pipeline engine; at one stage (Megatron SP, TP x CP) the plain engine on the same layers.
+    build = "pipeline stage, own layers only" if layout.pipeline_degree > 1 else "own TP shards only"
     t = layout.tensor_degree
     for tp_rank in range(t):
         tp = TensorParallel(None, tp_rank, t) if t > 1 else None
@@ -58,7 +60,7 @@ def _roles_pipeline(cfg, layout, full):
                 tensors += _tensors(module)
                 layers.append(names.embed if (cfg.model.tie_word_embeddings and prefixes[i] == names.head) else prefixes[i])
                 largest_row = max([largest_row] + [math.prod(p.shape[1:]) for p in module.parameters()])
-            roles[(stage, tp_rank)] = {"tensors": tensors, "layers": layers, "build": "pipeline stage, own layers only",
+            roles[(stage, tp_rank)] = {"tensors": tensors, "layers": layers, "build": build,
                                        "build_extra_bytes": 256 * largest_row * 4}
     return roles
 
@@ -84,7 +86,7 @@ def _roles_whole(cfg, layout, full):
     zero3 = layout.zero_stage == 3 and layout.tensor_degree == 1
     largest = max(n for n, _ in _tensors(full))
     if zero3:
-        extra = zero3_partition_numel(largest, layout.data_degree) * 4 + 2 * max(p.shape[-1] for p in full.parameters()) * 4
+        extra = zero3_partition_numel(largest, layout.zero_partition_degree) * 4 + 2 * max(p.shape[-1] for p in full.parameters()) * 4
         build = "deepspeed.zero.Init: own partition of every tensor"
     else:
         extra = None
@@ -107,12 +109,12 @@ def rank_ledger(cfg, layout) -> list[dict]:
     for key, role in roles.items():
         numels = [n for n, _ in role["tensors"]]
         params = sum(numels)
-        states = model_state_bytes(params, layout.data_degree, layout.zero_stage, layout.dtype, grad_fp32,
+        states = model_state_bytes(params, layout.zero_partition_degree, layout.zero_stage, layout.dtype, grad_fp32,
                                    layout.pipeline_degree, bool(cfg.parallel.offload_optimizer),
                                    bool(cfg.parallel.offload_param))
         held = params
         if layout.zero_stage == 3:
-            held = sum(zero3_partition_numel(n, layout.data_degree) for n in numels)
+            held = sum(zero3_partition_numel(n, layout.zero_partition_degree) for n in numels)
             states["params"] = 0.0 if cfg.parallel.offload_param else held * w
         # The planner's host-memory check (launcher/plan/host.py) uses the same function with its own counts.
         path = "pipeline" if layout.pipeline_layers else ("zero3" if role.get("zero3_build") else "whole")
@@ -131,7 +133,7 @@ def rank_ledger(cfg, layout) -> list[dict]:
     records = []
     for c in rank_map(layout):
         records.append({"rank": c.rank, "node": c.node, "gpu": c.gpu, "stage": c.pp, "tp_rank": c.tp, "dp_rank": c.dp,
-                        "sp_rank": c.sp, **summary[(c.pp if layout.pipeline_layers else 0, c.tp)]})
+                        "sp_rank": c.sp, "cp_rank": c.cp, **summary[(c.pp if layout.pipeline_layers else 0, c.tp)]})
     return records
 
 
@@ -153,11 +155,11 @@ def stage_params_from_ledger(records) -> list[int]:
 def format_ledger(records) -> str:
     """The ledger as a fixed-width table, one line per rank."""
     gb = 1e9
-    head = (f"{'rank':>5} {'node':>4} {'stage':>5} {'tp':>3} {'dp':>3} {'sp':>3}  {'layers':<40} {'params':>15} "
+    head = (f"{'rank':>5} {'node':>4} {'stage':>5} {'tp':>3} {'dp':>3} {'sp':>3} {'cp':>3}  {'layers':<40} {'params':>15} "
             f"{'params GB':>9} {'grads GB':>8} {'optim GB':>8} {'host GB at build':>16}  build")
     lines = [head]
     for r in records:
-        lines.append(f"{r['rank']:>5} {r['node']:>4} {r['stage']:>5} {r['tp_rank']:>3} {r['dp_rank']:>3} {r['sp_rank']:>3}  "
+        lines.append(f"{r['rank']:>5} {r['node']:>4} {r['stage']:>5} {r['tp_rank']:>3} {r['dp_rank']:>3} {r['sp_rank']:>3} {r['cp_rank']:>3}  "
                      f"{_layers_short(r['layers']):<40} {r['params']:>15,} {r['bytes_params'] / gb:>9.2f} "
                      f"{r['bytes_grads'] / gb:>8.2f} {r['bytes_optimizer'] / gb:>8.2f} {r['host_bytes_build'] / gb:>16.2f}  "
                      f"{r['build']}")

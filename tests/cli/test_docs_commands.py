@@ -53,6 +53,13 @@ EXCEPTIONS = {
     "launcher train recipe=tiny cluster.gpus_per_node=4 parallel.tensor_degree=2 parallel.sequence_parallel=true":
         "200 steps on 4 CPU ranks (minutes); the same command with the harness's small model and 22 steps (trains, resumes "
         "exactly, exports): tests/parallel/test_train_parallel.py::test_issue_command_tp2_sp_zero2",
+    "launcher train recipe=tiny cluster.gpus_per_node=4 parallel.context_degree=2 parallel.tensor_degree=2":
+        "200 steps on 4 CPU ranks (minutes); the same command with 22 steps (trains, resumes exactly, exports): "
+        "tests/parallel/test_train_parallel.py::test_issue_command_cp2_tp2; against 1 rank: tests/parallel/test_context_parallel.py",
+    "launcher train recipe=tiny cluster.gpus_per_node=4 parallel.context_degree=2 parallel.pipeline_degree=2 parallel.zero_stage=1":
+        "200 steps on 4 CPU ranks (minutes); the same command with 8 steps (trains, resumes exactly, exports): "
+        "tests/parallel/test_train_parallel.py::test_cp2_pp2_trains_resumes_exports; against 1 rank: "
+        "tests/parallel/test_context_parallel.py",
     "launcher train recipe=tiny data=hf data.streaming=true data.paths=[/data/web.jsonl] data.tokenizer_path=/data/tokenizer.json":
         "placeholder paths; a streamed `launcher train` on 2 CPU ranks (3 steps + resume = 6 steps, eval): "
         "tests/train/test_stream.py::test_streamed_two_rank_run_resumes_exactly",

@@ -9,7 +9,10 @@
 - the scaled-down BLOOM: `recipe=bloom-176b` with a tiny model on 1 node x 8 CPU ranks -> TP 2 x PP 2 x DP 2,
   the recipe's bf16 + ZeRO-1 + fp32 accumulation + activation checkpointing + tied embeddings, with a
   checkpoint and an export.
-Eleven launches (~5.5 min on 2 cores); the 1-rank equivalence of each layout in isolation is test_parallel.py's.
+- the issue-13 commands as typed: TP2 + Megatron SP and ring-attention CP2 x TP2, each under recipe=tiny's ZeRO-2,
+  with a resume and an export.
+Fifteen launches (~7.5 min on 2 cores); the 1-rank equivalence of each layout in isolation is test_parallel.py's
+and test_context_parallel.py's.
 """
 
 from __future__ import annotations
@@ -223,3 +226,55 @@ def test_issue_command_tp2_sp_zero2(tmp_path):
     resumed = train(issue + where + ["run_name=issue-resumed", f"resume={run['dir'] / 'checkpoints' / 'step_00000011'}"], ext)
     assert [r["step"] for r in resumed["train"]] == list(range(12, 23))
     assert_follows(resumed["train"], run["train"][11:], tol=1e-6)
+
+
+def test_issue_command_cp2_tp2(tmp_path):
+    """The issue's third command as a user types it, `launcher train recipe=tiny cluster.gpus_per_node=4
+    parallel.context_degree=2 parallel.tensor_degree=2`, with only the run length, the log interval and where files go
+    added: ring-attention CP2 x TP2 (our TP layers on the plain engine, every TP rank ringing its own heads) under the
+    recipe's ZeRO-2 trains 22 steps, resumes from its step-11 checkpoint exactly, and exports a transformers model that
+    gives the run's own held-out loss (once refused before start: TP without a pipeline was AutoTP only, whose groups
+    and DeepSpeed's sequence-parallel groups cannot both be laid out). Its equality to one rank, loss and gradient norm,
+    is tests/parallel/test_context_parallel.py's."""
+    ext = tmp_path / "torch_extensions"
+    ext.mkdir()
+    issue = ["recipe=tiny", "cluster.gpus_per_node=4", "parallel.context_degree=2", "parallel.tensor_degree=2"]
+    where = ["train.steps=22", "checkpoint.save_every=11", "logging.log_every=1", f"runs_dir={tmp_path / 'runs'}",
+             f"data.cache_dir={tmp_path / 'cache'}", "logging.progress_bar=false"]
+    run = train(issue + where + ["run_name=issue"], ext)
+    ds = json.loads((run["dir"] / "deepspeed.json").read_text())
+    assert ds["zero_optimization"]["stage"] == 2 and ds["sequence_parallel_size"] == 2 and "tensor_parallel" not in ds
+    assert [r["step"] for r in run["train"]] == list(range(1, 23))
+    assert all(torch.isfinite(torch.tensor(r["loss"])) for r in run["train"])
+    layout = resolve_layout(run["cfg"])
+    assert (layout.context_degree, layout.tensor_degree, layout.data_degree, layout.pipeline_layers) == (2, 2, 1, True)
+    logged = run["eval"][-1]["val_loss"]
+    assert abs(exported_val_loss(run) - logged) <= 1e-5 * logged
+    resumed = train(issue + where + ["run_name=issue-resumed", f"resume={run['dir'] / 'checkpoints' / 'step_00000011'}"], ext)
+    assert [r["step"] for r in resumed["train"]] == list(range(12, 23))
+    assert_follows(resumed["train"], run["train"][11:], tol=1e-6)
+
+
+def test_cp2_pp2_trains_resumes_exports(tmp_path):
+    """Ring-attention CP inside a pipeline, as a user types it: `launcher train recipe=tiny cluster.gpus_per_node=4
+    parallel.context_degree=2 parallel.pipeline_degree=2 parallel.zero_stage=1` (the recipe's ZeRO-2 is refused with
+    a pipeline), with only the run length, the log interval and where files go added: 8 steps on DeepSpeed's pipeline
+    engine, a resume from step 4 exact, and an export giving the run's own held-out loss. Its equality to one rank is
+    tests/parallel/test_context_parallel.py's."""
+    ext = tmp_path / "torch_extensions"
+    ext.mkdir()
+    user = ["recipe=tiny", "cluster.gpus_per_node=4", "parallel.context_degree=2", "parallel.pipeline_degree=2",
+            "parallel.zero_stage=1"]
+    where = ["train.steps=8", "checkpoint.save_every=4", "scheduler.warmup_steps=2", "logging.log_every=1",
+             f"runs_dir={tmp_path / 'runs'}", f"data.cache_dir={tmp_path / 'cache'}", "logging.progress_bar=false"]
+    run = train(user + where + ["run_name=cppp"], ext)
+    ds = json.loads((run["dir"] / "deepspeed.json").read_text())
+    # DeepSpeed's pipeline engine checks the batch against its grid's data axis, the DP x CP ranks.
+    assert "pipeline" in ds and ds["train_batch_size"] == run["cfg"].batch.global_batch_size * 2
+    assert [r["step"] for r in run["train"]] == list(range(1, 9))
+    assert run["train"][-1]["loss"] < run["train"][0]["loss"]
+    logged = run["eval"][-1]["val_loss"]
+    assert abs(exported_val_loss(run) - logged) <= 1e-5 * logged
+    resumed = train(user + where + ["run_name=cppp-resumed", f"resume={run['dir'] / 'checkpoints' / 'step_00000004'}"], ext)
+    assert [r["step"] for r in resumed["train"]] == list(range(5, 9))
+    assert_follows(resumed["train"], run["train"][4:], tol=1e-6)

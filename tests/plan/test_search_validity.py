@@ -75,14 +75,21 @@ def test_search_proposes_ulysses_and_never_what_train_refuses():
 
 def test_search_proposes_context_parallel_at_long_context_and_never_what_train_refuses():
     """At 131,072 tokens Llama-3.1-8B fits only with the sequence split (Llama 3 trained at 131k with CP); CP candidates
-    come without TP, PP or Ulysses (config/layout.py) and with seq_length % (2 CP) = 0."""
+    come without Ulysses (config/layout.py), with seq_length % (2 CP) = 0, and composed with TP and PP (Llama 3's
+    layout) where every CP rank keeps >= COMPOSED_CP_MIN_TOKENS tokens; never CP x TP under ZeRO-3 (refused)."""
+    from launcher.plan.search import COMPOSED_CP_MIN_TOKENS
+
     ranked, _ = search_layouts(compose(["recipe=llama3.1-8b", "data.seq_length=131072"]))
     sts = [c.strategy for c in ranked]
-    assert any(st.context_degree > 1 for st in sts)
+    assert any(st.context_degree > 1 and st.tensor_degree == st.pipeline_degree == 1 for st in sts)
+    assert any(st.context_degree > 1 and st.tensor_degree > 1 for st in sts)
     for st in sts:
         if st.context_degree > 1:
-            assert st.tensor_degree == st.pipeline_degree == st.sequence_degree == 1
+            assert st.sequence_degree == 1
             assert st.seq_length % (2 * st.context_degree) == 0
+            if st.tensor_degree > 1 or st.pipeline_degree > 1:
+                assert st.seq_length // st.context_degree >= COMPOSED_CP_MIN_TOKENS
+                assert st.zero_stage <= (1 if st.pipeline_degree > 1 else 2)
     # A CP rank holds S / CP tokens at one rank's bytes per token (activations.py): its activations are exactly 1 / CP of
     # the same layout's without CP.
     import dataclasses
@@ -92,7 +99,7 @@ def test_search_proposes_context_parallel_at_long_context_and_never_what_train_r
 
     cfg = compose(["recipe=llama3.1-8b", "data.seq_length=131072"])
     shape, hw = model_shape(cfg.model), resolve_hardware(cfg.cluster, cfg.precision.dtype)
-    cand = next(c for c in ranked if c.strategy.context_degree > 1)
+    cand = next(c for c in ranked if c.strategy.context_degree > 1 and c.strategy.tensor_degree == c.strategy.pipeline_degree == 1)
     st = cand.strategy
     whole = dataclasses.replace(st, context_degree=1, data_degree=st.data_degree * st.context_degree)
     ratio = estimate_memory(shape, whole, hw).peak.activations / cand.memory.peak.activations
