@@ -4,9 +4,9 @@
 
     torchrun --nproc_per_node N bench/parallel/worker.py OUT.json [--activations] OVERRIDES...
 
-The engine is the one `launcher train` builds (launcher.train.build_engine: AutoTP for TP without a pipeline, the
-one-stage PipelineEngine with our Megatron TP for parallel.sequence_parallel, Ulysses / ring-attention models for
-sequence_degree / context_degree), and a micro-batch's loss is train.micro_loss's, so the timed step is the
+The engine is the one `launcher train` builds (launcher.train.build_engine: AutoTP for TP without a pipeline, our
+Megatron TP layers on the plain engine for parallel.sequence_parallel and for TP x CP, Ulysses / ring-attention
+models for sequence_degree / context_degree), and a micro-batch's loss is train.micro_loss's, so the timed step is the
 training loop's work without its data loader, logging and checkpoints. BENCH_TIMED_STEPS (default 6) timed steps
 after 2 warm-up steps, a barrier before and after each.
 """
