@@ -2,6 +2,7 @@
 
     flock /tmp/heavy.lock .venv/bin/python bench/steptime/run.py            # ~10 min on 2 cores
     flock /tmp/heavy.lock .venv/bin/python bench/steptime/run.py --no-calibrate   # reuse bench/steptime/profile.yaml
+    .venv/bin/python bench/steptime/run.py --repredict   # the committed planner's prediction beside the recorded runs
 
 1. `launcher calibrate cluster=cpu cluster.gpus_per_node=2 --out bench/steptime/profile.yaml` (and a 4-rank profile,
    profile-4.yaml, for TP2 x PP2, whose 4 ranks share the 2 cores: the collectives are measured at that world size).
@@ -65,6 +66,23 @@ def train(name: str, ranks: int, extra: list[str], profile: Path, steps: int, ru
             "load_avg_before": load_before, "load_avg_after": os.getloadavg()}
 
 
+def repredict() -> None:
+    """Each recorded row's prediction by the planner as committed now (`launcher plan <the row's overrides> --json`,
+    same profile), kept as predicted_committed_s beside the prediction the run logged: the measurement is not
+    repeated, so a planner fix shows against the same measured steps."""
+    doc = json.loads((HERE / "results.json").read_text())
+    for r in doc["results"]:
+        if "error" in r:
+            continue
+        overrides = r["command"].split()[2:]   # "launcher train <overrides>"
+        out = subprocess.run([LAUNCHER, "plan", *overrides, "--json"], cwd=REPO, capture_output=True, text=True, check=True)
+        r["predicted_committed_s"] = json.loads(out.stdout)["step_time_s"]
+        print(f"{r['layout']}: logged {r['predicted_s'] * 1e3:.0f} ms, committed planner {r['predicted_committed_s'] * 1e3:.0f} ms")
+    doc["repredicted"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    (HERE / "results.json").write_text(json.dumps(doc, indent=1) + "\n")
+    render()
+
+
 def render() -> None:
     doc = json.loads((HERE / "results.json").read_text())
     m = doc["machine"]
@@ -89,7 +107,8 @@ def render() -> None:
             f"Machine: {m['cpus']} CPU cores, {m['platform']}, Python {m['python']}, torch {m['torch']}; gloo; "
             f"load average at the end {', '.join(f'{x:.1f}' for x in m['load_avg_at_end'])}. "
             f"{doc['steps']} steps per run, median after 2 warm-up steps; every layout run {doc.get('repeat', 1)} time(s) (all layouts, then again); "
-            f"the measured column is the faster repeat's median (the lower middle), the repeats column all of them.\n\n{table}\n\nCommands (RUNS = a temporary directory):\n\n{cmds}\n"
+            f"the measured column is the faster repeat's median (the lower middle), the repeats column all of them"
+            f"{'; the committed-model predictions recomputed ' + doc['repredicted'] + ' (--repredict)' if 'repredicted' in doc else ''}.\n\n{table}\n\nCommands (RUNS = a temporary directory):\n\n{cmds}\n"
             f"<!-- end table -->\n")
     if "<!-- end table -->" in text:
         pre, rest = text.split("<!-- table:", 1)
@@ -106,9 +125,12 @@ def main() -> None:
     ap.add_argument("--only", nargs="*", default=None)
     ap.add_argument("--repeat", type=int, default=1, help="run every layout this many times (all layouts, then again)")
     ap.add_argument("--render", action="store_true", help="only redraw results.md's table from results.json")
+    ap.add_argument("--repredict", action="store_true", help="recompute the committed planner's predictions, then render")
     args = ap.parse_args()
     if args.render:
         return render()
+    if args.repredict:
+        return repredict()
     import torch
 
     profiles = {2: HERE / "profile.yaml", 4: HERE / "profile-4.yaml"}
