@@ -4,8 +4,8 @@ Each resumed run is held to an uninterrupted run on the new layout for the steps
 gradient norm, 1e-5 relative; the norm is what sees a gradient-scale error, which AdamW and clipping hide from the
 losses): DP 4 -> 2 (as the user types it: `--config <run>/config.yaml cluster.gpus_per_node=2 resume=auto`) and
 2 -> 4 under ZeRO-1, ZeRO-1 -> ZeRO-2 (ZeRO-3 is refused: not exact in DeepSpeed 0.19.8), the pipeline's own TP 2 -> 1 and 1 -> 2 (the trap:
-without our universal_checkpoint_info a TP1 -> TP2 resume loads silently wrong), PP 2 -> 1. What cannot be
-converted is refused before any rank starts. 11 launches (~3 min on 2 cores).
+without our universal_checkpoint_info a TP1 -> TP2 resume loads silently wrong), PP 2 -> 1 and 1 -> 2. What cannot be
+converted is refused before any rank starts. 12 launches (~3.5 min on 2 cores).
 """
 
 from __future__ import annotations
@@ -69,6 +69,7 @@ def runs(tmp_path_factory, cache_dir):
     run("pp2dp2-from-tp2", DP4, Z1, PP2, resume="tp2pp2")
     run("tp2pp2-from-tp1", DP4, Z1, TP2, PP2, resume="pp2dp2")
     run("dp4z1-from-pp2", DP4, Z1, resume="pp2dp2")
+    run("pp2dp2-from-dp2", DP4, Z1, PP2, resume="dp2z1")
     out["tmp"] = tmp
     return out
 
@@ -88,6 +89,7 @@ def assert_equal_after_resume(resumed: Path, full: Path) -> None:
     ("pp2dp2-from-tp2", "pp2dp2"),    # TP 2 -> 1 inside a 2-stage pipeline (Megatron-style TP, parallel/tensor.py)
     ("tp2pp2-from-tp1", "tp2pp2"),    # TP 1 -> 2: the trap, handled by our universal_checkpoint_info
     ("dp4z1-from-pp2", "dp4z1"),      # PP 2 -> 1 (PipelineModule names -> transformers names), DP 2 -> 4
+    ("pp2dp2-from-dp2", "pp2dp2"),    # PP 1 -> 2 (transformers names -> PipelineModule names), DP 2 -> 2
 ])
 def test_resumed_run_equals_an_uninterrupted_run_on_the_new_layout(runs, resumed, full):
     assert_equal_after_resume(runs[resumed], runs[full])
