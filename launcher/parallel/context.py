@@ -37,8 +37,9 @@ What the chunking changes outside attention, and how it stays exact (as for Ulys
   ranks and averages over the data-parallel replicas, which is the gradient of that sum. ZeRO-3 needs
   reduce_scatter off for that sum (launcher/deepspeed_config.py, zero3_sequence_parallel_reduction).
 Groups: parallel_state_sp's consecutive-rank groups, the order of launcher/plan/rankmap.py (CP inside DP). With
-tensor parallelism (CP x TP, our TP layers on the plain engine: launcher/parallel/tensor_model.py) the CP group is
-the ranks of one TP coordinate and one replica, TP ranks apart; each TP rank rings its own heads.
+tensor parallelism or a pipeline (CP x TP on the plain engine, launcher/parallel/tensor_model.py; CP x PP on the
+pipeline engine, launcher/parallel/pipeline.py) the CP group is the ranks of one TP coordinate, one stage and one
+replica, TP ranks apart (pipeline.context_groups); each TP rank rings its own heads.
 """
 
 from __future__ import annotations
