@@ -202,79 +202,64 @@ def test_bloom_recipe_tp2_pp2_dp2_end_to_end(runs):
     assert abs(exported_val_loss(run) - logged) <= 2e-2 * logged
 
 
-def test_issue_command_tp2_sp_zero2(tmp_path):
-    """The issue's command as a user types it, `launcher train recipe=tiny cluster.gpus_per_node=4
-    parallel.tensor_degree=2 parallel.sequence_parallel=true`, with only the run length, the log interval and where
-    files go added: TP2 + Megatron SP x DP2 under the recipe's ZeRO-2 trains (22 steps: the recipe warms up over 20),
-    resumes from its step-11 checkpoint exactly (ZeRO-2 partitions over the 2 replicas), and exports a transformers
-    model that gives the run's own held-out loss (once refused: DeepSpeed's pipeline engine, which ran SP, takes
-    ZeRO 0-1 only)."""
+def run_resume_export(tmp_path, user: list[str], steps: int, resume_at: int, *extra: str) -> dict:
+    """`launcher train <user's overrides>` with only the run length, checkpoints, logging and where files go added:
+    trains `steps` steps, its export gives the run's own held-out loss (1e-5), and a run resumed from step
+    `resume_at` follows it exactly (loss and grad norm, 1e-6). Returns the first run."""
     ext = tmp_path / "torch_extensions"
     ext.mkdir()
-    issue = ["recipe=tiny", "cluster.gpus_per_node=4", "parallel.tensor_degree=2", "parallel.sequence_parallel=true"]
-    where = ["train.steps=22", "checkpoint.save_every=11", "logging.log_every=1", f"runs_dir={tmp_path / 'runs'}",
-             f"data.cache_dir={tmp_path / 'cache'}", "logging.progress_bar=false"]
-    run = train(issue + where + ["run_name=issue"], ext)
-    ds = json.loads((run["dir"] / "deepspeed.json").read_text())
-    assert ds["zero_optimization"]["stage"] == 2 and "pipeline" not in ds
-    assert [r["step"] for r in run["train"]] == list(range(1, 23))
+    where = [f"train.steps={steps}", f"checkpoint.save_every={resume_at}", "logging.log_every=1", *extra,
+             f"runs_dir={tmp_path / 'runs'}", f"data.cache_dir={tmp_path / 'cache'}", "logging.progress_bar=false"]
+    run = train(user + where + ["run_name=issue"], ext)
+    assert [r["step"] for r in run["train"]] == list(range(1, steps + 1))
     assert all(torch.isfinite(torch.tensor(r["loss"])) for r in run["train"])
-    layout = resolve_layout(run["cfg"])
-    assert (layout.tensor_degree, layout.data_degree, layout.sequence_parallel) == (2, 2, True)
     logged = run["eval"][-1]["val_loss"]
     assert abs(exported_val_loss(run) - logged) <= 1e-5 * logged
-    resumed = train(issue + where + ["run_name=issue-resumed", f"resume={run['dir'] / 'checkpoints' / 'step_00000011'}"], ext)
-    assert [r["step"] for r in resumed["train"]] == list(range(12, 23))
-    assert_follows(resumed["train"], run["train"][11:], tol=1e-6)
+    resumed = train(user + where + ["run_name=issue-resumed",
+                                    f"resume={run['dir'] / 'checkpoints' / f'step_{resume_at:08d}'}"], ext)
+    assert [r["step"] for r in resumed["train"]] == list(range(resume_at + 1, steps + 1))
+    assert_follows(resumed["train"], run["train"][resume_at:], tol=1e-6)
+    run["deepspeed"] = json.loads((run["dir"] / "deepspeed.json").read_text())
+    run["layout"] = resolve_layout(run["cfg"])
+    return run
+
+
+def test_issue_command_tp2_sp_zero2(tmp_path):
+    """The issue's command as a user types it, `launcher train recipe=tiny cluster.gpus_per_node=4
+    parallel.tensor_degree=2 parallel.sequence_parallel=true`: TP2 + Megatron SP x DP2 under the recipe's ZeRO-2 trains
+    (22 steps: the recipe warms up over 20), resumes from its step-11 checkpoint exactly (ZeRO-2 partitions over the 2
+    replicas), and exports a transformers model that gives the run's own held-out loss (once refused: DeepSpeed's
+    pipeline engine, which ran SP, takes ZeRO 0-1 only)."""
+    run = run_resume_export(tmp_path, ["recipe=tiny", "cluster.gpus_per_node=4", "parallel.tensor_degree=2",
+                                       "parallel.sequence_parallel=true"], 22, 11)
+    assert run["deepspeed"]["zero_optimization"]["stage"] == 2 and "pipeline" not in run["deepspeed"]
+    layout = run["layout"]
+    assert (layout.tensor_degree, layout.data_degree, layout.sequence_parallel) == (2, 2, True)
 
 
 def test_issue_command_cp2_tp2(tmp_path):
     """The issue's third command as a user types it, `launcher train recipe=tiny cluster.gpus_per_node=4
-    parallel.context_degree=2 parallel.tensor_degree=2`, with only the run length, the log interval and where files go
-    added: ring-attention CP2 x TP2 (our TP layers on the plain engine, every TP rank ringing its own heads) under the
-    recipe's ZeRO-2 trains 22 steps, resumes from its step-11 checkpoint exactly, and exports a transformers model that
-    gives the run's own held-out loss (once refused before start: TP without a pipeline was AutoTP only, whose groups
-    and DeepSpeed's sequence-parallel groups cannot both be laid out). Its equality to one rank, loss and gradient norm,
-    is tests/parallel/test_context_parallel.py's."""
-    ext = tmp_path / "torch_extensions"
-    ext.mkdir()
-    issue = ["recipe=tiny", "cluster.gpus_per_node=4", "parallel.context_degree=2", "parallel.tensor_degree=2"]
-    where = ["train.steps=22", "checkpoint.save_every=11", "logging.log_every=1", f"runs_dir={tmp_path / 'runs'}",
-             f"data.cache_dir={tmp_path / 'cache'}", "logging.progress_bar=false"]
-    run = train(issue + where + ["run_name=issue"], ext)
-    ds = json.loads((run["dir"] / "deepspeed.json").read_text())
+    parallel.context_degree=2 parallel.tensor_degree=2`: ring-attention CP2 x TP2 (our TP layers on the plain engine,
+    every TP rank ringing its own heads) under the recipe's ZeRO-2 trains 22 steps, resumes from step 11 exactly and
+    exports (once refused before start: TP without a pipeline was AutoTP only, whose groups and DeepSpeed's
+    sequence-parallel groups cannot both be laid out). Its equality to one rank, loss and gradient norm, is
+    tests/parallel/test_context_parallel.py's."""
+    run = run_resume_export(tmp_path, ["recipe=tiny", "cluster.gpus_per_node=4", "parallel.context_degree=2",
+                                       "parallel.tensor_degree=2"], 22, 11)
+    ds, layout = run["deepspeed"], run["layout"]
     assert ds["zero_optimization"]["stage"] == 2 and ds["sequence_parallel_size"] == 2 and "tensor_parallel" not in ds
-    assert [r["step"] for r in run["train"]] == list(range(1, 23))
-    assert all(torch.isfinite(torch.tensor(r["loss"])) for r in run["train"])
-    layout = resolve_layout(run["cfg"])
     assert (layout.context_degree, layout.tensor_degree, layout.data_degree, layout.pipeline_layers) == (2, 2, 1, True)
-    logged = run["eval"][-1]["val_loss"]
-    assert abs(exported_val_loss(run) - logged) <= 1e-5 * logged
-    resumed = train(issue + where + ["run_name=issue-resumed", f"resume={run['dir'] / 'checkpoints' / 'step_00000011'}"], ext)
-    assert [r["step"] for r in resumed["train"]] == list(range(12, 23))
-    assert_follows(resumed["train"], run["train"][11:], tol=1e-6)
 
 
 def test_cp2_pp2_trains_resumes_exports(tmp_path):
     """Ring-attention CP inside a pipeline, as a user types it: `launcher train recipe=tiny cluster.gpus_per_node=4
     parallel.context_degree=2 parallel.pipeline_degree=2 parallel.zero_stage=1` (the recipe's ZeRO-2 is refused with
-    a pipeline), with only the run length, the log interval and where files go added: 8 steps on DeepSpeed's pipeline
-    engine, a resume from step 4 exact, and an export giving the run's own held-out loss. Its equality to one rank is
-    tests/parallel/test_context_parallel.py's."""
-    ext = tmp_path / "torch_extensions"
-    ext.mkdir()
-    user = ["recipe=tiny", "cluster.gpus_per_node=4", "parallel.context_degree=2", "parallel.pipeline_degree=2",
-            "parallel.zero_stage=1"]
-    where = ["train.steps=8", "checkpoint.save_every=4", "scheduler.warmup_steps=2", "logging.log_every=1",
-             f"runs_dir={tmp_path / 'runs'}", f"data.cache_dir={tmp_path / 'cache'}", "logging.progress_bar=false"]
-    run = train(user + where + ["run_name=cppp"], ext)
-    ds = json.loads((run["dir"] / "deepspeed.json").read_text())
+    a pipeline): 8 steps on DeepSpeed's pipeline engine, a resume from step 4 exact, and the export. Its equality to
+    one rank is tests/parallel/test_context_parallel.py's."""
+    run = run_resume_export(tmp_path, ["recipe=tiny", "cluster.gpus_per_node=4", "parallel.context_degree=2",
+                                       "parallel.pipeline_degree=2", "parallel.zero_stage=1"], 8, 4,
+                            "scheduler.warmup_steps=2")
     # DeepSpeed's pipeline engine checks the batch against its grid's data axis, the DP x CP ranks.
+    ds = run["deepspeed"]
     assert "pipeline" in ds and ds["train_batch_size"] == run["cfg"].batch.global_batch_size * 2
-    assert [r["step"] for r in run["train"]] == list(range(1, 9))
     assert run["train"][-1]["loss"] < run["train"][0]["loss"]
-    logged = run["eval"][-1]["val_loss"]
-    assert abs(exported_val_loss(run) - logged) <= 1e-5 * logged
-    resumed = train(user + where + ["run_name=cppp-resumed", f"resume={run['dir'] / 'checkpoints' / 'step_00000004'}"], ext)
-    assert [r["step"] for r in resumed["train"]] == list(range(5, 9))
-    assert_follows(resumed["train"], run["train"][4:], tol=1e-6)
