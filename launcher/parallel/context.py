@@ -134,6 +134,29 @@ def ring_attention(module, query, key, value, attention_mask, dropout: float = 0
     return RingAttention.apply(query, key, value, scaling), None
 
 
+def _one_exchange_in_flight_on_cpu(ring) -> None:
+    """Make torch's ring rotaters wait for each K/V (and dK/dV) exchange on CPU tensors as soon as it is issued.
+
+    Why: its backward keeps two asynchronous functional collectives in flight on the CP group at once (the K/V
+    all-gather and the first dK/dV all-to-all), which gloo runs on its worker threads. Under load, CP launches on
+    CPU ranks died inside that backward (SIGABRT in `dkv_rotater.next_buffer()` -> wait_tensor, and SIGSEGV): 3 of
+    some 40 test launches on the 2-core machine, one of them in a CI run. Waiting at once leaves one exchange in
+    flight; the collectives and the numbers are the same, and on CPU ranks there is no compute to overlap with (gloo
+    moves the bytes on the same cores). CUDA tensors keep torch's overlap."""
+    for cls, attr in ((ring._AllToAllRotater, "_buffer"), (ring._AllGatherRotater, "_aggregated_buffer")):
+        if getattr(cls.exchange_buffers, "_launcher_waits", False):
+            continue
+        issue = cls.exchange_buffers
+
+        def exchange_buffers(self, curr_buffer, _issue=issue, _attr=attr):
+            _issue(self, curr_buffer)
+            if curr_buffer.device.type == "cpu" and getattr(self, _attr) is not None:
+                setattr(self, _attr, ring._maybe_wait(getattr(self, _attr)))
+
+        exchange_buffers._launcher_waits = True
+        cls.exchange_buffers = exchange_buffers
+
+
 def register_ring_attention() -> None:
     """Register the ring as transformers attention `ATTN_NAME` and set torch's ring to head-tail."""
     from transformers import AttentionInterface
@@ -142,6 +165,7 @@ def register_ring_attention() -> None:
     ring = _ring_functions()
     # Module-global in torch: the ring's causal schedule must match the head-tail chunks local_chunk feeds it.
     ring._cp_options.enable_load_balance = True
+    _one_exchange_in_flight_on_cpu(ring)
     AttentionInterface.register(ATTN_NAME, ring_attention)
     ALL_MASK_ATTENTION_FUNCTIONS.register(ATTN_NAME, sdpa_mask)  # built by LlamaModel, unused by ring_attention
 
