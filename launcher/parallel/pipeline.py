@@ -102,7 +102,7 @@ class DecoderBlockPipe(nn.Module):
     Between pipeline stages only tensors travel, so what LlamaModel.forward computes once
     and hands every layer is recomputed here from the hidden states:
     - rotary cos/sin for positions 0..seq-1 (LlamaRotaryEmbedding, no parameters); under context parallelism
-      (`context` = (cp rank, cp), pipeline_degree = 1 only) the global positions of this rank's two head-tail
+      (`context` = (cp rank, cp), with or without stages) the global positions of this rank's two head-tail
       chunks (launcher/parallel/context.py chunk_positions), whose ring attention is causal by itself;
     - the causal mask: with attn_implementation="sdpa" and attention_mask=None,
       transformers' sdpa_attention_forward sets is_causal=True (module.is_causal is
