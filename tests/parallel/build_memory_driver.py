@@ -75,9 +75,11 @@ def probe_zero3(trace: list) -> None:
 
 
 def main() -> None:
+    # `launcher` before `deepspeed`, as a real rank (`python -m launcher train`) imports them: launcher/lean_imports.py
+    # then keeps DeepSpeed's autotuner from importing MLflow. In the other order MLflow's 0.11 GiB was counted in
+    # every rank's baseline here (0.36 GiB instead of 0.25) though no `launcher train` rank holds it.
+    import launcher  # noqa: I001  (the order is the point)
     import deepspeed
-
-    import launcher
     from launcher.config.compose import compose
     from launcher.config.layout import resolve_layout
     from launcher.deepspeed_config import build_deepspeed_config

@@ -27,6 +27,7 @@ from rank_records import report_ranks, vm  # noqa: E402
 
 
 def main() -> None:
+    import launcher  # noqa: F401,I001  before deepspeed, as a real rank: see build_memory_driver.main
     import deepspeed
 
     from launcher.config.compose import compose
