@@ -24,6 +24,7 @@ from functools import lru_cache
 from launcher.config.supported import LLAMA_FAMILY, PIPELINE_ARCHS
 
 
+@lru_cache(maxsize=256)
 def pipeline_layer_params(shape, padded_vocab_size: int) -> tuple[tuple[str, int], ...]:
     """(layer class name, unsharded parameter count) of every pipeline layer, in pipeline.py's order."""
     h, pc = shape.hidden_size, shape.params
@@ -97,6 +98,7 @@ def stage_bounds(shape, padded_vocab_size: int, pipeline_degree: int, method: st
     return _bounds(pipeline_layer_params(shape, padded_vocab_size), pipeline_degree, method)
 
 
+@lru_cache(maxsize=1024)
 def stage_param_counts(shape, padded_vocab_size: int, pipeline_degree: int, method: str) -> tuple[int, ...]:
     """Exact parameters of every stage before TP sharding (summed over the stage's TP ranks, replicated
     tensors once). With PP > 1 and tied embeddings both end stages count the embedding (DeepSpeed keeps a copy
@@ -114,6 +116,7 @@ def stage_param_counts(shape, padded_vocab_size: int, pipeline_degree: int, meth
 BLOCK_TP_REPLICATED_PER_HIDDEN = {**{arch: 2 for arch in LLAMA_FAMILY}, "bloom": 6, "gpt": 6}
 
 
+@lru_cache(maxsize=16384)
 def rank_param_count(shape, padded_vocab_size: int, pipeline_degree: int, method: str, tensor_degree: int,
                      stage: int) -> float:
     """Parameters one TP rank of stage `stage` holds, as the runtime shards them: its blocks' matrices and
@@ -128,6 +131,7 @@ def rank_param_count(shape, padded_vocab_size: int, pipeline_degree: int, method
     return stage_param_counts(shape, padded_vocab_size, pipeline_degree, method)[stage] - sharded + sharded / tensor_degree
 
 
+@lru_cache(maxsize=1024)
 def stage_blocks(shape, padded_vocab_size: int, pipeline_degree: int, method: str) -> tuple[int, ...]:
     """Decoder blocks per stage."""
     layers = pipeline_layer_params(shape, padded_vocab_size)
