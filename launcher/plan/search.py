@@ -18,7 +18,8 @@ Validity is decided by the rules `launcher train` and `submit` apply before any 
 the host-memory check (plan/report.py), run on a plain copy of the config with the candidate's values; GPU
 memory (every term, stricter than train's model-states refusal) by memory.py and time by steptime.py (per operator). The loops
 skip the combinations those rules refuse outright (ZeRO 2-3 with a pipeline, AutoTP with ZeRO-3, SP with TP
-or PP) before calling them, which keeps a 405B model on 16,384 GPUs well under 2 s (bench/plan); every
+or PP) before calling them, and the pipeline cut each estimate reads per stage is computed once per (model, PP)
+(plan/stages.py, cached), which keeps a 405B model on 16,384 GPUs well under 2 s (bench/plan); every
 candidate that is kept still passes through all of them. Ranked by estimated tokens/s; ties go to the layout
 with more memory headroom.
 """
