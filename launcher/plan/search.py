@@ -117,7 +117,12 @@ def node_stage_sets(layout: Layout) -> list[tuple[int, ...]]:
     rank map. rankmap.py orders ranks TP, SP, CP, DP, PP innermost first, so rank r sits in stage r // (TP x SP x CP x DP)."""
     block = layout.tensor_degree * layout.sequence_degree * layout.context_degree * layout.data_degree
     g = layout.gpus_per_node
-    return sorted({tuple(r // block for r in range(n * g, n * g + g)) for n in range(layout.nodes)})
+    found = set()
+    for first in range(0, layout.nodes * g, g):
+        lo, hi = first // block, (first + g - 1) // block
+        # a node inside one stage (most nodes at 16,384 GPUs) needs no per-rank division
+        found.add((lo,) * g if lo == hi else tuple(r // block for r in range(first, first + g)))
+    return sorted(found)
 
 
 # A pruning of the search, not a rule of `launcher train` (which runs any CP x TP x PP): CP is combined with TP and
