@@ -175,10 +175,6 @@ RANGES: dict[str, Range] = {
 }
 
 
-def _get(cfg, key: str):
-    return OmegaConf.select(cfg, key) if OmegaConf.is_config(cfg) else _dig(cfg, key)
-
-
 def _dig(obj, key: str):
     for part in key.split("."):
         obj = obj[part] if isinstance(obj, dict) else getattr(obj, part)
@@ -187,8 +183,10 @@ def _dig(obj, key: str):
 
 def check_ranges(cfg) -> None:
     """Refuse the first numeric setting outside its range, then the cross-setting rules below."""
+    # Asked once, not per key: `launcher plan --search` checks a plain copy (SimpleNamespace) per candidate.
+    plain = not OmegaConf.is_config(cfg)
     for key, rng in RANGES.items():
-        value = _get(cfg, key)
+        value = _dig(cfg, key) if plain else OmegaConf.select(cfg, key)
         if not rng.allows(value):
             raise ConfigError(key, value, rng.rule(), rng.example)
     _check_schedule(cfg)

@@ -18,7 +18,8 @@ Validity is decided by the rules `launcher train` and `submit` apply before any 
 the host-memory check (plan/report.py), run on a plain copy of the config with the candidate's values; GPU
 memory (every term, stricter than train's model-states refusal) by memory.py and time by steptime.py (per operator). The loops
 skip the combinations those rules refuse outright (ZeRO 2-3 with a pipeline, AutoTP with ZeRO-3, SP with TP
-or PP) before calling them, which keeps a 405B model on 16,384 GPUs well under 2 s (bench/plan); every
+or PP) before calling them, and the pipeline cut each estimate reads per stage is computed once per (model, PP)
+(plan/stages.py, cached), which keeps a 405B model on 16,384 GPUs well under 2 s (bench/plan); every
 candidate that is kept still passes through all of them. Ranked by estimated tokens/s; ties go to the layout
 with more memory headroom.
 """
@@ -116,7 +117,12 @@ def node_stage_sets(layout: Layout) -> list[tuple[int, ...]]:
     rank map. rankmap.py orders ranks TP, SP, CP, DP, PP innermost first, so rank r sits in stage r // (TP x SP x CP x DP)."""
     block = layout.tensor_degree * layout.sequence_degree * layout.context_degree * layout.data_degree
     g = layout.gpus_per_node
-    return sorted({tuple(r // block for r in range(n * g, n * g + g)) for n in range(layout.nodes)})
+    found = set()
+    for first in range(0, layout.nodes * g, g):
+        lo, hi = first // block, (first + g - 1) // block
+        # a node inside one stage (most nodes at 16,384 GPUs) needs no per-rank division
+        found.add((lo,) * g if lo == hi else tuple(r // block for r in range(first, first + g)))
+    return sorted(found)
 
 
 # A pruning of the search, not a rule of `launcher train` (which runs any CP x TP x PP): CP is combined with TP and
