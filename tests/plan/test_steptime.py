@@ -316,3 +316,18 @@ def test_a_profile_calibrated_on_more_ranks_than_cores_is_not_stretched_twice(tm
     path = tmp_path / "hand.yaml"
     path.write_text(yaml.safe_dump(profile_to_dict(four)))
     assert load_profile(str(path)).gemm_tflops == four.gemm_tflops
+
+
+def test_builtin_attention_rates_are_flashattention2_figure_bars():
+    # FlashAttention-2 (Dao 2023) fig. 4(d) / 7(d), causal, head dim 128, fwd + bwd: A100 155 TFLOP/s at seq 2k,
+    # H100 294 at 4k; between bars log-linear in the sequence (3k: halfway in log2 between 2k and 4k on A100).
+    import math
+
+    from launcher.plan.profile import BUILTIN, interpolate
+
+    a100, h100 = BUILTIN["a100-80gb"].attention_table_for("bf16"), BUILTIN["h100-80gb"].attention_table_for("bf16")
+    assert interpolate(a100, 2048) == pytest.approx(155e12)
+    assert interpolate(h100, 4096) == pytest.approx(294e12)
+    f = math.log(3072 / 2048) / math.log(2)
+    assert interpolate(a100, 3072) == pytest.approx((155 + f * (173 - 155)) * 1e12)
+    assert interpolate(a100, 65536) == pytest.approx(189e12)   # clamped at the last bar (16k)
