@@ -15,8 +15,9 @@ One micro-batch on one rank (n = b s / sp tokens outside attention; t = TP, sp =
                             contracting over the tokens.
     attention (fused)       causal FLOPs: forward 4 b s^2 (a / (t sp)) d / 2 (QK^T and PV, half the square),
                             backward 2.5 x forward (FlashAttention-2, Dao 2023, section 3.1: five matmuls
-                            against two); rate = plateau x s / (s + s_half) (FA2 fig. 4/7: short sequences
-                            leave the tiles idle). BLOOM's eager ALiBi attention is two batched GEMMs and an
+                            against two); rate by sequence length from the profile's attention table (built-in
+                            GPUs: the FA2 paper's fig. 4(d)/7(d) bars; short sequences leave the tiles idle), or
+                            plateau x s / (s + s_half) without one. BLOOM's eager ALiBi attention is two batched GEMMs and an
                             fp32 softmax over the b a s^2 scores instead.
     element-wise operators  norms, activations, residual adds, rotary, softmax, loss, embedding lookup and
                             its gradient: bytes read + written / memory bandwidth + one overhead per kernel;
