@@ -223,7 +223,7 @@ and its FlashAttention-1 bars (A100 55-83, H100 98-137): no cited kernel rate re
 substituted (using the FlashAttention-1 bars for MosaicML moves within 20% up but within 10% from 48% to 27%).
 At short sequences the MosaicML rows are a little slow in the model (-10% at 512) partly because the model charges
 our HF GPT-2 element-wise kernels (eager tanh-GELU, 8 kernels) where MPT runs fused ones. Also off: 13B H100
-mb2 without recompute (+27% at 8 GPUs, -48..-50% at 16-64 GPUs, measured the same 4,800 tok/s/GPU at every size:
+mb2 without recompute (+26% at 8 GPUs, -48..-50% at 16-64 GPUs, measured the same 4,800 tok/s/GPU at every size:
 not bandwidth-bound as the model's 45 GB/s inter-node link makes it); Narayanan's PP35 / PP64 rows -12..-16% (the
 table's schedule is not stated; an interleaved one would explain a faster measurement); MT-NLG +11..+17%."""
 
