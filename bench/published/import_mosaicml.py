@@ -6,6 +6,11 @@ measured run (Composer + PyTorch FSDP, 12 steps; the README's "Results" section)
 scripts/train/yamls/pretrain/mpt-<size>.yaml in the same repository (d_model, n_layers, n_heads,
 expansion_ratio 4, vocab 50368). The FP8 table is skipped (the planner has no fp8).
 
+Attention kernel: the tables were added at b2a43a1 (Oct 2023; the >= 128-GPU table at 5e85bd6, Jan 2024), where
+scripts/train/benchmarking/submit_benchmarks.py had `--attn_impl` default 'triton' and sweep.sh does not pass
+it: the rows ran MPT's Triton FlashAttention (llmfoundry/models/layers/flash_attn_triton.py), not
+FlashAttention-2 (the default became 'flash' later). Each record says so (attention_kernel: triton).
+
     python bench/published/import_mosaicml.py README.md >> bench/published/runs.yaml
 """
 
@@ -66,7 +71,8 @@ def record(section: str, r: dict) -> str:
   precision_stated: "{prec} / {r['MP Mode']}"
   measured: {{tokens_per_s_per_gpu: {r['Throughput (T/s/GPU)']}, mfu_pct: {r['MFU']}, hfu_pct: {r['HFU']}}}
   derived: {{dp: "= gpus (FSDP, no model parallelism)", ffn: "expansion_ratio 4 x d_model (mpt yaml)"}}
-  notes: "Composer FSDP, flash attention (attn_impl: flash), learned position embeddings (NumParams grows with seq); MFU uses 6N + 12 L d s"
+  attention_kernel: triton
+  notes: "Composer FSDP, attention: MPT's Triton FlashAttention (attn_impl: triton, the --attn_impl default of submit_benchmarks.py when the tables were measured, b2a43a1 and 5e85bd6; sweep.sh does not pass it), not FlashAttention-2, learned position embeddings (NumParams grows with seq); MFU uses 6N + 12 L d s"
 """
 
 

@@ -15,8 +15,9 @@ One micro-batch on one rank (n = b s / sp tokens outside attention; t = TP, sp =
                             contracting over the tokens.
     attention (fused)       causal FLOPs: forward 4 b s^2 (a / (t sp)) d / 2 (QK^T and PV, half the square),
                             backward 2.5 x forward (FlashAttention-2, Dao 2023, section 3.1: five matmuls
-                            against two); rate = plateau x s / (s + s_half) (FA2 fig. 4/7: short sequences
-                            leave the tiles idle). BLOOM's eager ALiBi attention is two batched GEMMs and an
+                            against two); rate by sequence length from the profile's attention table (built-in
+                            GPUs: the FA2 paper's fig. 4(d)/7(d) bars; short sequences leave the tiles idle), or
+                            plateau x s / (s + s_half) without one. BLOOM's eager ALiBi attention is two batched GEMMs and an
                             fp32 softmax over the b a s^2 scores instead.
     element-wise operators  norms, activations, residual adds, rotary, softmax, loss, embedding lookup and
                             its gradient: bytes read + written / memory bandwidth + one overhead per kernel;
@@ -53,7 +54,11 @@ One micro-batch on one rank (n = b s / sp tokens outside attention; t = TP, sp =
                             all-gather the updated weights; ZeRO 3: per micro-batch all-gather forward,
                             all-gather backward and reduce-scatter (all-reduce under SP, deepspeed_config.py
                             says why) (Rajbhandari et al. 2020, section 7), the gathers one per module with
-                            weights, each paying the link latency. With overlap_comm (on for GPUs in
+                            weights, each paying the link latency. Under full recompute the backward gathers
+                            every block module again for its recomputed forward, and once more for its own
+                            backward those modules that DeepSpeed released in between: the ones followed in
+                            the block by >= stage3_max_reuse_distance (1e9, the default we keep) parameters
+                            (_zero3_regathered_per_block). With overlap_comm (on for GPUs in
                             our DeepSpeed config) the traffic of a micro-batch hides behind its backward (ZeRO
                             3: its forward + backward, prefetched) and only the excess is exposed; the pipeline
                             engine and ZeRO 0 reduce after the flush, exposed; on CPU ranks (overlap_comm off)
@@ -418,6 +423,10 @@ def estimate_step_time(shape: ModelShape, st: Strategy, hw: Hardware, train_toke
             # per module with weights, forward and again backward, each paying the link latency.
             modules = _fetched_modules(shape, st, blocks_in_stage(shape, st, stage), stage, p)
             per_mb = 2 * gather_s(par_b, r, link) + reduce + 2 * max(0, modules - 1) * link.latency_s
+            if full:
+                again, again_modules = _zero3_regathered_per_block(shape, st)
+                per_mb += blocks_in_stage(shape, st, stage) * (gather_s(again * w, r, link) - link.latency_s
+                                                               + again_modules * link.latency_s)
             hide = x["compute"] if overlap else 0.0
             exposed = m * max(0.0, per_mb - hide)
         dp_exposed.append(exposed)
@@ -447,21 +456,50 @@ def estimate_step_time(shape: ModelShape, st: Strategy, hw: Hardware, train_toke
         sp_comm_s=m * c.sp, recompute_s=m * slow["recompute"], optimizer_s=opt[i_tail], profile=prof.name)
 
 
+def _block_matrices(shape: ModelShape) -> list:
+    """Weight elements of a block's linears in forward order: LLaMA's q, k, v, o, gate, up, down; GPT's and
+    BLOOM's qkv, dense, fc, proj (norms and biases are far below ZeRO-3's persistence threshold)."""
+    h, a, kv, d, f = shape.hidden_size, shape.num_heads, shape.num_kv_heads, shape.head_dim, shape.intermediate_size
+    if shape.arch == "llama":
+        return [h * a * d, h * kv * d, h * kv * d, a * d * h, h * f, h * f, f * h]
+    return [h * (a + 2 * kv) * d, a * d * h, h * f, f * h]
+
+
 def _fetched_modules(shape: ModelShape, st: Strategy, blocks: int, stage: int, p: int) -> int:
     """Modules whose weights ZeRO-3 all-gathers on a stage, each its own gather: those holding a parameter larger
     than stage3_param_persistence_threshold (memory.PARAM_PERSISTENCE_THRESHOLD); smaller ones stay whole on every
     rank (DeepSpeed parameter_offload.py, persistent parameters) and are never fetched. Per block LLaMA's q, k, v,
     o, gate, up, down, GPT's and BLOOM's qkv, dense, fc, proj (norms and biases are far below the threshold);
     the embedding on the first stage, the head on the last (untied: the tiny recipe and most large models)."""
-    h, a, kv, d, f, t = (shape.hidden_size, shape.num_heads, shape.num_kv_heads, shape.head_dim, shape.intermediate_size,
-                         st.tensor_degree)
-    if shape.arch == "llama":
-        mats = [h * a * d, h * kv * d, h * kv * d, a * d * h, h * f, h * f, f * h]
-    else:
-        mats = [h * (a + 2 * kv) * d, a * d * h, h * f, f * h]
-    big = sum(x / t > PARAM_PERSISTENCE_THRESHOLD for x in mats)
+    t, h = st.tensor_degree, shape.hidden_size
+    big = sum(x / t > PARAM_PERSISTENCE_THRESHOLD for x in _block_matrices(shape))
     vocab = st.padded_vocab_size * h > PARAM_PERSISTENCE_THRESHOLD
     return blocks * big + vocab * ((stage == 0) + (stage == p - 1))
+
+
+# DeepSpeed zero/config.py: stage3_max_reuse_distance default (launcher/deepspeed_config.py does not set it).
+STAGE3_MAX_REUSE_DISTANCE = 1_000_000_000
+
+
+def _zero3_regathered_per_block(shape: ModelShape, st: Strategy) -> tuple[float, int]:
+    """(parameters, modules) of one block that ZeRO-3 all-gathers a third time per micro-batch under full recompute.
+
+    The original forward releases every fetched module (its next use, the recompute, is the whole model away).
+    The recomputed forward of a block gathers them again; after each module's recomputed forward DeepSpeed
+    releases its parameters unless they are used again within stage3_max_reuse_distance parameters of the trace
+    (partitioned_param_coordinator.py __params_to_release walks the recorded module order, summing ds_numel). A
+    module's next use is its own backward, after the rest of the block's recomputed forward and the backward of
+    those same modules: 2 x the parameters after it in the block. Released modules are gathered once more for
+    the backward. LLaMA-65B (h 8192, f 22016) keeps all but q/k/v/o; GPT-175B (h 12288) re-gathers all but the
+    last linear: (qkv + dense + fc) / block = 2/3 of the block's bytes a third time."""
+    t = st.tensor_degree
+    fetched = [x / t for x in _block_matrices(shape) if x / t > PARAM_PERSISTENCE_THRESHOLD]
+    again, modules, after = 0.0, 0, 0.0
+    for x in reversed(fetched):
+        if 2 * after >= STAGE3_MAX_REUSE_DISTANCE:
+            again, modules = again + x, modules + 1
+        after += x
+    return again, modules
 
 
 def _hooked_modules(shape: ModelShape, blocks: int, stage: int, p: int) -> int:

@@ -234,6 +234,23 @@ def test_zero3_gathers_per_module_on_cpu_ranks():
     assert t.engine_s == 0.0
 
 
+def test_zero3_full_recompute_regathers_modules_released_before_their_backward():
+    # GPT-175B's block (h 12288, 96 heads): qkv 3h^2 = 453M, dense h^2 = 151M, fc and proj 4h^2 = 604M elements.
+    # Between a module's recomputed forward and its backward come the modules after it, twice (their recomputed
+    # forward, then their backward): proj 0 (kept), fc 2 x 604M, dense 2 x 1208M, qkv 2 x 1359M, all >= 1e9
+    # (DeepSpeed's stage3_max_reuse_distance): qkv, dense and fc are released and gathered a third time.
+    h = 12288
+    gpt3 = model_shape(compose(["model=gpt3-175b"]).model)
+    assert (gpt3.hidden_size, gpt3.intermediate_size) == (h, 4 * h)
+    _, _, st = setup("parallel.zero_stage=3")      # TP 1
+    again, modules = steptime._zero3_regathered_per_block(gpt3, st)
+    assert (again, modules) == (3 * h * h + h * h + 4 * h * h, 3)
+    # tiny's blocks are far below the distance: nothing is gathered again, and with recompute on CPU ranks (no
+    # overlap) the exposed ZeRO-3 traffic is the same as without it.
+    _, shape, st = setup("parallel.zero_stage=3", "model.activation_checkpointing=true")
+    assert steptime._zero3_regathered_per_block(shape, st) == (0.0, 0)
+
+
 def test_zero3_module_hooks_cost_per_module_and_micro_batch():
     # The profile's zero3_module_s per hooked module and micro-batch: LlamaForCausalLM of recipe=tiny has 59
     # modules (4 x 13 in the blocks + 7 outside, counted from transformers' named_modules()); 2 micro-batches here.
@@ -299,3 +316,18 @@ def test_a_profile_calibrated_on_more_ranks_than_cores_is_not_stretched_twice(tm
     path = tmp_path / "hand.yaml"
     path.write_text(yaml.safe_dump(profile_to_dict(four)))
     assert load_profile(str(path)).gemm_tflops == four.gemm_tflops
+
+
+def test_builtin_attention_rates_are_flashattention2_figure_bars():
+    # FlashAttention-2 (Dao 2023) fig. 4(d) / 7(d), causal, head dim 128, fwd + bwd: A100 155 TFLOP/s at seq 2k,
+    # H100 294 at 4k; between bars log-linear in the sequence (3k: halfway in log2 between 2k and 4k on A100).
+    import math
+
+    from launcher.plan.profile import BUILTIN, interpolate
+
+    a100, h100 = BUILTIN["a100-80gb"].attention_table_for("bf16"), BUILTIN["h100-80gb"].attention_table_for("bf16")
+    assert interpolate(a100, 2048) == pytest.approx(155e12)
+    assert interpolate(h100, 4096) == pytest.approx(294e12)
+    f = math.log(3072 / 2048) / math.log(2)
+    assert interpolate(a100, 3072) == pytest.approx((155 + f * (173 - 155)) * 1e12)
+    assert interpolate(a100, 65536) == pytest.approx(189e12)   # clamped at the last bar (16k)
