@@ -4,7 +4,8 @@ launcher.runtime.documents, transformers building the mask). Same method as test
 saved_tensors_hooks over one forward, storages counted once, parameters excluded; per block = (3 blocks - 1 block)
 / 2. Under checkpointing the mask and the rotary cos/sin reach the blocks as keyword arguments that torch's
 checkpoint keeps in its closure (the hook misses them): measured where they enter the first block.
-DeepSpeed AutoTP (tensor_degree 2) is measured on 2 CPU ranks by tests/plan/activation_worker.py.
+Tensor parallelism (tensor_degree 2 at pipeline_degree 1: our TP layers, launcher/parallel/tensor_model.py) would be
+measured on 2 CPU ranks by tests/plan/activation_worker.py; skipped until those layers take the position ids (below).
 """
 
 from __future__ import annotations
@@ -97,23 +98,30 @@ def test_plan_reports_the_mask(compose):
 
 
 @pytest.fixture(scope="module")
-def autotp_measurements(tmp_path_factory):
-    """One torchrun launch of 2 ranks: AutoTP llama with the document mask, {name: [rank0, rank1]}."""
+def tp_measurements(tmp_path_factory):
+    """One torchrun launch of 2 ranks: our TP llama at pipeline_degree 1 with the document mask, {name: [rank0, rank1]}."""
     tmp = tmp_path_factory.mktemp("activations-docmask")
-    cases = [{"name": f"{dtype}-{ckpt}-L{n}-{mask}", "mode": "autotp", "arch": "llama", "dtype": dtype, "ckpt": ckpt,
+    cases = [{"name": f"{dtype}-{ckpt}-L{n}-{mask}", "mode": "tp", "arch": "llama", "dtype": dtype, "ckpt": ckpt,
               "layers": n, "document_mask": mask}
              for dtype in ("bf16", "fp32") for ckpt in (False, True) for n in (1, 3) for mask in (True, False) if n == 3 or mask]
     return measure_on_two_ranks(tmp, cases)
 
 
+# Until issue 11, TP at pipeline_degree 1 was DeepSpeed AutoTP on the transformers model, which took the position ids
+# whole, and this test measured it. Our TP layers run it now, and at this commit TensorParallelCausalLM refuses
+# position_ids (the blocks recompute 0..s-1; the runtime side of issue 11 is adding them). What the blocks will keep
+# for the mask (built once or per block, the rotary per sample) is theirs to decide, so the planner's document-mask
+# terms under TP are the one-rank ones (activations.py, DOCUMENT MASK), unmeasured under TP until this runs.
+@pytest.mark.skip(reason="data.document_mask with TP at pipeline_degree 1: our TP layers (tensor_model.py) do not take "
+                         "position ids yet (issue 11, runtime side); the AutoTP path this measured is gone")
 @pytest.mark.slow
 @pytest.mark.parametrize("checkpointing", [False, True], ids=["no-ckpt", "ckpt"])
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
-def test_autotp_document_mask_saved_bytes_match_planner(autotp_measurements, dtype, checkpointing):
+def test_tp_document_mask_saved_bytes_match_planner(tp_measurements, dtype, checkpointing):
     m = act.ActivationShape("llama", 128, 4, 2, 352, 256)  # the worker's llama overrides
-    one = autotp_measurements[f"{dtype}-{checkpointing}-L1-True"]
-    three = autotp_measurements[f"{dtype}-{checkpointing}-L3-True"]
-    plain = autotp_measurements[f"{dtype}-{checkpointing}-L3-False"]
+    one = tp_measurements[f"{dtype}-{checkpointing}-L1-True"]
+    three = tp_measurements[f"{dtype}-{checkpointing}-L3-True"]
+    plain = tp_measurements[f"{dtype}-{checkpointing}-L3-False"]
     assert one[0] == one[1] and three[0] == three[1]
     recompute = "full" if checkpointing else "none"
     measured_block = (three[0] - one[0]) / 2
@@ -121,9 +129,10 @@ def test_autotp_document_mask_saved_bytes_match_planner(autotp_measurements, dty
         planned_block = SEQ * MICRO * act.checkpointed_block_bytes_per_token(m, dtype)
     else:
         planned_block = SEQ * MICRO * act.block_bytes_per_token(m, SEQ, dtype, 2, document_mask=True)
-    planned = act.stage_saved_bytes(m, 3, SEQ, MICRO, dtype, recompute, 2, document_mask=True)
-    added = planned - act.stage_saved_bytes(m, 3, SEQ, MICRO, dtype, recompute, 2)
-    print(f"autotp {dtype} {recompute}: block planned/measured {planned_block / measured_block:.4f}, "
+        planned_block += act.rotary_bytes(m, SEQ, dtype, samples=MICRO)   # each of our blocks computes its cos/sin
+    planned = act.stage_saved_bytes(m, 3, SEQ, MICRO, dtype, recompute, 2, pipeline=True, document_mask=True)
+    added = planned - act.stage_saved_bytes(m, 3, SEQ, MICRO, dtype, recompute, 2, pipeline=True)
+    print(f"tp {dtype} {recompute}: block planned/measured {planned_block / measured_block:.4f}, "
           f"model {planned / three[0]:.4f}, added planned {added} measured {three[0] - plain[0]}")
     assert added == three[0] - plain[0]
     assert planned_block == pytest.approx(measured_block, rel=0.02)
