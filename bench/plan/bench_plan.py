@@ -131,7 +131,13 @@ READING = (
     "PP64: the deep-pipeline rows, the calibration row among them, are now predicted slow). BLOOM-176B is -13.5% and "
     "LLaMA-65B -48.3% (tokens/s). The published-run 10% target of issue 14 is therefore not met; the --search times "
     "above include the CP x TP (x PP) candidates added for issue 13 (Llama 3 405B: 1,748 candidates, was 1,004 "
-    "without them on the same commit, 3.3 s on a loaded box).")
+    "without them on the same commit, 3.3 s on a loaded box). "
+    "Re-run for issue 11 (TP at pipeline_degree 1 runs our TP layers, not DeepSpeed AutoTP: 2 + 2 all-reduces per "
+    "block and a replicated full-vocabulary head on every TP rank instead of AutoTP's 2 + 5 and vocab-sharded head): "
+    "only the TP-only rows move, 3.6B +13.7% -> +11.8%, 7.5B +2.5% -> -0.5%, 18.4B +5.8% -> +1.2% (the full head's "
+    "GEMMs on every rank outweigh the fewer collectives); the rest are unchanged. llama-65b's search fits 756 "
+    "layouts, was 714: its TP ranks at one stage now build only their shards, so more pass the host-memory check. "
+    "The search times doubled with the box's load (load average ~6 during the run), not with the candidates.")
 
 
 if __name__ == "__main__":
