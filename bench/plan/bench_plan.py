@@ -133,10 +133,13 @@ READING = (
     "above include the CP x TP (x PP) candidates added for issue 13 (Llama 3 405B: 1,748 candidates, was 1,004 "
     "without them on the same commit, 3.3 s on a loaded box). "
     "Re-run for issue 11 (TP at pipeline_degree 1 runs our TP layers, not DeepSpeed AutoTP: 2 + 2 all-reduces per "
-    "block and a replicated full-vocabulary head on every TP rank instead of AutoTP's 2 + 5 and vocab-sharded head): "
-    "only the TP-only rows move, 3.6B +13.7% -> +11.8%, 7.5B +2.5% -> -0.5%, 18.4B +5.8% -> +1.2% (the full head's "
-    "GEMMs on every rank outweigh the fewer collectives); the rest are unchanged. llama-65b's search fits 756 "
-    "layouts, was 714: its TP ranks at one stage now build only their shards, so more pass the host-memory check. "
+    "block and a replicated full-vocabulary head on every TP rank instead of AutoTP's vocab-sharded head, whose "
+    "logits it all-gathered, and its 5 backward all-reduces per LLaMA block; these GPT rows had 2): only the TP-only "
+    "rows move, 3.6B +13.7% -> +11.8%, 7.5B +2.5% -> -0.5%, 18.4B +5.8% -> +1.2% (the full head's GEMMs on every "
+    "rank); the rest are unchanged. llama-65b's search fits 756 layouts, was 714: the 42 added are TP at one stage "
+    "(19 TP, 23 TP + Megatron SP), whose ranks now build only their shards, so they pass the host-memory check "
+    "(AutoTP built the whole fp32 model per rank; the TP + SP ones were refused by the search's host-memory memo, "
+    "keyed by the grid, which the whole-model verdict of TP alone had filled). "
     "The search times doubled with the box's load (load average ~6 during the run), not with the candidates.")
 
 

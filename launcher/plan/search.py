@@ -86,8 +86,8 @@ class _HostCheck:
 
     report.check_host_memory places all world_size ranks on their nodes for every call (seconds for
     16,384 GPUs over hundreds of candidates). The verdict only needs each distinct node composition (the
-    fullest node decides), which depends on the TP / PP / SP / DP grid alone; and of the per-rank terms
-    (host.py) only the data loader's one micro-batch of int64 ids depends on the micro batch, the same on
+    fullest node decides), which depends on the TP / PP / SP / DP grid alone (so does the build path, host.py
+    build_path: our layer list with stages or any TP, Megatron SP or not); and of the per-rank terms (host.py) only the data loader's one micro-batch of int64 ids depends on the micro batch, the same on
     every rank, so it is added exactly: ranks x (micro - micro_0) x seq x 8 B.
     """
 
