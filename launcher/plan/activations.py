@@ -67,9 +67,10 @@ PipelineModule, one block per checkpoint):
                          (a departure from Megatron's 2sbh/t).
     working set          one block's full set (the formula above) while that block is recomputed in backward.
 
-Document mask (data.document_mask, launcher/runtime/documents.py; llama family and gpt on 1 rank / ZeRO DP; measured
-there, and until issue 11 under DeepSpeed AutoTP, which no longer runs: under our TP layers these terms are unmeasured,
-tests/plan/test_activations_document_mask.py says why):
+Document mask (data.document_mask, launcher/runtime/documents.py; llama family and gpt on 1 rank / ZeRO DP, llama
+family under our TP layers at pipeline_degree 1 too, where the embedding builds the mask and the blocks take
+(hidden, position_ids, mask); tests/plan/test_activations_document_mask.py measures both, the TP one once the
+runtime takes the position ids there):
 positions restart after each EOS and transformers builds a boolean (b, 1, s, s) causal within-document mask
 that every block's SDPA receives instead of is_causal. Measured on CPU (torch 2.13's flash-CPU kernel):
     per block            w s per token: the kernel keeps the mask converted to the training dtype (b x s x s x w
@@ -79,6 +80,8 @@ that every block's SDPA receives instead of is_causal. Measured on CPU (torch 2.
     per micro-batch      llama: rotary cos and sin per sample (positions differ between samples): 2 s d w b instead
                          of 2 s d w; gpt: its position ids per sample, 8 s b instead of 8 s; with checkpointing
                          the boolean mask itself, b s s bytes, held by every checkpointed block's closure
+                         (under our TP layers, pipeline_degree 1: the checkpointed blocks' inputs, the mask
+                         and the int64 position ids, b s s + 8 b s; the blocks compute cos/sin per sample)
 On CUDA SDPA takes the memory-efficient kernel with the same mask (the flash kernel takes no mask); its saved
 set is not measured here (no GPU in the test environment), and these CPU figures are what the planner uses.
 
@@ -260,14 +263,17 @@ def stage_saved_bytes(m: ActivationShape, blocks: int, seq_length: int, micro_ba
     else:
         per_block = tokens * block_bytes_per_token(m, seq_length, dtype, tp, ulysses, sp, document_mask)
     rotary = rotary_bytes(m, seq_length, dtype, split, micro_batch if document_mask else 1)
+    held = 0.0
     if document_mask and recompute == "full" and blocks:
-        rotary += micro_batch * seq_length * seq_length  # DOCUMENT MASK: the bool mask, held by the checkpoints
+        # DOCUMENT MASK: the bool mask, held by the checkpoints (one storage for all blocks); in our layer list the
+        # checkpointed blocks' inputs are (hidden, position_ids, mask), so the int64 position ids too.
+        held = micro_batch * seq_length * seq_length + (INDEX_BYTES * micro_batch * seq_length if pipeline else 0)
     # The pipeline's blocks each compute their own cos/sin (kept unless the block is checkpointed); the
     # transformers model computes them once for all layers.
     if pipeline:
         per_block += rotary if recompute != "full" else 0.0
         rotary = 0.0
-    total = blocks * per_block + (rotary if blocks else 0.0)
+    total = blocks * per_block + (rotary + held if blocks else 0.0)
     if first:
         total += embedding_bytes(m, seq_length, micro_batch, dtype, split, document_mask)
     if last:
