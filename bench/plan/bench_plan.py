@@ -156,7 +156,13 @@ READING = (
     "(1.7B, TP1) ... -15.6% (1T, PP64), within 10% from 7.5B to 310B; BLOOM-176B -13.5% (its recipe is the "
     "published tr11 layout, TP4 PP12 DP8 mb2). The --search times above were taken while other sessions loaded "
     "the 2 cores (3x the earlier 6.2 s for Llama 3 405B); this branch does not change the search, so they are "
-    "not a measurement of it.")
+    "not a measurement of it. "
+    "Issue 11 (merged the same day): TP at pipeline_degree 1 runs our TP layers, not DeepSpeed AutoTP: 2 + 2 "
+    "all-reduces per block and a replicated full-vocabulary head on every TP rank, instead of AutoTP's vocab-sharded "
+    "head (whose logits it all-gathered) and its 5 backward all-reduces per LLaMA block. Only the TP-only Megatron "
+    "rows move (3.6B, 7.5B, 18.4B: the full head's GEMMs on every rank). llama-65b's search fits more layouts: the "
+    "added ones are TP at one stage, whose ranks now build only their shards and so pass the host-memory check "
+    "(AutoTP built the whole fp32 model per rank).")
 
 
 

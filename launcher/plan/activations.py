@@ -10,7 +10,7 @@ combination it builds.
 
 Notation, per token (one position of one sequence) of one micro-batch on one rank: h hidden, f ffn width,
 a heads, k KV heads, d = h / a head dim, V padded vocabulary, w bytes of the training dtype (bf16/fp16 2,
-fp32 4), t tensor degree (our pipeline-grid TP and DeepSpeed AutoTP shard the same linears), u Ulysses
+fp32 4), t tensor degree (our TP layers, launcher/parallel/tensor.py, with or without stages), u Ulysses
 degree (a rank holds s / u tokens). A micro-batch has s b / u tokens on a rank.
 
 LLaMA block (modeling_llama.py), bytes per token:
@@ -26,7 +26,8 @@ LLaMA block (modeling_llama.py), bytes per token:
     total                8h + 8 + 4wh + w (2h + 2kd + 4f) / t + 4a / t
     bf16, MHA, t = 1:    8h + 8 + 8h + 4h + 8f + 4a = 20h + 8f + 4a + 8 (f = 8h/3: ~41.3 s b h; Korthikanti: 34)
   plus rotary cos and sin, 2 s d w per micro-batch: once per model in transformers (LlamaModel computes them for
-  all layers), once per block in the pipeline (DecoderBlockPipe recomputes them from the hidden states).
+  all layers), once per block in our layer list (DecoderBlockPipe recomputes them from the hidden states: every
+  layout with stages or with TP, Layout.pipeline_layers).
 
 BLOOM block (modeling_bloom.py, eager attention with ALiBi), bytes per token:
     2 x LayerNorm        w h (input) + 2 c (mean, rstd) + w h (output); c = 4 on CUDA (layer_norm_kernel.cu keeps
@@ -44,13 +45,14 @@ GPT-2 block (modeling_gpt2.py, SDPA, dropout 0), bytes per token:
                          it keeps x, tanh's output, 0.5 x and 1 + tanh; + w f / t (c_proj's input)
     total                4wh + 4c + (4wh + 5wf + 4a) / t
 
-Outside the blocks (first and last pipeline stage; both on a 1-stage run):
+Outside the blocks (first and last pipeline stage; both on a 1-stage run; replicated on every TP rank):
     embedding            8 per token (int64 input ids, F.embedding's indices); GPT-2 also 8 s per micro-batch
                          (its position ids); BLOOM's word_embeddings_layernorm: w h + 2 c
     final norm + head    LLaMA 4h + 4 + 2wh, GPT-2 / BLOOM 2wh + 2c (the head's input is the norm's output)
     loss                 4V + 8 per predicted token: the fp32 log-softmax output (transformers' ForCausalLMLoss
                          and our causal_lm_loss upcast the logits with .float()) and the int64 targets. Predicted
-                         tokens: transformers upcasts all s positions, the pipeline's causal_lm_loss s - 1.
+                         tokens: transformers upcasts all s positions, our layer list's causal_lm_loss s - 1 (with
+                         stages, and with TP at pipeline_degree 1).
     loss backward        transient, not saved: the fp32 gradient of the logits (4V per token) and, in 16-bit, its
                          cast back (w V), alive together while the saved tensors above still are. Counted in the
                          last stage's peak; the hook cannot see it (stated from autograd's backward, not measured).
@@ -66,7 +68,9 @@ PipelineModule, one block per checkpoint):
     working set          one block's full set (the formula above) while that block is recomputed in backward.
 
 Document mask (data.document_mask, launcher/runtime/documents.py; llama family and gpt on 1 rank / ZeRO DP, llama
-family under AutoTP too):
+family under our TP layers at pipeline_degree 1 too, where the embedding builds the mask and the blocks take
+(hidden, position_ids, mask); tests/plan/test_activations_document_mask.py measures both, the TP one once the
+runtime takes the position ids there):
 positions restart after each EOS and transformers builds a boolean (b, 1, s, s) causal within-document mask
 that every block's SDPA receives instead of is_causal. Measured on CPU (torch 2.13's flash-CPU kernel):
     per block            w s per token: the kernel keeps the mask converted to the training dtype (b x s x s x w
@@ -76,16 +80,19 @@ that every block's SDPA receives instead of is_causal. Measured on CPU (torch 2.
     per micro-batch      llama: rotary cos and sin per sample (positions differ between samples): 2 s d w b instead
                          of 2 s d w; gpt: its position ids per sample, 8 s b instead of 8 s; with checkpointing
                          the boolean mask itself, b s s bytes, held by every checkpointed block's closure
+                         (under our TP layers, pipeline_degree 1: the checkpointed blocks' inputs, the mask
+                         and the int64 position ids, b s s + 8 b s; the blocks compute cos/sin per sample)
 On CUDA SDPA takes the memory-efficient kernel with the same mask (the flash kernel takes no mask); its saved
 set is not measured here (no GPU in the test environment), and these CPU figures are what the planner uses.
 
 Parallelism:
-    TP                   norms, residual stream and the column-parallel inputs stay replicated; everything
-                         inside attention and the MLP is divided by t (the formulas carry the split). Measured
-                         for our pipeline-grid TP (llama, bloom) and AutoTP (llama). DeepSpeed 0.19.8 AutoTP
-                         refuses GPT-2 ("AutoTP not supported for model ... container policy exists"), so a
-                         gpt TP run without a pipeline stops at start; its TP figure is the same split, unmeasured.
-                         The head and its logits are not split (our TP keeps the head replicated).
+    TP                   our TP layers (launcher/parallel/tensor.py), as a pipeline's stages and at
+                         pipeline_degree = 1 (launcher/parallel/tensor_model.py on the plain engine): norms,
+                         residual stream and the column-parallel inputs stay replicated; everything inside
+                         attention and the MLP is divided by t (the formulas carry the split). Measured for
+                         llama and bloom, with and without stages (tests/plan/test_activations.py). The head is
+                         replicated, not vocab-sharded: every TP rank keeps the full fp32 log-softmax (4V per
+                         predicted token) and the full logits' gradient. GPT-2 has no TP path (no GPT layer list).
     Megatron SP (llama)  parallel.sequence_parallel (Korthikanti et al. 2022, section 4.2.2), our pipeline-grid TP
                          only. The norms run on s / t tokens, so each RMSNorm keeps (4h + 4 + w h) / t per token;
                          its output is no longer saved (the sequence all-gather in front of attention / the MLP
@@ -256,14 +263,17 @@ def stage_saved_bytes(m: ActivationShape, blocks: int, seq_length: int, micro_ba
     else:
         per_block = tokens * block_bytes_per_token(m, seq_length, dtype, tp, ulysses, sp, document_mask)
     rotary = rotary_bytes(m, seq_length, dtype, split, micro_batch if document_mask else 1)
+    held = 0.0
     if document_mask and recompute == "full" and blocks:
-        rotary += micro_batch * seq_length * seq_length  # DOCUMENT MASK: the bool mask, held by the checkpoints
+        # DOCUMENT MASK: the bool mask, held by the checkpoints (one storage for all blocks); in our layer list the
+        # checkpointed blocks' inputs are (hidden, position_ids, mask), so the int64 position ids too.
+        held = micro_batch * seq_length * seq_length + (INDEX_BYTES * micro_batch * seq_length if pipeline else 0)
     # The pipeline's blocks each compute their own cos/sin (kept unless the block is checkpointed); the
     # transformers model computes them once for all layers.
     if pipeline:
         per_block += rotary if recompute != "full" else 0.0
         rotary = 0.0
-    total = blocks * per_block + (rotary if blocks else 0.0)
+    total = blocks * per_block + (rotary + held if blocks else 0.0)
     if first:
         total += embedding_bytes(m, seq_length, micro_batch, dtype, split, document_mask)
     if last:

@@ -4,12 +4,13 @@ Per rank, four terms (bytes); a node adds up its gpus_per_node ranks (launcher/p
 
 build peak (what the per-rank build materialises; launcher/runtime/build.py, counted for `train --dry-run` by
     launcher/runtime/dryrun.py, which calls build_peak_bytes below, so the plan and the ledger agree):
-    pipeline stage (PP > 1): its own layers in fp32 (the build dtype; DeepSpeed casts afterwards)
-        + one seeded block of BUILD_ROWS rows of its widest tensor row being generated (x 4 B)
+    our layer list (PP > 1, or TP > 1 at one stage: launcher/parallel/tensor_model.py): its own layers in fp32
+        (the build dtype; DeepSpeed casts afterwards) -- its stage's blocks' TP shards, the embedding, norms and
+        head whole (replicated over TP) -- + one seeded block of BUILD_ROWS rows of its widest tensor row being
+        generated (x 4 B)
     ZeRO-3 without TP or PP (deepspeed.zero.Init): its partition of every tensor in the training dtype
         + the fp32 rows one partition of the largest tensor is cut from + two fp32 rows of the widest tensor
-    otherwise (ZeRO 0-2 without PP, AutoTP, Ulysses): the whole model in fp32 -- every rank builds it whole
-        there (AutoTP shards only inside deepspeed.initialize)
+    otherwise (ZeRO 0-2 without TP or PP, Ulysses, ring CP): the whole model in fp32 -- every rank builds it whole
 checkpoint save staging: torch.save writes a CUDA tensor by copying its storage to host memory one storage at a
     time (torch/serialization.py, _save: `storage.cpu()` per storage), and DeepSpeed keeps each rank's fp32
     master partition as one flat tensor per parameter group (ZeRO 1-3) or the fp32 weights themselves, so the
@@ -66,7 +67,7 @@ def build_peak_bytes(path: str, own_params: float, whole_params: float, held_par
 
 def build_path(st: Strategy) -> str:
     """Which of the three build paths a layout's ranks take (as launcher/runtime/dryrun.py decides)."""
-    if st.pipeline_layers:  # with Megatron SP our layer list on the plain engine
+    if st.pipeline_layers:  # stages, or any TP: our layer list, each rank its TP shards
         return "pipeline"
     if st.zero_stage == 3 and st.tensor_degree == 1:
         return "zero3"

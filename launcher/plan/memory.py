@@ -17,7 +17,7 @@ Models", section 5 and figure 1), bytes per parameter held by one rank, Psi para
 
 Weights per rank come from the exact counts in params.py, as the runtime holds them (stages.rank_param_count):
 a stage's block matrices / TP, the block norms, the embedding (padded vocabulary) on the first stage, the final
-norm and the head on the last whole on every TP rank (our TP and AutoTP do not split the vocabulary), and with
+norm and the head on the last whole on every TP rank (our TP layers do not split the vocabulary), and with
 tied embeddings and PP > 1 a second copy of the embedding on the last stage (Megatron/DeepSpeed keep both and
 all-reduce their gradients). The layers per stage are DeepSpeed's cut with parallel.partition_method
 (launcher/plan/stages.py, the cut the runtime builds; BLOOM-176B: embedding + 5 blocks, 6, ..., 6, 5 blocks +

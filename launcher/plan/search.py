@@ -4,7 +4,7 @@ Candidates: sequence_degree (Ulysses SP: divisors of the heads and of the sequen
 only, without TP or PP: what launcher/train.py runs), context_degree (ring-attention CP: divisors of the world
 with seq_length % (2 CP) = 0, any span of nodes (its K/V passes are point-to-point sized, not all-to-all), llama
 family only, without Ulysses, with or without TP and PP as train runs it: Llama 3's TP x CP x PP), tensor_degree
-(divisors of the heads, within one node),
+(divisors of the heads, within one node; our TP layers are the pipeline's layer list, so llama family and bloom only),
 pipeline_degree (what divides the rest of the world, at most one block per stage, llama and bloom only),
 Megatron sequence parallelism on and off wherever TP > 1 (LLaMA family; our TP layers: ZeRO 0-1 with a
 pipeline, 0-2 without),
@@ -17,9 +17,10 @@ Validity is decided by the rules `launcher train` and `submit` apply before any 
 (submit.validate_before_start): `resolve_layout` (config/layout.py), `check_supported` (config/supported.py) and
 the host-memory check (plan/report.py), run on a plain copy of the config with the candidate's values; GPU
 memory (every term, stricter than train's model-states refusal) by memory.py and time by steptime.py (per operator). The loops
-skip the combinations those rules refuse outright (ZeRO 2-3 with a pipeline, AutoTP with ZeRO-3, SP with TP
-or PP) before calling them, and the pipeline cut each estimate reads per stage is computed once per (model, PP)
-(plan/stages.py, cached), which keeps a 405B model on 16,384 GPUs well under 2 s (bench/plan); every
+skip the combinations those rules refuse outright (ZeRO 2-3 with a pipeline, TP at pipeline_degree 1 with
+ZeRO-3, TP or PP for an architecture without our layer list (gpt), SP with TP or PP) before calling them, and the
+pipeline cut each estimate reads per stage is computed once per (model, PP) (plan/stages.py, cached), which keeps a
+405B model on 16,384 GPUs well under 2 s (bench/plan); every
 candidate that is kept still passes through all of them. Ranked by estimated tokens/s; ties go to the layout
 with more memory headroom.
 """
@@ -87,8 +88,8 @@ class _HostCheck:
 
     report.check_host_memory places all world_size ranks on their nodes for every call (seconds for
     16,384 GPUs over hundreds of candidates). The verdict only needs each distinct node composition (the
-    fullest node decides), which depends on the TP / PP / SP / DP grid alone; and of the per-rank terms
-    (host.py) only the data loader's one micro-batch of int64 ids depends on the micro batch, the same on
+    fullest node decides), which depends on the TP / PP / SP / DP grid alone (so does the build path, host.py
+    build_path: our layer list with stages or any TP, Megatron SP or not); and of the per-rank terms (host.py) only the data loader's one micro-batch of int64 ids depends on the micro batch, the same on
     every rank, so it is added exactly: ranks x (micro - micro_0) x seq x 8 B.
     """
 
@@ -137,7 +138,7 @@ def _zero_stages(tp: int, pp: int, megatron_sp: bool = False) -> tuple[int, ...]
     if pp > 1:
         return (0, 1)  # DeepSpeed's pipeline engine: ZeRO 0-1 only (layout.py)
     if tp > 1:
-        return (0, 1, 2)  # AutoTP, and our TP layers on the plain engine (Megatron SP, TP x CP), under ZeRO-3 are refused (config/supported.py)
+        return (0, 1, 2)  # our TP layers on the plain engine run ZeRO 0-2 (launcher/parallel/tensor_model.py): ZeRO-3 refused
     return (0, 1, 2, 3)
 
 
@@ -164,7 +165,8 @@ def search_layouts(cfg) -> tuple[list[Candidate], dict]:
     for sp, cp in splits:
         # CP composed with TP and PP only where the sequence is long enough to want it (COMPOSED_CP_MIN_TOKENS).
         composed = sp == 1 and (cp == 1 or seq // cp >= COMPOSED_CP_MIN_TOKENS)
-        for tp in _divisors(heads) if composed else [1]:
+        # TP runs our layer list at every pipeline degree (Layout.pipeline_layers): none for gpt (PIPELINE_ARCHS).
+        for tp in _divisors(heads) if composed and arch in PIPELINE_ARCHS else [1]:
             if tp > gpn or world % (tp * sp * cp):
                 continue
             for pp in _divisors(world // (tp * sp * cp)) if composed else [1]:

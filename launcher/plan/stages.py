@@ -133,8 +133,8 @@ BLOCK_TP_REPLICATED_PER_HIDDEN = {**{arch: 2 for arch in LLAMA_FAMILY}, "bloom":
 def rank_param_count(shape, padded_vocab_size: int, pipeline_degree: int, method: str, tensor_degree: int,
                      stage: int) -> float:
     """Parameters one TP rank of stage `stage` holds, as the runtime shards them: its blocks' matrices and
-    column-parallel biases / TP, everything else whole on every TP rank. Our TP (launcher/parallel/tensor.py)
-    and AutoTP shard the blocks only; the embedding, the head (or the tied embedding's copy) and the norms are
+    column-parallel biases / TP, everything else whole on every TP rank. Our TP (launcher/parallel/tensor.py,
+    with stages and at pipeline_degree = 1) shards the blocks only; the embedding, the head (or the tied embedding's copy) and the norms are
     replicated, not vocab-parallel as in Megatron. So BLOOM-176B's end stages hold 6.68B per TP4 rank, not the
     published 3.98B (stage_param_counts / 4): planning the Megatron figure would promise memory the run lacks.
     `launcher train --dry-run` counts the same from the modules it builds (tests/unit/test_stages.py)."""

@@ -23,12 +23,14 @@ One micro-batch on one rank (n = b s / sp tokens outside attention; t = TP, sp =
                             its gradient: bytes read + written / memory bandwidth + one overhead per kernel;
                             backward moves twice the forward bytes (reads the saved input and the incoming
                             gradient, writes the outgoing one).
-    TP (Megatron)           per block 2 all-reduces of n h w forward and 2 backward (Shoeybi et al. 2019,
-                            fig. 3), + 2 with full recompute; the embedding, head and loss are replicated on
-                            the TP ranks (as the pipeline grid's TP builds them). DeepSpeed AutoTP (TP without
-                            a pipeline) all-reduces backward once per column-parallel linear (LLaMA 5 per block)
-                            and shards the head by vocabulary, all-gathering its logits. all-reduce of B bytes
-                            over r ranks: latency + 2 (r - 1)/r B / bus bandwidth (ring; NCCL-tests' busbw).
+    TP (Megatron)           our TP layers (launcher/parallel/tensor.py; with a pipeline and at pipeline_degree
+                            = 1 alike, launcher/parallel/tensor_model.py): per block 2 all-reduces of n h w
+                            forward (g after each row-parallel linear) and 2 backward (f before each
+                            column-parallel group) (Shoeybi et al. 2019, fig. 3), + 2 with full recompute. The
+                            embedding, final norm, head and loss are replicated, not vocab-sharded: every TP
+                            rank runs the full-vocabulary head GEMM and loss, with no TP collective there.
+                            all-reduce of B bytes over r ranks: latency + 2 (r - 1)/r B / bus bandwidth (ring;
+                            NCCL-tests' busbw).
     TP + Megatron SP        (parallel.sequence_parallel; Korthikanti et al. 2022, section 4.2.2; our TP layers,
                             with or without a pipeline) each all-reduce becomes an all-gather
                             and a reduce-scatter of the same tensor: the same ring bytes, so the TP charge is
@@ -251,27 +253,14 @@ def block_costs(shape: ModelShape, st: Strategy, prof: Profile, links: dict) -> 
     gemm(n, h, f / t)                             # down_proj / c_proj / dense_4h_to_h
     mem(3 * x_out * w, 1)                         # residual add
     if t > 1:
+        # launcher/parallel/tensor.py (Megatron's f and g, Shoeybi et al. 2019, fig. 3): forward, g all-reduces the
+        # row-parallel outputs of o_proj and down_proj; backward, f all-reduces the input gradient of each
+        # sub-layer's column-parallel group (q, k, v; gate, up) once. Under Megatron SP each becomes an all-gather
+        # and a reduce-scatter of the same ring bytes.
         ar = all_reduce_s(x * w, t, links["tp"])
-        fwd.tp += 2 * ar                          # after o_proj and down_proj (row-parallel)
-        bwd.tp += _column_parallel_groups(shape, st) * ar
+        fwd.tp += 2 * ar
+        bwd.tp += 2 * ar
     return fwd, bwd
-
-
-def _autotp(st: Strategy) -> bool:
-    """TP outside our layer list runs DeepSpeed AutoTP; in it (stages, or Megatron SP at pipeline_degree = 1),
-    launcher/parallel/tensor.py (train.py build_engine)."""
-    return st.tensor_degree > 1 and not st.pipeline_layers
-
-
-def _column_parallel_groups(shape: ModelShape, st: Strategy) -> int:
-    """Backward all-reduces of the input gradient per block. launcher/parallel/tensor.py puts one f in front of
-    each sub-layer's column-parallel group (Megatron: 2 per block). DeepSpeed AutoTP's LinearLayer all-reduces
-    in the backward of every column-parallel linear separately (deepspeed/module_inject/layers.py, class
-    ColumnParallel, used by LinearLayer.forward): LLaMA's q, k, v, gate, up (5), BLOOM's query_key_value and
-    dense_h_to_4h (2). Counted in a profile of a TP2 step: 21 ColumnParallelBackward per micro-batch = 4 x 5 + the head."""
-    if not _autotp(st):
-        return 2
-    return 5 if shape.arch == "llama" else 2
 
 
 def end_costs(shape: ModelShape, st: Strategy, prof: Profile, links: dict) -> tuple[Cost, Cost]:
@@ -279,23 +268,18 @@ def end_costs(shape: ModelShape, st: Strategy, prof: Profile, links: dict) -> tu
     sp, b, s = st.sequence_split, st.micro_batch_size, st.seq_length
     h, w = shape.hidden_size, weight_bytes(st.dtype)
     n = b * s / sp
-    # The pipeline grid's TP (launcher/parallel/tensor.py) shards the blocks only: the embedding, final norm and
-    # head stay replicated on every TP rank, which computes the whole head and loss. DeepSpeed AutoTP (TP without a
-    # pipeline) makes the training-mode lm_head a column-parallel LinearLayer with gather_output=True
-    # (deepspeed/module_inject/auto_tp.py, training_column_lm_head): each rank computes V/t logits, all-gathers
-    # them forward, and all-reduces the input gradient backward; the loss runs on the whole logits on every rank.
+    # Our TP (launcher/parallel/tensor.py, at every pipeline_degree) shards the blocks only: the embedding, final
+    # norm and head are replicated on every TP rank, which computes the full-vocabulary head and loss itself (no
+    # TP collective; the same cost as at TP 1).
     v = st.padded_vocab_size
-    t = st.tensor_degree if _autotp(st) else 1
     rate = gemm_rate(prof, st.dtype)
     first = Cost()
-    # lookup: read the rows, write the hidden states; backward: zero the dense (V/t, h) gradient, index_add n rows
+    # lookup: read the rows, write the hidden states; backward: zero the dense (V, h) gradient, index_add n rows
     first.memory += memory_s(2 * n * h * w, 1, prof) + memory_s(v * h * w + 3 * n * h * w, 2, prof)
     last = Cost()
     nb, nk = _norm_bytes(n * h, shape.arch, w)
     last.memory += memory_s(3 * nb, 3 * nk, prof)              # final norm, forward + backward
-    last.gemm += (gemm_s(n, v / t, h, w, prof, rate) + gemm_s(n, h, v / t, w, prof, rate) + gemm_s(h, v / t, n, w, prof, rate))
-    if t > 1:
-        last.tp += gather_s(n * v * w, t, links["tp"]) + all_reduce_s(n * h * w, t, links["tp"])
+    last.gemm += gemm_s(n, v, h, w, prof, rate) + gemm_s(n, h, v, w, prof, rate) + gemm_s(h, v, n, w, prof, rate)
     # cross-entropy on fp32 logits (transformers upcasts): cast, max, exp-sum, log-softmax written, gathered;
     # backward reads and writes the fp32 logits and casts back
     logits = n * v

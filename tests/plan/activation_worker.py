@@ -1,7 +1,7 @@
 """torchrun worker for test_activations.py's multi-rank cases (not collected: no test_ prefix).
 
 `torchrun --nproc_per_node 2 tests/plan/activation_worker.py OUT_DIR CASES.json`. Each case is
-{"name", "mode", "arch", "dtype", "ckpt", "layers"} and optionally "document_mask" (autotp only: the batch's
+{"name", "mode", "arch", "dtype", "ckpt", "layers"} and optionally "document_mask" (tp only: the batch's
 position ids restart after EOS, as launcher.train.micro_loss passes them); every rank builds the modules the runtime builds for that
 mode, runs one forward of one micro-batch under the saved-tensor hook (tests/plan/activation_measure.py),
 runs backward, and writes {name: bytes} to OUT_DIR/rank<r>.json. Modes:
@@ -9,7 +9,9 @@ runs backward, and writes {name: bytes} to OUT_DIR/rank<r>.json. Modes:
             TP group (ColumnParallel/RowParallel shards, launcher/parallel/tensor.py), materialised with the
             seeded init, run in order as PipelineModule.forward runs them (one stage holding every layer),
             blocks checkpointed with DeepSpeed's checkpoint (PipelineModule's activation_checkpoint_func)
-    autotp  the transformers model under deepspeed.initialize with tensor_parallel.autotp_size = 2
+    tp      TP at pipeline_degree = 1 as launcher/train.py builds it: our TP layers as one model
+            (launcher.parallel.tensor_model.build_tensor_parallel_model: the one-stage PipelineModule's layers,
+            blocks checkpointed with torch's non-reentrant checkpoint) under deepspeed.initialize's plain engine
     ulysses launcher.parallel.sequence's model and loss with sequence_degree 2
     pipe-sp pipe with Megatron sequence parallelism (parallel.sequence_parallel=true): blocks on s/2 tokens
 """
@@ -80,17 +82,16 @@ def run_pipe(case, cfg, layout, held):
     return layers, forward, lambda loss: loss.backward()
 
 
-def run_autotp(case, cfg, layout, held):
+def run_tp(case, cfg, layout, held):
     import deepspeed
 
     from launcher.deepspeed_config import build_deepspeed_config
-    from launcher.runtime.model import build_model
-    from launcher.train import maybe_apply_activation_checkpointing
+    from launcher.parallel.tensor_model import build_tensor_parallel_model
 
-    model = build_model(cfg.model, seed=cfg.train.seed, vocab_size=layout.padded_vocab_size)
-    maybe_apply_activation_checkpointing(cfg, model)
+    assert layout.pipeline_layers and layout.pipeline_degree == 1   # train.py's build_engine takes this path
+    model, mpu = build_tensor_parallel_model(cfg, layout, seed=cfg.train.seed)
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
-                                      config=build_deepspeed_config(cfg, layout))
+                                      config=build_deepspeed_config(cfg, layout), mpu=mpu)
     ids = ids_for(cfg)
     if case.get("document_mask"):
         from launcher.runtime.documents import document_position_ids
@@ -125,21 +126,14 @@ def measure(case) -> int:
     cfg = compose(overrides(case))
     layout = resolve_layout(cfg)
     held = {}   # storages kept outside autograd's saved tensors, measured where they are kept
-    run = {"pipe": run_pipe, "pipe-sp": run_pipe, "autotp": run_autotp, "ulysses": run_ulysses}[case["mode"]]
+    run = {"pipe": run_pipe, "pipe-sp": run_pipe, "tp": run_tp, "ulysses": run_ulysses}[case["mode"]]
     module, forward, backward = run(case, cfg, layout, held)
     module.train()
-    if case["ckpt"] and not case["mode"].startswith("pipe") and case["arch"] == "llama":
+    if case["ckpt"] and case["mode"] == "ulysses" and case["arch"] == "llama":
         # cos/sin reach checkpointed blocks as keyword arguments, kept by the checkpoint's closure (the hook
         # cannot see them): measured at their source, as in test_activations.py.
         module.model.rotary_emb.register_forward_hook(
             lambda m, a, out: held.update({o.untyped_storage().data_ptr(): o.untyped_storage().nbytes() for o in out}))
-        if case.get("document_mask"):  # the mask, kept by the checkpoints' closures the same way
-            def keep_mask(m, args, kwargs):
-                t = kwargs.get("attention_mask")
-                if isinstance(t, torch.Tensor):
-                    held[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-
-            module.model.layers[0].register_forward_pre_hook(keep_mask, with_kwargs=True)
     loss, n = saved_bytes(forward, param_storages(module), held)   # held and saved storages, each once
     backward(loss)  # the graph is complete and runs
     return n
@@ -160,7 +154,7 @@ def main():
     for c in cases:
         try:
             results[c["name"]] = measure(c)
-        except AssertionError as e:  # DeepSpeed refusing a model (AutoTP has no policy for it): reported, not hidden
+        except (AssertionError, NotImplementedError) as e:  # a path the runtime refuses: reported, not hidden
             results[c["name"]] = {"error": str(e)}
     (out_dir / f"rank{dist.get_rank()}.json").write_text(json.dumps(results))
     dist.barrier()

@@ -85,9 +85,10 @@ def test_saved_bytes_match_planner(compose, arch, dtype, checkpointing):
     assert planned_total == pytest.approx(three, rel=0.02)
 
 
-# --- 2 CPU ranks: our pipeline-grid TP, DeepSpeed AutoTP, Ulysses SP (tests/plan/activation_worker.py) -----------
+# --- 2 CPU ranks: our TP layers as a pipeline's layer list and at pipeline_degree = 1, Ulysses SP -------------------
+# (tests/plan/activation_worker.py)
 RANK_CASES = [(mode, arch, dtype, ckpt)
-              for mode, archs in (("pipe", ("llama", "bloom")), ("pipe-sp", ("llama",)), ("autotp", ("llama",)),
+              for mode, archs in (("pipe", ("llama", "bloom")), ("pipe-sp", ("llama",)), ("tp", ("llama", "bloom")),
                                   ("ulysses", ("llama",)))
               for arch in archs for dtype in ("bf16", "fp32") for ckpt in (False, True)]
 
@@ -112,10 +113,10 @@ def test_parallel_saved_bytes_match_planner(rank_measurements, mode, arch, dtype
     shapes = {"llama": act.ActivationShape("llama", 128, 4, 2, 352, 256),
               "bloom": act.ActivationShape("bloom", 128, 4, 4, 512, 256)}   # the worker's ARCH_OVERRIDES
     m = shapes[arch]
-    tp = 2 if mode in ("pipe", "pipe-sp", "autotp") else 1
+    tp = 2 if mode in ("pipe", "pipe-sp", "tp") else 1
     u = 2 if mode == "ulysses" else 1
     sp = mode == "pipe-sp"
-    pipe = mode.startswith("pipe")
+    pipe = mode != "ulysses"   # our layer list (Layout.pipeline_layers): every TP mode, with or without stages
     recompute = "full" if ckpt else "none"
     one = rank_measurements[_case_name(mode, arch, dtype, ckpt, 1)]
     three = rank_measurements[_case_name(mode, arch, dtype, ckpt, 3)]

@@ -4,7 +4,8 @@ launcher.runtime.documents, transformers building the mask). Same method as test
 saved_tensors_hooks over one forward, storages counted once, parameters excluded; per block = (3 blocks - 1 block)
 / 2. Under checkpointing the mask and the rotary cos/sin reach the blocks as keyword arguments that torch's
 checkpoint keeps in its closure (the hook misses them): measured where they enter the first block.
-DeepSpeed AutoTP (tensor_degree 2) is measured on 2 CPU ranks by tests/plan/activation_worker.py.
+Tensor parallelism (tensor_degree 2 at pipeline_degree 1: our TP layers, launcher/parallel/tensor_model.py) would be
+measured on 2 CPU ranks by tests/plan/activation_worker.py; skipped where those layers do not take the position ids.
 """
 
 from __future__ import annotations
@@ -97,23 +98,29 @@ def test_plan_reports_the_mask(compose):
 
 
 @pytest.fixture(scope="module")
-def autotp_measurements(tmp_path_factory):
-    """One torchrun launch of 2 ranks: AutoTP llama with the document mask, {name: [rank0, rank1]}."""
+def tp_measurements(tmp_path_factory):
+    """One torchrun launch of 2 ranks: our TP llama at pipeline_degree 1 with the document mask, {name: [rank0, rank1]}."""
     tmp = tmp_path_factory.mktemp("activations-docmask")
-    cases = [{"name": f"{dtype}-{ckpt}-L{n}-{mask}", "mode": "autotp", "arch": "llama", "dtype": dtype, "ckpt": ckpt,
+    cases = [{"name": f"{dtype}-{ckpt}-L{n}-{mask}", "mode": "tp", "arch": "llama", "dtype": dtype, "ckpt": ckpt,
               "layers": n, "document_mask": mask}
              for dtype in ("bf16", "fp32") for ckpt in (False, True) for n in (1, 3) for mask in (True, False) if n == 3 or mask]
     return measure_on_two_ranks(tmp, cases)
 
 
+# Until issue 11, TP at pipeline_degree 1 was DeepSpeed AutoTP on the transformers model, which this measured. Our TP
+# layers run it now; where they do not take position ids yet (TensorParallelCausalLM raises NotImplementedError, the
+# worker reports it) the case is skipped, not planned against. Checked against the runtime side of issue 11 (branch
+# tpall, which adds them) in a trial merge: all four cases planned/measured 1.0000, the checkpointed mask term exact.
 @pytest.mark.slow
 @pytest.mark.parametrize("checkpointing", [False, True], ids=["no-ckpt", "ckpt"])
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
-def test_autotp_document_mask_saved_bytes_match_planner(autotp_measurements, dtype, checkpointing):
+def test_tp_document_mask_saved_bytes_match_planner(tp_measurements, dtype, checkpointing):
     m = act.ActivationShape("llama", 128, 4, 2, 352, 256)  # the worker's llama overrides
-    one = autotp_measurements[f"{dtype}-{checkpointing}-L1-True"]
-    three = autotp_measurements[f"{dtype}-{checkpointing}-L3-True"]
-    plain = autotp_measurements[f"{dtype}-{checkpointing}-L3-False"]
+    one = tp_measurements[f"{dtype}-{checkpointing}-L1-True"]
+    three = tp_measurements[f"{dtype}-{checkpointing}-L3-True"]
+    plain = tp_measurements[f"{dtype}-{checkpointing}-L3-False"]
+    if isinstance(one[0], dict):
+        pytest.skip(f"our TP layers refuse position ids at this commit (data.document_mask x TP): {one[0]['error']}")
     assert one[0] == one[1] and three[0] == three[1]
     recompute = "full" if checkpointing else "none"
     measured_block = (three[0] - one[0]) / 2
@@ -121,9 +128,10 @@ def test_autotp_document_mask_saved_bytes_match_planner(autotp_measurements, dty
         planned_block = SEQ * MICRO * act.checkpointed_block_bytes_per_token(m, dtype)
     else:
         planned_block = SEQ * MICRO * act.block_bytes_per_token(m, SEQ, dtype, 2, document_mask=True)
-    planned = act.stage_saved_bytes(m, 3, SEQ, MICRO, dtype, recompute, 2, document_mask=True)
-    added = planned - act.stage_saved_bytes(m, 3, SEQ, MICRO, dtype, recompute, 2)
-    print(f"autotp {dtype} {recompute}: block planned/measured {planned_block / measured_block:.4f}, "
+        planned_block += act.rotary_bytes(m, SEQ, dtype, samples=MICRO)   # each of our blocks computes its cos/sin
+    planned = act.stage_saved_bytes(m, 3, SEQ, MICRO, dtype, recompute, 2, pipeline=True, document_mask=True)
+    added = planned - act.stage_saved_bytes(m, 3, SEQ, MICRO, dtype, recompute, 2, pipeline=True)
+    print(f"tp {dtype} {recompute}: block planned/measured {planned_block / measured_block:.4f}, "
           f"model {planned / three[0]:.4f}, added planned {added} measured {three[0] - plain[0]}")
     assert added == three[0] - plain[0]
     assert planned_block == pytest.approx(measured_block, rel=0.02)

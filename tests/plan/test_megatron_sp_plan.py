@@ -38,20 +38,21 @@ def test_sp_block_formula_saves_the_norm_side_only():
 
 
 def test_plan_memory_and_step_time_with_sp():
-    # With stages, so both runs use our TP (without a pipeline, TP alone is AutoTP: other collectives).
-    hw_cfg = ["recipe=llama-7b", "parallel.tensor_degree=4", "parallel.pipeline_degree=2", "parallel.zero_stage=1",
-              "model.activation_checkpointing=false"]
-    out = {}
-    for sp in (False, True):
-        cfg = compose(hw_cfg + [f"parallel.sequence_parallel={str(sp).lower()}"])
-        layout = resolve_layout(cfg)
-        st, shape = strategy(cfg, layout), model_shape(cfg.model)
-        hw = resolve_hardware(cfg.cluster, cfg.precision.dtype)
-        out[sp] = (activation_bytes_per_layer(shape, st), estimate_memory(shape, st, hw).peak.activations,
-                   estimate_step_time(shape, st, hw, layout.tokens_per_step))
-    assert out[True][0] < out[False][0] and out[True][1] < out[False][1]
-    # all-gather + reduce-scatter move the bytes of the all-reduce they replace
-    assert out[True][2].tp_comm_s == out[False][2].tp_comm_s
+    # With and without stages: both run our TP layers (at pipeline_degree 1 on the plain engine, ZeRO-2 there too).
+    for pp, zero in ((2, 1), (1, 2)):
+        hw_cfg = ["recipe=llama-7b", "parallel.tensor_degree=4", f"parallel.pipeline_degree={pp}",
+                  f"parallel.zero_stage={zero}", "model.activation_checkpointing=false"]
+        out = {}
+        for sp in (False, True):
+            cfg = compose(hw_cfg + [f"parallel.sequence_parallel={str(sp).lower()}"])
+            layout = resolve_layout(cfg)
+            st, shape = strategy(cfg, layout), model_shape(cfg.model)
+            hw = resolve_hardware(cfg.cluster, cfg.precision.dtype)
+            out[sp] = (activation_bytes_per_layer(shape, st), estimate_memory(shape, st, hw).peak.activations,
+                       estimate_step_time(shape, st, hw, layout.tokens_per_step))
+        assert out[True][0] < out[False][0] and out[True][1] < out[False][1]
+        # all-gather + reduce-scatter move the bytes of the all-reduce they replace
+        assert out[True][2].tp_comm_s == out[False][2].tp_comm_s
 
 
 def test_search_proposes_tp_sp_only_where_train_runs_it():

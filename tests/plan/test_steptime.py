@@ -112,21 +112,21 @@ def test_1f1b_with_uneven_stages():
     assert t.bubble_s == pytest.approx(t0, rel=1e-9)   # (sum_s T_s + (m-1) T_max) - m T_max = T0
 
 
-def test_tensor_parallel_all_reduces_autotp():
-    # TP2 without a pipeline is DeepSpeed AutoTP, one micro-batch: per block 2 all-reduces of n h w bytes forward
-    # (o_proj, down_proj) and 5 backward (one per column-parallel linear: q, k, v, gate, up); the head is
-    # column-parallel with gathered output: an all-gather of the n x V logits forward, an all-reduce of n h backward.
+def test_tensor_parallel_at_one_stage_all_reduces_and_replicated_head():
+    # TP2 without a pipeline runs our TP layers on the plain engine (launcher/parallel/tensor_model.py), one
+    # micro-batch of 4 blocks: per block 2 all-reduces of n h w bytes forward (g after o_proj, down_proj) and 2
+    # backward (f before q/k/v and gate/up); the head is replicated, so no collective there ...
     lat, bus = 1e-4, 1.0
     _, shape, st = setup("cluster.gpus_per_node=2", "parallel.tensor_degree=2", "batch.global_batch_size=8",
                          "parallel.zero_stage=0")
+    assert st.pipeline_degree == 1 and st.grad_accum_steps == 1
     n, w = 8 * st.seq_length, 4
     ar = lat + 2 * (1 / 2) * n * 128 * w / (bus * 1e9)
-    gather = lat + (1 / 2) * n * 2048 * w / (bus * 1e9)
     t = steptime.estimate_step_time(shape, st, hardware(ideal(intra=Link(lat, bus))))
-    assert t.tp_comm_s == pytest.approx(4 * 7 * ar + gather + ar, rel=1e-9)
-    # ... and each rank computes V/2 of the head's logits: the GEMM time is the sharded blocks and half the head.
+    assert t.tp_comm_s == pytest.approx(4 * 4 * ar, rel=1e-9)
+    # ... and every rank computes the whole head: the blocks' GEMMs halved, the head's (3 GEMMs of n x h x V) not.
     h, f, v = 128, 352, 2048
-    assert t.gemm_s == pytest.approx((4 * _block_gemm_flops(h, f, n) / 2 + 3 * 2 * n * h * v / 2) / P, rel=1e-9)
+    assert t.gemm_s == pytest.approx((4 * _block_gemm_flops(h, f, n) / 2 + 3 * 2 * n * h * v) / P, rel=1e-9)
 
 
 def test_tensor_parallel_all_reduces_pipeline_grid():

@@ -55,6 +55,18 @@ def test_pipeline_tp_terms_by_hand():
     assert h["capacity_bytes"] == 2_000_000_000_000 and h["fits"] is True
 
 
+def test_tp_without_stages_builds_its_shards_by_hand():
+    """TP 2 x DP 4 at pipeline_degree 1 runs our TP layers (launcher/parallel/tensor_model.py): each rank builds its
+    TP shards of the 32 blocks and the embedding, final norm and head whole (replicated), not the whole model
+    (DeepSpeed AutoTP, which this replaced, built 6,738,415,616 x 4 B = 26.95 GB per rank)."""
+    _, _, h = _summary(H100_NODE + ["parallel.tensor_degree=2"])
+    block_per_tp_rank = (202_383_360 - 8_192) // 2 + 8_192                     # 101,195,776
+    own = 131_072_000 + 32 * block_per_tp_rank + 4_096 + 131_072_000            # 3,500,412,928
+    row_block = 256 * max(4096, 11008 // 2) * 4                                # one seeded 256-row block in fp32
+    assert h["build_path"] == "pipeline"
+    assert h["build_bytes_per_rank"] == [own * 4 + row_block] * 8 == [14_007_287_808] * 8
+
+
 def test_zero3_offload_terms_by_hand_and_refusal():
     """ZeRO-3 x DP 8 with optimizer offload: each rank builds its partition; the optimizer lives in host RAM."""
     over = H100_NODE + ["parallel.zero_stage=3", "parallel.offload_optimizer=true"]
@@ -81,9 +93,9 @@ def test_zero3_offload_terms_by_hand_and_refusal():
 
 def test_catalog_node_refusal_names_the_gpu_entry():
     """No cluster.host_memory_gb: the catalog's DGX A100 320GB node (1 TB) is what is exceeded, so the key is cluster.gpu.
-    llama-65b whole-model build (TP 8, no PP, ZeRO 1): 8 ranks x the whole fp32 model (~261 GB) > 1,000 GB."""
+    llama-65b whole-model build (no TP or PP, ZeRO 1): 8 ranks x the whole fp32 model (~261 GB) > 1,000 GB."""
     cfg = compose(["recipe=llama-65b", "cluster.gpu=a100-40gb", "cluster.nodes=8", "cluster.gpus_per_node=8",
-                   "parallel.tensor_degree=8", "parallel.pipeline_degree=1", "parallel.zero_stage=1",
+                   "parallel.tensor_degree=1", "parallel.pipeline_degree=1", "parallel.zero_stage=1",
                    "batch.global_batch_size=64", "batch.micro_batch_size=1"])
     layout = resolve_layout(cfg)
     h = host_summary(cfg, layout)
@@ -110,7 +122,7 @@ def test_cpu_cluster_is_not_checked_unless_given():
     H100_NODE + ["parallel.tensor_degree=2", "parallel.pipeline_degree=2"],
     H100_NODE + ["parallel.zero_stage=3"],
     H100_NODE + ["parallel.tensor_degree=2"],
-], ids=["bloom-176b", "llama2-70b", "llama-7b-pp2-tp2", "llama-7b-zero3", "llama-7b-autotp2"])
+], ids=["bloom-176b", "llama2-70b", "llama-7b-pp2-tp2", "llama-7b-zero3", "llama-7b-tp2"])
 def test_build_peak_agrees_with_the_dry_run_ledger(overrides):
     """The plan's build bytes per rank equal the ledger's host bytes at build (counted from the runtime's meta
     modules); ZeRO-3 to the per-tensor rounding of its partitions (< 1 element per tensor)."""
