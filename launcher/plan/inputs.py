@@ -157,9 +157,9 @@ class Strategy:
 
     @property
     def pipeline_layers(self) -> bool:
-        """Runs as our layer list (config.layout.Layout.pipeline_layers: stages, or Megatron SP or TP x CP on the plain
-        engine): blocks recompute rotary."""
-        return self.pipeline_degree > 1 or self.sequence_parallel or (self.tensor_degree > 1 and self.context_degree > 1)
+        """Runs as our layer list (config.layout.Layout.pipeline_layers: stages, or any TP on the plain engine):
+        blocks recompute rotary."""
+        return self.pipeline_degree > 1 or self.tensor_degree > 1 or self.sequence_parallel
 
     @property
     def world_size(self) -> int:
