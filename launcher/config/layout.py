@@ -77,11 +77,9 @@ class Layout:
     @property
     def pipeline_layers(self) -> bool:
         """Whether the model is our layer list (launcher/parallel/pipeline.py, built per rank, TP from
-        launcher/parallel/tensor.py): with stages, or with any tensor parallelism (Megatron SP and TP x ring-attention
-        CP included), so a rank materialises only its stage's and its TP slice's weights (issue 11). At
-        pipeline_degree = 1 it runs on DeepSpeed's plain engine (launcher/parallel/tensor_model.py), so ZeRO-2
-        applies. DeepSpeed AutoTP, which shards a transformers model every rank first builds whole, is not used."""
-        return self.pipeline_degree > 1 or self.tensor_degree > 1 or self.sequence_parallel
+        launcher/parallel/tensor.py): with stages, or with any TP (Megatron SP and TP x CP included). At
+        pipeline_degree = 1 it runs on DeepSpeed's plain engine (launcher/parallel/tensor_model.py), so ZeRO-2 applies."""
+        return self.pipeline_degree > 1 or self.tensor_degree > 1
 
     @property
     def model_parallel_size(self) -> int:

@@ -159,7 +159,7 @@ class Strategy:
     def pipeline_layers(self) -> bool:
         """Runs as our layer list (config.layout.Layout.pipeline_layers: stages, or any TP on the plain engine):
         blocks recompute rotary."""
-        return self.pipeline_degree > 1 or self.tensor_degree > 1 or self.sequence_parallel
+        return self.pipeline_degree > 1 or self.tensor_degree > 1
 
     @property
     def world_size(self) -> int:

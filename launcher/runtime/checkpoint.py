@@ -477,9 +477,10 @@ def refuse_autotp_checkpoint(saved: dict, tag_dir: Path) -> None:
     if autotp:
         raise ConfigError("resume", str(tag_dir),
                           f"was written by DeepSpeed AutoTP (tensor_parallel.autotp_size={autotp} in its DeepSpeed config), "
-                          "with transformers parameter names; this launcher runs tensor parallelism on its own TP layers "
-                          "(each rank building only its slice), whose parameters are named pipe.<layer>.<name>, so "
-                          "neither the weights nor the optimizer partitions of that checkpoint would be found",
+                          "with AutoTP's slices under transformers parameter names; this launcher runs tensor parallelism "
+                          "on its own TP layers (each rank building only its slice, parameters named pipe.<layer>.<name>) "
+                          "and loads or converts only checkpoints its own modules wrote, so that one cannot be continued "
+                          "on any layout",
                           f"export it (`launcher export {tag_dir} <out>`) and start a new run from the export with "
                           "model.init_from=<out> and resume=never (the optimizer state restarts)")
 

@@ -81,8 +81,7 @@ def test_zero3_offload_terms_by_hand_and_refusal():
 
 def test_catalog_node_refusal_names_the_gpu_entry():
     """No cluster.host_memory_gb: the catalog's DGX A100 320GB node (1 TB) is what is exceeded, so the key is cluster.gpu.
-    llama-65b whole-model build (DP 64, ZeRO 1: no TP, no PP): 8 ranks x the whole fp32 model (~261 GB) > 1,000 GB.
-    (TP without a pipeline built whole under AutoTP; our TP layers build each rank's slice: issue 11.)"""
+    llama-65b whole-model build (no TP or PP, ZeRO 1): 8 ranks x the whole fp32 model (~261 GB) > 1,000 GB."""
     cfg = compose(["recipe=llama-65b", "cluster.gpu=a100-40gb", "cluster.nodes=8", "cluster.gpus_per_node=8",
                    "parallel.tensor_degree=1", "parallel.pipeline_degree=1", "parallel.zero_stage=1",
                    "batch.global_batch_size=64", "batch.micro_batch_size=1"])
