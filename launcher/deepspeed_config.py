@@ -22,24 +22,19 @@ def deepspeed_batch_world(layout: Layout) -> int:
 
     DeepSpeed checks train_batch_size == micro x accum x W when it parses the
     config (deepspeed/runtime/config.py, DeepSpeedConfig.__init__):
-    - with our layer list (a pipeline, or Megatron SP / TP x CP at pipeline_degree = 1:
+    - with our layer list (a pipeline, or any tensor parallelism at pipeline_degree = 1:
       launcher/parallel/tensor_model.py), its grid is the `mpu` and
       W = its data-parallel size, our data_degree; except that with a pipeline and
       context parallelism the grid's data axis holds the CP ranks too (the pipeline
       engine takes no other mpu: launcher/parallel/pipeline.py), so W = data_degree x
       context_degree, and the train_batch_size we emit is the global batch x CP;
-    - without one, the config is parsed before AutoTP installs its groups, so
-      W = the whole world / sequence_parallel_size, i.e. data_degree x
-      tensor_degree: the assertion counts each TP rank as if it were a replica
-      even though the TP ranks of a group see the same samples.
-    So with AutoTP the train_batch_size we emit is larger than the real global
-    batch by the factor tensor_degree, and that is what DeepSpeed accepts.
+    - without one (no TP, no pipeline), W = the whole world / sequence_parallel_size = data_degree.
+    (DeepSpeed AutoTP, no longer used, parsed the config before installing its groups and so counted each TP rank
+    as a replica: W was data_degree x tensor_degree there.)
     """
     if layout.pipeline_engine:
         return layout.data_degree * layout.context_degree
-    if layout.pipeline_layers:
-        return layout.data_degree
-    return layout.data_degree * layout.tensor_degree
+    return layout.data_degree
 
 
 def _precision(cfg, layout: Layout) -> dict:
@@ -192,12 +187,6 @@ def build_deepspeed_config(cfg, layout: Layout) -> dict:
     # which its engine never calls (runtime/activation_checkpointing/checkpointing.py), so its keys
     # (partition_activations, cpu_checkpointing) would promise what does not happen. Recompute is switched on where
     # it runs: transformers' gradient checkpointing (train.py) and the pipeline's activation_checkpoint_interval.
-    if layout.tensor_degree > 1 and not layout.pipeline_layers:
-        # AutoTP only without a pipeline: inside a PipelineModule it builds its own (world/tp, tp) mesh
-        # that ignores the pipeline axis and cannot find a policy for the pipeline's layers
-        # ("Not able to determine model policy automatically"); there launcher/parallel/tensor.py
-        # shards the blocks on the pipeline grid's model axis instead.
-        ds["tensor_parallel"] = {"autotp_size": layout.tensor_degree}
     if layout.sequence_parallel_size > 1:
         # Ulysses or CP ranks: DeepSpeed sums their gradients and averages only over data-parallel replicas.
         ds["sequence_parallel_size"] = layout.sequence_parallel_size

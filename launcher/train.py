@@ -49,15 +49,14 @@ def build_engine(cfg, layout, ds_config: dict):
       tensor-parallel inside the stages on the pipeline grid when tensor_degree > 1 (launcher/parallel/tensor.py),
       ring attention in its blocks when context_degree > 1; deepspeed.initialize then returns a PipelineEngine,
       driven by train_step_pipeline;
-    - Megatron sequence parallelism, or TP x CP, at pipeline_degree = 1: the same per-rank TP layers on the plain
-      engine, with their grid as the `mpu` (launcher/parallel/tensor_model.py; our TP modules have the SP mode and
-      ring attention, AutoTP neither), so ZeRO-2 applies; driven by train_step like every plain engine;
+    - tensor_degree > 1 at pipeline_degree = 1 (with or without Megatron SP or CP): the same per-rank TP layers on
+      the plain engine, each rank building only its TP slice, with their grid as the `mpu`
+      (launcher/parallel/tensor_model.py), so ZeRO-2 applies; driven by train_step like every plain engine;
     - sequence_degree > 1: the transformers model with Ulysses attention (launcher/parallel/sequence.py); the SP
       groups go to deepspeed.initialize as its `mpu`, so ZeRO and the gradient reduction see them;
     - context_degree > 1: the same with ring attention (launcher/parallel/context.py), its CP groups as the `mpu`;
     - ZeRO-3 (no TP or SP): built directly as this rank's partitions (deepspeed.zero.Init), never whole;
-    - otherwise the transformers model; with tensor_degree > 1 DeepSpeed AutoTP shards it
-      (the generated config's tensor_parallel.autotp_size).
+    - otherwise (1 rank, or ZeRO-0/1/2 data parallelism) the transformers model.
     Every path starts from the same weights: the launcher's seeded init (launcher/runtime/build.py).
     """
     import deepspeed
@@ -150,7 +149,7 @@ def micro_loss(engine, input_ids, sp_rank: int, sp: int, cp_rank: int = 0, cp: i
 
 def train_step(engine, batches: TokenBatches, step: int, accum: int, agree: "StepAgreement", veto, measure_state: bool = False,
                sp_rank: int = 0, sp: int = 1, cp_rank: int = 0, cp: int = 1, document_eos=None):
-    """One optimizer step of a plain (AutoTP, Megatron SP, Ulysses, CP) engine: `accum` micro-batches forward + backward, then DeepSpeed's step.
+    """One optimizer step of a plain (TP, Megatron SP, Ulysses, CP) engine: `accum` micro-batches forward + backward, then DeepSpeed's step.
 
     engine.step() is called after every micro-batch; DeepSpeed applies the optimizer (with clipping and
     the LR schedule) only at the accumulation boundary, and scales each micro loss by 1/accum itself.

@@ -98,8 +98,9 @@ class DataConfig:
     sequence") and Megatron-LM's --reset-position-ids --reset-attention-mask. Off: a window attends across document
     boundaries (GPT-2/3, nanoGPT). The loss is unchanged: an EOS still predicts the next document's first token.
     Needs token files that name their EOS (data=stdlib/hf, our data=tokens files) and model.arch llama, mistral,
-    qwen2 or gpt on 1 rank, ZeRO data parallelism or AutoTP (tensor_degree > 1 without a pipeline); refused before
-    start with a pipeline or Ulysses (launcher/config/supported.py, launcher/runtime/documents.py)."""
+    qwen2 or gpt on 1 rank or ZeRO data parallelism, llama, mistral or qwen2 with tensor_degree > 1 without a
+    pipeline; refused before start with a pipeline, Megatron SP, Ulysses or CP (launcher/config/supported.py,
+    launcher/runtime/documents.py)."""
     streaming: bool = False
     """data=hf: read the dataset with datasets' streaming mode and tokenize it inside every rank as training consumes
     it, instead of pretokenizing all of it into data.cache_dir first: for corpora larger than the disk cache.

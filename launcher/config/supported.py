@@ -10,8 +10,9 @@ from __future__ import annotations
 from launcher.config.errors import ConfigError
 from launcher.config.streaming import check_streaming
 
-# The architectures launcher/parallel/pipeline.py can cut into a DeepSpeed PipelineModule (its ARCH_MODULES);
-# GPT2LMHeadModel has no stage builder there, so a gpt pipeline would fail after the ranks start.
+# The architectures launcher/parallel/pipeline.py can cut into a DeepSpeed PipelineModule (its ARCH_MODULES), and so
+# the ones tensor parallelism runs for (our TP layers live in those layer lists, with or without stages);
+# GPT2LMHeadModel has no stage builder there, so a gpt pipeline or TP run would fail after the ranks start.
 PIPELINE_ARCHS = ("llama", "mistral", "qwen2", "bloom")
 
 # Mistral and Qwen2 are LLaMA blocks for everything the runtime shards, saves and schedules (RMSNorm, rotary,
@@ -35,19 +36,17 @@ def check_supported(cfg, layout) -> None:
     if layout.sequence_degree > 1 and layout.tensor_degree > 1:
         raise ConfigError("parallel.sequence_degree", layout.sequence_degree,
                           f"Ulysses sequence parallelism runs without tensor parallelism in `launcher train` "
-                          f"(tensor_degree={layout.tensor_degree}: AutoTP and the Ulysses all-to-all are not composed yet)",
+                          f"(tensor_degree={layout.tensor_degree}: Ulysses runs on the plain transformers model, TP on "
+                          "our tensor-parallel layers, and the Ulysses all-to-all is not composed with them yet)",
                           "set parallel.tensor_degree=1, or parallel.sequence_degree=1")
-    if layout.tensor_degree > 1 and layout.zero_stage == 3 and not layout.pipeline_layers:
-        # deepspeed.initialize checks the batch against world / sp ranks; ZeRO-3 then re-reads the config with
-        # AutoTP's groups as mpu (runtime/zero/partition_parameters.py, Init -> DeepSpeedConfig(config, mpu))
-        # and checks it against data_degree. Measured on 2 CPU ranks (TP 2): "8 != 2 * 4 * 2", "16 != 2 * 4 * 1".
-        mb, acc, dp, tp = layout.micro_batch_size, layout.grad_accum_steps, layout.data_degree, layout.tensor_degree
+    if layout.tensor_degree > 1 and layout.zero_stage == 3 and layout.pipeline_degree == 1:
+        # The same layers and the same reason as Megatron SP below (launcher/parallel/tensor_model.py).
         raise ConfigError("parallel.zero_stage", 3,
-                          f"DeepSpeed AutoTP (tensor_degree={tp} without a pipeline) stops at start under ZeRO-3: DeepSpeed "
-                          f"0.19.8 checks train_batch_size twice, against micro x accum x (data x tensor degree) = "
-                          f"{mb} x {acc} x {dp * tp} = {mb * acc * dp * tp} and against micro x accum x data_degree = "
-                          f"{mb} x {acc} x {dp} = {mb * acc * dp}, and no value passes both",
-                          "set parallel.zero_stage=2 (or 1, 0), or parallel.tensor_degree=1")
+                          f"tensor parallelism (tensor_degree={layout.tensor_degree}, pipeline_degree=1) runs on our "
+                          "tensor-parallel layers with ZeRO stage 0, 1 or 2; ZeRO-3's parameter partitioning of those "
+                          "TP-sharded layers is not implemented",
+                          "set parallel.zero_stage=2 (or 1, 0): the TP ranks already split the weights tensor_degree "
+                          "ways, or parallel.tensor_degree=1 (ZeRO-3 alone shards every weight)")
     if layout.sequence_degree > 1 and cfg.model.arch not in LLAMA_FAMILY:
         raise ConfigError("parallel.sequence_degree", layout.sequence_degree,
                           f"Ulysses sequence parallelism is implemented for model.arch={', '.join(LLAMA_FAMILY)}, not {cfg.model.arch}",
@@ -57,12 +56,11 @@ def check_supported(cfg, layout) -> None:
                           f"ring-attention context parallelism is implemented for model.arch={', '.join(LLAMA_FAMILY)} "
                           f"(launcher/parallel/context.py, a transformers attention function), not {cfg.model.arch}",
                           "set parallel.context_degree=1, or model.arch=llama")
-    if layout.tensor_degree > 1 and cfg.model.arch == "gpt" and not layout.pipeline_layers:
-        # Measured: DeepSpeed 0.19.8's AutoTP stops inside deepspeed.initialize on GPT2LMHeadModel ("AutoTP not
-        # supported for model. Please use kernel injection"), after every rank started.
+    if layout.tensor_degree > 1 and layout.pipeline_degree == 1 and cfg.model.arch not in PIPELINE_ARCHS:
         raise ConfigError("parallel.tensor_degree", layout.tensor_degree,
-                          "tensor parallelism without a pipeline is DeepSpeed AutoTP, which does not support GPT-2 "
-                          "(model.arch=gpt), and the pipeline path has no GPT builder either",
+                          f"tensor parallelism runs on our tensor-parallel layer list (launcher/parallel/pipeline.py, "
+                          f"each rank building only its slice), implemented for model.arch={', '.join(PIPELINE_ARCHS)}, "
+                          f"not {cfg.model.arch}",
                           "set parallel.tensor_degree=1 and shard with parallel.zero_stage=3, or use model.arch=llama")
     if layout.pipeline_degree > 1 and cfg.model.arch not in PIPELINE_ARCHS:
         raise ConfigError("parallel.pipeline_degree", layout.pipeline_degree,
@@ -75,8 +73,8 @@ def check_supported(cfg, layout) -> None:
 
 def _check_megatron_sequence_parallel(cfg, layout) -> None:
     """parallel.sequence_parallel runs our Megatron TP (launcher/parallel/tensor.py) in our layer list: on DeepSpeed's
-    pipeline engine with stages, on its plain engine at pipeline_degree = 1 (launcher/parallel/tensor_model.py; AutoTP,
-    the other TP path without a pipeline, has no SP mode)."""
+    pipeline engine with stages, on its plain engine at pipeline_degree = 1 (launcher/parallel/tensor_model.py), like
+    all TP."""
     if layout.sequence_degree > 1:
         raise ConfigError("parallel.sequence_parallel", True,
                           f"Megatron sequence parallelism (inside TP) and Ulysses (parallel.sequence_degree="
@@ -102,15 +100,16 @@ def _check_megatron_sequence_parallel(cfg, layout) -> None:
 
 
 # data.document_mask reaches the model as position ids that restart after each EOS, from which transformers
-# builds the within-document causal mask (launcher/runtime/documents.py). Only the whole transformers model
-# of these architectures takes them: BLOOM has no position ids (ALiBi inside its own eager attention).
+# builds the within-document causal mask (launcher/runtime/documents.py); our TP layers at pipeline_degree = 1 take
+# them too and build the same mask with transformers' create_causal_mask (launcher/parallel/pipeline.py
+# EmbeddingPipe). These architectures take them: BLOOM has no position ids (ALiBi inside its own eager attention).
 DOCUMENT_MASK_ARCHS = ("llama", "mistral", "qwen2", "gpt")
 
 
 def check_document_mask(cfg, layout) -> None:
-    """data.document_mask runs where the transformers model takes the batch's position ids whole: 1 rank, ZeRO
-    data parallelism (any stage) and AutoTP (tensor_degree > 1 without a pipeline). Refused elsewhere, before any
-    process starts."""
+    """data.document_mask runs where the model takes the batch's position ids whole: 1 rank, ZeRO data parallelism
+    (any stage) and tensor parallelism without a pipeline (our TP layers on the plain engine). Refused elsewhere,
+    before any process starts."""
     if not getattr(cfg.data, "document_mask", False):
         return
     if cfg.model.arch not in DOCUMENT_MASK_ARCHS:
@@ -119,8 +118,9 @@ def check_document_mask(cfg, layout) -> None:
                           f"model.arch={cfg.model.arch} takes none (BLOOM's ALiBi bias is built inside its own attention), "
                           f"so it runs for model.arch={', '.join(DOCUMENT_MASK_ARCHS)} only",
                           "set data.document_mask=false, or use model.arch=llama")
-    # Tensor parallelism without a pipeline is DeepSpeed AutoTP on the whole transformers model, which takes the
-    # position ids as one rank does (tests/train/test_document_mask_runs.py); inside a pipeline it is refused with it.
+    # Tensor parallelism without a pipeline passes the position ids into our TP layers, whose embedding builds the
+    # mask as the transformers model does (tests/train/test_document_mask_runs.py holds TP 2 to 1 rank); between
+    # pipeline stages only the hidden states travel, so with stages it is refused.
     degrees = {"parallel.pipeline_degree": (layout.pipeline_degree, "the pipeline's stages receive only the hidden states and "
                                             "recompute positions 0..seq-1 (launcher/parallel/pipeline.py)"),
                "parallel.sequence_degree": (layout.sequence_degree, "Ulysses ranks hold a slice of the sequence and "
@@ -132,13 +132,14 @@ def check_document_mask(cfg, layout) -> None:
 }
     if layout.sequence_parallel:
         raise ConfigError("data.document_mask", True,
-                          "runs on 1 rank, with ZeRO data parallelism and with AutoTP only, not with "
-                          "parallel.sequence_parallel=true: Megatron SP runs our TP layers, whose blocks "
-                          "recompute positions 0..seq-1 (launcher/parallel/pipeline.py)",
+                          "runs on 1 rank, with ZeRO data parallelism and with tensor parallelism without a pipeline "
+                          "only, not with parallel.sequence_parallel=true: under Megatron SP each TP rank's embedding "
+                          "output holds s/tp tokens and the blocks recompute positions 0..seq-1 "
+                          "(launcher/parallel/pipeline.py)",
                           "set data.document_mask=false, or parallel.sequence_parallel=false")
     for key, (degree, why) in degrees.items():
         if degree > 1:
             raise ConfigError("data.document_mask", True,
-                              f"runs on 1 rank, with ZeRO data parallelism and with AutoTP (tensor_degree > 1 without a "
-                              f"pipeline) only, not with {key}={degree}: {why}",
+                              f"runs on 1 rank, with ZeRO data parallelism and with tensor parallelism without a "
+                              f"pipeline only, not with {key}={degree}: {why}",
                               f"set data.document_mask=false, or {key}=1 (shard with parallel.zero_stage instead)")

@@ -129,10 +129,12 @@ def checkpoint_state_dict(tag_dir: Path, arch: str, num_layers: int, tied: bool,
     The module weights are read (what the training forward used; bf16 under bf16 training):
     - pipelined: one file per layer and TP rank (PipelineModule.save_state_dict, written by DP rank 0);
       a tied head is not saved separately (its forward is the embedding's), transformers re-ties it;
-    - AutoTP without a pipeline: one mp_rank_XX_model_states.pt per TP rank (DeepSpeed's engine
-      saves `module` under the tensor-parallel rank), already under transformers' names;
-    - Megatron SP at pipeline_degree = 1 (launcher/parallel/tensor_model.py): the same mp_rank files, holding
-      our layer list under its PREFIX ("pipe.<layer index>.<local name>"), named through hf_name like the layer files.
+    - tensor parallelism at pipeline_degree = 1 (launcher/parallel/tensor_model.py, with or without Megatron SP):
+      one mp_rank_XX_model_states.pt per TP rank (DeepSpeed's engine saves `module` under the tensor-parallel
+      rank), holding our layer list under its PREFIX ("pipe.<layer index>.<local name>"), named through hf_name
+      like the layer files;
+    - checkpoints written by DeepSpeed AutoTP (how plain TP ran before issue 11; `launcher train` no longer resumes
+      them: checkpoint.refuse_autotp_checkpoint): the same mp_rank files, already under transformers' names.
     """
     return merge_by_shape(checkpoint_shards(tag_dir, arch, num_layers, tied, pipelined), full_shapes)
 

@@ -11,6 +11,13 @@ Layers, in order (what DeepSpeed partitions over the stages):
 and `causal_lm_loss(logits, labels)` as the PipelineModule's loss_fn. `layer_hf_prefixes` names the
 transformers module of every layer index, for the export (launcher/parallel/export.py).
 
+Document masking (data.document_mask) at pipeline_degree = 1 (launcher/parallel/tensor_model.py): the module is
+called with (input_ids, position_ids); EmbeddingPipe then builds the causal within-document mask once, with
+transformers' own create_causal_mask (as LlamaModel.forward does: launcher/runtime/documents.py), and the LLaMA
+blocks pass (hidden, position_ids, mask) on, rotary at the restarting positions; the final NormPipe drops the
+two. Between pipeline stages only the hidden states travel (DeepSpeed's p2p sends the activations of a fixed
+layout), so with stages the mask stays refused (config/supported.py check_document_mask).
+
 Weights: `build_pipeline_module` builds the whole transformers model on the meta device (no bytes) and
 hands each layer its (meta) modules; DeepSpeed builds only this stage's layers (LayerSpec.build), and
 `SeededLayerSpec.build` then materialises just those and fills them with the launcher's seeded init
@@ -77,17 +84,33 @@ class EmbeddingPipe(nn.Module):
     """Token embedding; with tied embeddings the same module also serves as the output head.
 
     `sp_group`: Megatron sequence parallelism; each TP rank keeps its s/tp tokens of the (replicated)
-    embedding output, and the blocks run on them (launcher/parallel/tensor.py)."""
+    embedding output, and the blocks run on them (launcher/parallel/tensor.py).
+    `mask_config`: the transformers config whose attention the blocks run (LLaMA family). Called with
+    (input_ids, position_ids) (data.document_mask), the embedding returns (hidden, position_ids, mask), the mask
+    from transformers' create_causal_mask exactly as LlamaModel.forward builds it: causal within each document
+    that the restarting position ids delimit (None where they do not restart: SDPA's is_causal then)."""
 
-    def __init__(self, source: nn.Embedding, sp_group=None):
+    def __init__(self, source: nn.Embedding, sp_group=None, mask_config=None):
         super().__init__()
         self.weight = nn.Parameter(source.weight.detach().clone())
         self.sp_group = sp_group
+        self.mask_config = mask_config
 
-    def forward(self, input_ids):
+    def forward(self, inputs):
         from launcher.parallel.tensor import scatter_to_sequence
 
-        hidden = F.embedding(input_ids, self.weight)
+        if isinstance(inputs, tuple):
+            from transformers.masking_utils import create_causal_mask
+
+            input_ids, position_ids = inputs
+            if self.mask_config is None or self.sp_group is not None:
+                raise NotImplementedError("position ids (data.document_mask) reach the LLaMA-family blocks without "
+                                          "sequence parallelism only (config/supported.py check_document_mask)")
+            hidden = F.embedding(input_ids, self.weight)
+            mask = create_causal_mask(config=self.mask_config, inputs_embeds=hidden, attention_mask=None, cache=None,
+                                      position_ids=position_ids)
+            return hidden, position_ids, mask
+        hidden = F.embedding(inputs, self.weight)
         return hidden if self.sp_group is None else scatter_to_sequence(hidden, self.sp_group)
 
 
@@ -109,6 +132,8 @@ class DecoderBlockPipe(nn.Module):
       True for Llama), exactly the path LlamaModel takes for an unpadded batch. Eager
       attention with attention_mask=None is NOT causal, so for it an explicit additive
       mask is built.
+    Given (hidden, position_ids, mask) (data.document_mask at pipeline_degree = 1: EmbeddingPipe), the block
+    attends with that mask and rotary at those positions instead, and returns the triple.
     """
 
     def __init__(self, layer: nn.Module, rotary: nn.Module, attn_implementation: str, tp=None, context=None):
@@ -123,7 +148,13 @@ class DecoderBlockPipe(nn.Module):
         self.seq_factor = tp.size if tp is not None and tp.sequence_parallel else 1
         self.context = context
 
-    def forward(self, hidden):
+    def forward(self, inputs):
+        if isinstance(inputs, tuple):
+            hidden, position_ids, mask = inputs
+            cos_sin = self.rotary(hidden, position_ids)
+            out = self.layer(hidden, attention_mask=mask, position_ids=position_ids, position_embeddings=cos_sin)
+            return out, position_ids, mask
+        hidden = inputs
         seq = hidden.shape[1] * self.seq_factor
         if self.context is None:
             position_ids = torch.arange(seq, device=hidden.device).unsqueeze(0)
@@ -177,7 +208,9 @@ class NormPipe(nn.Module):
     """A RMSNorm / LayerNorm (final, or Bloom's word-embedding LayerNorm).
 
     `sp_group` (the final norm under sequence parallelism): the norm runs on this rank's s/tp tokens, its
-    weight gradient is summed over the TP ranks, and the output is all-gathered for the replicated head."""
+    weight gradient is summed over the TP ranks, and the output is all-gathered for the replicated head.
+    Given the blocks' (hidden, position_ids, mask) (data.document_mask), the final norm returns the hidden states
+    alone, for the head (BLOOM, whose embedding norm also is a NormPipe, takes no position ids)."""
 
     def __init__(self, norm: nn.Module, sp_group=None):
         from launcher.parallel.tensor import mark_sequence_parallel
@@ -191,6 +224,8 @@ class NormPipe(nn.Module):
     def forward(self, hidden):
         from launcher.parallel.tensor import gather_from_sequence
 
+        if isinstance(hidden, tuple):
+            hidden = hidden[0]
         hidden = self.norm(hidden)
         return hidden if self.sp_group is None else gather_from_sequence(hidden, self.sp_group)
 
@@ -298,11 +333,13 @@ def layer_specs(full, arch: str, attn_implementation: str, tie: bool, tp=None, i
         rotary = type(full.model.rotary_emb)(config=full.config)
     prefixes = layer_hf_prefixes(arch, full.config.num_hidden_layers)
     sp_group = tp.group if tp is not None and tp.sequence_parallel else None
+    mask_config = full.config if arch != "bloom" else None  # the document mask's (EmbeddingPipe)
     specs = []
     if tie:
-        specs.append(SeededTiedLayerSpec("embed", EmbeddingPipe, embed, sp_group, tied_weight_attr=["weight"]))
+        specs.append(SeededTiedLayerSpec("embed", EmbeddingPipe, embed, sp_group, mask_config,
+                                         tied_weight_attr=["weight"]))
     else:
-        specs.append(SeededLayerSpec(EmbeddingPipe, embed, sp_group))
+        specs.append(SeededLayerSpec(EmbeddingPipe, embed, sp_group, mask_config))
     if names.embed_norm:
         specs.append(SeededLayerSpec(NormPipe, full.get_submodule(names.embed_norm)))
     for layer in full.get_submodule(names.blocks):
@@ -312,8 +349,8 @@ def layer_specs(full, arch: str, attn_implementation: str, tie: bool, tp=None, i
             specs.append(SeededLayerSpec(BloomDecoderBlockPipe, layer, full.config.n_head, tp))
     specs.append(SeededLayerSpec(NormPipe, full.get_submodule(names.final_norm), sp_group))
     if tie:
-        specs.append(SeededTiedLayerSpec("embed", EmbeddingPipe, embed, sp_group, forward_fn=tied_head_forward,
-                                         tied_weight_attr=["weight"]))
+        specs.append(SeededTiedLayerSpec("embed", EmbeddingPipe, embed, sp_group, mask_config,
+                                         forward_fn=tied_head_forward, tied_weight_attr=["weight"]))
     else:
         specs.append(SeededLayerSpec(HeadPipe, full.get_submodule(names.head)))
     for spec, prefix in zip(specs, prefixes):

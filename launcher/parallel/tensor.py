@@ -1,6 +1,8 @@
-"""Megatron-style tensor parallelism for the decoder blocks of a pipelined model.
+"""Megatron-style tensor parallelism for the decoder blocks of our layer list: every TP in `launcher train`, inside
+pipeline stages and, at pipeline_degree = 1, on the plain engine (launcher/parallel/tensor_model.py).
 
-Why our own column/row-parallel linears and not DeepSpeed AutoTP here: AutoTP
+Why our own column/row-parallel linears and not DeepSpeed AutoTP: AutoTP shards a model every rank has first built
+whole (issue 11: a rank must materialise only its slice), and AutoTP
 installs its own 2-D (world/tp, tp) device mesh over all ranks
 (engine._init_tp_mesh_device), which ignores the pipeline axis, so inside a
 PipelineModule its "data-parallel" groups span pipeline stages and the engine's

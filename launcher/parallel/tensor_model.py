@@ -1,5 +1,9 @@
-"""Our tensor-parallel layers on DeepSpeed's plain engine: Megatron TP + SP, and TP x ring-attention context
-parallelism, at pipeline_degree = 1, with ZeRO 0-2.
+"""Our tensor-parallel layers on DeepSpeed's plain engine: every tensor_degree > 1 at pipeline_degree = 1 (Megatron TP,
+with or without SP, and TP x ring-attention context parallelism), with ZeRO 0-2.
+
+Why not DeepSpeed AutoTP (which the launcher used for plain TP until issue 11): AutoTP shards a transformers model
+that every rank has first built whole, so a rank's peak holds the whole model; here each rank builds and seeds only
+its TP slice. AutoTP also has no SP mode and its groups cannot be laid out with CP's (below).
 
 DeepSpeed 0.19.8's PipelineEngine asserts ZeRO < 2 (runtime/pipe/engine.py: "ZeRO-2 and ZeRO-3 are incompatible
 with pipeline parallelism"), so running Megatron SP as a one-stage pipeline refused `recipe=tiny` (ZeRO-2). Here
@@ -23,7 +27,14 @@ What makes the plain engine right for these layers:
   accumulate them, on this engine as on the pipeline one.
 - the head is replicated over TP (the gathered hidden states times the whole padded vocabulary), so every TP rank
   computes the same full loss (causal_lm_loss, transformers' shift) and backpropagates it; DeepSpeed averages only
-  over DP.
+  over DP. Performance, said plainly: AutoTP (training mode) cut an untied head's weight over the vocabulary (a
+  column-parallel LinearLayer with gather_output=True, deepspeed 0.19.8 module_inject/auto_tp.py) and gathered
+  the logits; here every TP rank holds the whole vocab x hidden head, its gradient and optimizer state (tp times
+  AutoTP's share) and does the whole head matmul (tp times the FLOPs). The logits are whole on every rank in both.
+  A vocabulary-parallel head and loss (Megatron-LM's ColumnParallelLinear head + vocab_parallel_cross_entropy)
+  would remove that; not done.
+- data.document_mask: the batch's restarting position ids enter the layers with input_ids, and the embedding builds
+  transformers' within-document mask from them (launcher/parallel/pipeline.py), as the transformers model does.
 
 Activation checkpointing (model.activation_checkpointing) checkpoints each decoder block, as the pipeline does,
 with torch's non-reentrant checkpoint: DeepSpeed's reentrant one is configured by the PipelineEngine, which is not
@@ -68,18 +79,22 @@ class TensorParallelCausalLM(nn.Module):
 
         from launcher.parallel.pipeline import causal_lm_loss
 
-        if position_ids is not None:
-            # Our blocks build their positions themselves (0..s-1, or the CP chunks'); check_document_mask refuses
-            # data.document_mask here. context_parallel_loss passes the chunk positions: they must be the blocks'.
-            if self.context is None:
-                raise NotImplementedError("position_ids (data.document_mask) with our tensor-parallel layers")
+        inputs = input_ids
+        if position_ids is not None and self.context is None:
+            # data.document_mask (launcher/runtime/documents.py): positions restarting after each EOS. The embedding
+            # builds transformers' within-document causal mask from them and the blocks attend with it, rotary at
+            # those positions (launcher/parallel/pipeline.py EmbeddingPipe, DecoderBlockPipe).
+            inputs = (input_ids, position_ids)
+        elif position_ids is not None:
+            # Under CP the blocks build their chunks' positions themselves (check_document_mask refuses the mask
+            # with CP). context_parallel_loss passes the chunk positions: they must be the blocks'.
             from launcher.parallel.context import chunk_positions
 
             cp_rank, cp = self.context
             expected = chunk_positions(input_ids.shape[1] * cp, cp_rank, cp, input_ids.device)
             if not torch.equal(position_ids.reshape(-1, expected.numel())[0], expected):
                 raise ValueError("position_ids are not this context-parallel rank's head-tail chunk positions")
-        logits = self.pipe(input_ids)
+        logits = self.pipe(inputs)
         return CausalLMOutput(loss=None if labels is None else causal_lm_loss(logits, labels), logits=logits)
 
 

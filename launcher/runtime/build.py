@@ -246,8 +246,8 @@ def rebuild_rotary_(model: nn.Module) -> None:
 
 
 def build_whole_model(model_cfg, seed: int, vocab_size: Optional[int] = None):
-    """The whole model on CPU (every rank of a layout that holds whole weights: ZeRO 0-2 without a pipeline,
-    AutoTP before it shards, Ulysses), with the seeded init or, with `model.init_from`, read tensor by tensor.
+    """The whole model on CPU (every rank of a layout that holds whole weights: ZeRO 0-2 data parallelism without TP
+    or a pipeline, Ulysses, CP without TP), with the seeded init or, with `model.init_from`, read tensor by tensor.
 
     `model.init_from` goes through CheckpointSlices into the model built here, not through `from_pretrained`:
     one tensor at a time is read from the safetensors files into its parameter, so the peak is the model plus

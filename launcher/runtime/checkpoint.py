@@ -466,12 +466,32 @@ def refuse_one_stage_pipeline_files(layout, tag_dir: Path) -> None:
                           "model.init_from=<out> and resume=never (the optimizer state restarts)")
 
 
+def refuse_autotp_checkpoint(saved: dict, tag_dir: Path) -> None:
+    """Tensor parallelism at pipeline_degree = 1 ran on DeepSpeed AutoTP until our TP layers took it over (issue 11:
+    launcher/parallel/tensor_model.py). Such a checkpoint, recognised by the `tensor_parallel.autotp_size` its
+    generated DeepSpeed config carried, holds AutoTP's slices of the transformers model under transformers' names
+    (model.layers.0.self_attn.q_proj.weight); the layers now load `pipe.<layer>.<name>` and ZeRO's optimizer
+    partitions follow that module's parameter order, so it cannot be loaded on any layout. `launcher export`
+    reads it (launcher/parallel/export.py)."""
+    autotp = (saved.get("deepspeed_config") or {}).get("tensor_parallel", {}).get("autotp_size")
+    if autotp:
+        raise ConfigError("resume", str(tag_dir),
+                          f"was written by DeepSpeed AutoTP (tensor_parallel.autotp_size={autotp} in its DeepSpeed config), "
+                          "with AutoTP's slices under transformers parameter names; this launcher runs tensor parallelism "
+                          "on its own TP layers (each rank building only its slice, parameters named pipe.<layer>.<name>) "
+                          "and loads or converts only checkpoints its own modules wrote, so that one cannot be continued "
+                          "on any layout",
+                          f"export it (`launcher export {tag_dir} <out>`) and start a new run from the export with "
+                          "model.init_from=<out> and resume=never (the optimizer state restarts)")
+
+
 def check_resume_compatible(saved: dict, cfg, layout, tag_dir: Path, prepared=None) -> None:
     """Refuse a resume that changes more than RESUME_MAY_CHANGE, with a diff of what changed (key: saved -> now),
     or that would change the learning-rate schedule (check_schedule_kept)."""
     from launcher.runtime.elastic import needs_conversion, refuse_global_batch_change, refuse_unconvertible
 
     check_schedule_kept(saved, cfg, tag_dir)
+    refuse_autotp_checkpoint(saved, tag_dir)
     refuse_one_stage_pipeline_files(layout, tag_dir)
     refuse_global_batch_change(saved, cfg, layout, tag_dir)
     changes = resume_changes(saved, cfg, layout, tag_dir, prepared)

@@ -10,12 +10,12 @@ with. Byte columns multiply those counts by the per-parameter rules of launcher/
 
 "host_bytes_build" is the CPU memory the rank's build allocates (launcher/plan/host.py build_peak_bytes, which
 `launcher plan`'s host-memory check also uses), by path:
-- pipeline stage: its own layers in fp32 (the build dtype; DeepSpeed casts to bf16 afterwards) plus one
-  seeded 256-row block being generated;
+- our layer list (a pipeline stage, or any TP at pipeline_degree = 1): its own layers, own TP shards only, in
+  fp32 (the build dtype; DeepSpeed casts to bf16 afterwards) plus one seeded 256-row block being generated;
 - ZeRO-3 (deepspeed.zero.Init): its partition of every tensor in the training dtype, plus the fp32 rows one
   partition's values are cut from;
-- otherwise (ZeRO 0-2 without PP, AutoTP, Ulysses): the whole fp32 model -- every rank holds whole weights
-  there (AutoTP shards them only inside deepspeed.initialize).
+- otherwise (ZeRO 0-2 data parallelism without TP or PP, Ulysses, CP without TP): the whole fp32 model -- every
+  rank holds whole weights there.
 """
 
 from __future__ import annotations
@@ -47,7 +47,8 @@ def _roles_pipeline(cfg, layout, full):
     prefixes = layer_hf_prefixes(arch, cfg.model.num_hidden_layers)
     names = ARCH_MODULES[arch]
     roles = {}
-    # With stages the pipeline engine; at one stage (Megatron SP, TP x CP) the plain engine on the same layers.
+    # With stages the pipeline engine; at one stage (any TP: plain, Megatron SP, TP x CP) the plain engine on the
+    # same layers, each TP rank building only its slice (the head and norms whole: replicated over TP).
     build = "pipeline stage, own layers only" if layout.pipeline_degree > 1 else "own TP shards only"
     t = layout.tensor_degree
     for tp_rank in range(t):
@@ -66,23 +67,10 @@ def _roles_pipeline(cfg, layout, full):
 
 
 def _roles_whole(cfg, layout, full):
-    """PP = 1: every rank builds the whole model, or (ZeRO-3) its partition of every tensor."""
-    tensors = _tensors(full)
+    """PP = 1 without TP: every rank builds the whole model, or (ZeRO-3) its partition of every tensor."""
     if layout.tensor_degree > 1:
-        # AutoTP shards the block linears inside deepspeed.initialize, Megatron's split (tests/parallel checks it):
-        # count them as our TP does on meta copies of the blocks.
-        import copy
-
-        from launcher.parallel.tensor import TensorParallel, shard_bloom_block, shard_llama_decoder_layer
-
-        shard = {"llama": shard_llama_decoder_layer, "mistral": shard_llama_decoder_layer, "qwen2": shard_llama_decoder_layer,
-                 "bloom": shard_bloom_block}.get(cfg.model.arch)
-        if shard is not None:
-            blocks = full.transformer.h if cfg.model.arch == "bloom" else full.model.layers
-            block_ids = {id(p) for p in blocks.parameters()}
-            tensors = [(p.numel(), False) for p in full.parameters() if id(p) not in block_ids]
-            for b in blocks:
-                tensors += _tensors(shard(copy.deepcopy(b), TensorParallel(None, 0, layout.tensor_degree)))
+        raise ValueError("tensor parallelism runs on our layer list (Layout.pipeline_layers): _roles_pipeline")
+    tensors = _tensors(full)
     zero3 = layout.zero_stage == 3 and layout.tensor_degree == 1
     largest = max(n for n, _ in _tensors(full))
     if zero3:
@@ -90,7 +78,7 @@ def _roles_whole(cfg, layout, full):
         build = "deepspeed.zero.Init: own partition of every tensor"
     else:
         extra = None
-        build = "whole model" + (", then AutoTP shards it" if layout.tensor_degree > 1 else "")
+        build = "whole model"
     layers = ["(all)"]
     return {(0, r): {"tensors": tensors, "layers": layers, "build": build, "build_extra_bytes": extra, "zero3_build": zero3}
             for r in range(layout.tensor_degree)}

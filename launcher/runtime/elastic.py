@@ -60,8 +60,9 @@ def needs_conversion(saved: dict, cfg, layout) -> bool:
 
 
 def _kind(tp: int, pp: int) -> str:
-    """Which module the loop builds (train.build_engine): a PipelineModule, AutoTP on transformers, or transformers."""
-    return "pipeline" if pp > 1 else "autotp" if tp > 1 else "transformers"
+    """Which module the loop builds (train.build_engine): a PipelineModule, our TP layers on the plain engine
+    (launcher/parallel/tensor_model.py, parameters `pipe.<layer>.<name>`), or the transformers model."""
+    return "pipeline" if pp > 1 else "tensor" if tp > 1 else "transformers"
 
 
 def refuse_unconvertible(saved: dict, cfg, layout, tag_dir: Path) -> None:
@@ -111,13 +112,17 @@ def refuse_unconvertible(saved: dict, cfg, layout, tag_dir: Path) -> None:
                f"the embedding is padded to a multiple of the tensor degree: {old['padded_vocab_size']} rows then, "
                f"{layout.padded_vocab_size} now, another tensor shape", "choose a tensor_degree that pads the "
                f"vocabulary ({then.get('model', {}).get('vocab_size')}) to {old['padded_vocab_size']} rows as well")
-    if "autotp" in (_kind(old["tensor_degree"], old["pipeline_degree"]), _kind(layout.tensor_degree, layout.pipeline_degree)):
+    if "tensor" in (_kind(old["tensor_degree"], old["pipeline_degree"]), _kind(layout.tensor_degree, layout.pipeline_degree)):
+        # Our TP layers at pipeline_degree = 1 save the PipelineModule's names under tensor_model.PREFIX
+        # (pipe.<layer>.<name>); the conversion's patterns (universal_info) and renames (pipeline <-> transformers)
+        # know the bare PipelineModule names only, and no run holds such a conversion to an uninterrupted one.
         refuse("parallel.tensor_degree", old["tensor_degree"], layout.tensor_degree,
-               "with DeepSpeed's AutoTP (tensor_degree > 1 without a pipeline) on either side it is not verified here: "
-               "AutoTP shards the transformers model by its own metadata, not by the patterns this launcher gives for the "
-               "pipeline's tensor-parallel layers (launcher/parallel/tensor.py)",
-               "resume on the checkpoint's own TP and pipeline degrees, or put the TP inside a pipeline "
-               "(parallel.pipeline_degree > 1) on both layouts")
+               "with tensor parallelism at parallel.pipeline_degree=1 (our TP layers on DeepSpeed's plain engine, "
+               "parameters named pipe.<layer>.<name>) on either side it is not implemented: the conversion maps "
+               "pipeline-stage and transformers names only",
+               "resume on the checkpoint's own layout (its tensor, pipeline and data degrees and ZeRO stage), or put "
+               "the TP inside a pipeline (parallel.pipeline_degree > 1) on both layouts, or start a new run from its "
+               "export (resume=never, model.init_from=<launcher export>)")
 
 
 def refuse_global_batch_change(saved: dict, cfg, layout, tag_dir: Path) -> None:
@@ -269,8 +274,8 @@ def _convert(spec: dict) -> None:
     from deepspeed.checkpoint.constants import UNIVERSAL_CHECKPOINT_INFO
 
     source_kind, target_kind = spec["source_kind"], spec["target_kind"]
-    # Ours replaces whatever the files carry (nothing, for a PipelineModule or a plain transformers model; AutoTP
-    # layouts are refused by refuse_unconvertible).
+    # Ours replaces whatever the files carry (nothing, for a PipelineModule or a plain transformers model; our TP
+    # layers at pipeline_degree = 1 are refused by refuse_unconvertible).
     info = universal_info(spec["arch"], source_kind == "pipeline", spec["tie"])
 
     def inject(ds_checkpoint):
@@ -330,6 +335,9 @@ def prepare_resume(tag_dir: Optional[Path], run_dir: Path, cfg, layout, log=prin
     from launcher.runtime.checkpoint import load_state
 
     saved = load_state(tag_dir)
+    from launcher.runtime.checkpoint import refuse_autotp_checkpoint
+
+    refuse_autotp_checkpoint(saved, tag_dir)  # before any conversion: its names are AutoTP's (checkpoint.py)
     if "layout" not in saved or not needs_conversion(saved, cfg, layout):
         return None
     refuse_unconvertible(saved, cfg, layout, tag_dir)

@@ -71,8 +71,8 @@ class _DataParallelSize:
 
 
 def _deepspeed_world(layout) -> int:
-    if layout.pipeline_degree > 1 or layout.sequence_parallel:   # our layer list: its grid is the mpu
-        return layout.data_degree
+    if layout.pipeline_layers:   # our layer list (a pipeline, or any TP): its grid is the mpu
+        return layout.data_degree * (layout.context_degree if layout.pipeline_engine else 1)
     return layout.world_size // layout.sequence_degree
 
 
@@ -120,15 +120,17 @@ def test_deepspeed_accepts_layout_variants(resolve, single_rank_process_group, o
     assert parsed.train_batch_size == layout.micro_batch_size * layout.grad_accum_steps * _deepspeed_world(layout)
 
 
-def test_autotp_batch_counts_whole_world(resolve):
-    """The AutoTP trap: DeepSpeed's batch assertion sees world size, not DP size (see deepspeed_batch_world)."""
+def test_tensor_parallel_batch_counts_data_ranks(resolve):
+    """TP at pipeline_degree = 1 runs our layers with their grid as the mpu, so DeepSpeed's batch assertion counts
+    the data-parallel ranks only (deepspeed_batch_world). AutoTP, which counted every TP rank as a replica (train_batch_size
+    tensor_degree times the global batch), is no longer configured."""
     from launcher.deepspeed_config import build_deepspeed_config
 
     cfg, layout = resolve(["recipe=tiny", "parallel.tensor_degree=2", "parallel.zero_stage=1"])
     ds = build_deepspeed_config(cfg, layout)
     assert layout.data_degree == 1 and layout.global_batch_size == 16
-    assert ds["train_batch_size"] == 32  # micro 8 x accum 2 x world 2, although one replica sees 16 sequences
-    assert ds["tensor_parallel"] == {"autotp_size": 2}
+    assert ds["train_batch_size"] == 16  # micro 8 x accum 2 x data_degree 1
+    assert "tensor_parallel" not in ds
 
 
 @pytest.mark.parametrize("overrides,reduce_scatter,bucket", [

@@ -2,9 +2,9 @@
 
 Each CASE is `name:mode:key=value,key=value` where mode is
     pipe    launcher.parallel.pipeline.build_pipeline_module + engine.train_batch (PP, PP x DP, TP x PP [x DP])
-    tpplain launcher.parallel.tensor_model (our TP + Megatron SP layers at pipeline_degree 1) on DeepSpeed's plain
-            engine with the grid as mpu, driven like train.py's train_step (ZeRO 0-2)
-    autotp  the plain transformers model with DeepSpeed AutoTP (tensor_parallel.autotp_size from the generated config)
+    tpplain launcher.parallel.tensor_model (our TP layers, with or without Megatron SP, at pipeline_degree 1: what
+            `launcher train` runs for every TP without a pipeline) on DeepSpeed's plain engine with the grid as mpu,
+            driven like train.py's train_step (ZeRO 0-2)
     ulysses Ulysses sequence parallelism (launcher/parallel/sequence.py); after every other case of a launch, all
             with one sequence_degree (its groups are global: DeepSpeed keeps the `mpu` of the first one)
 and the key=value pairs are Hydra overrides on top of BASE, except `opt=sgd` (below) and `bucket=N` (the
@@ -187,13 +187,28 @@ def train_tensor_parallel(engine, layout, dp_rank):
 
 
 def run_tpplain(cfg, layout, sgd):
-    """Megatron TP + SP at pipeline_degree 1 on the plain engine (launcher/parallel/tensor_model.py)."""
+    """Our TP layers (with or without Megatron SP) at pipeline_degree 1 on the plain engine (launcher/parallel/tensor_model.py)."""
     from launcher.parallel.export import gather_hf_state_dict
     from launcher.parallel.pipeline import DecoderBlockPipe
     from launcher.parallel.tensor import ColumnParallelLinear, RowParallelLinear
     from launcher.parallel.tensor_model import build_tensor_parallel_model
 
-    model, grid = build_tensor_parallel_model(cfg, layout, SEED)
+    import launcher.runtime.build as build_mod
+
+    # What the build gives real storage (SeededLayerSpec.build -> materialise_): each tensor's element count, so
+    # the test can hold that no rank ever materialises a whole sharded weight (issue 11: AutoTP built all of it).
+    materialised = []
+    original = build_mod.materialise_
+
+    def counting(module, init, hf_name, device="cpu"):
+        materialised.extend(p.numel() for p in module.parameters() if p.is_meta)
+        return original(module, init, hf_name, device)
+
+    build_mod.materialise_ = counting
+    try:
+        model, grid = build_tensor_parallel_model(cfg, layout, SEED)
+    finally:
+        build_mod.materialise_ = original
     engine = initialize(model, cfg, layout, sgd, mpu=grid)
     dp_rank = grid.get_data_parallel_rank()
     block_tokens = set()
@@ -217,31 +232,9 @@ def run_tpplain(cfg, layout, sgd):
             "sequence_parallel_params": sum(p.numel() for p in model.parameters() if getattr(p, "sequence_parallel", False)),
             "engine": type(engine).__name__, "optimizer": type(engine.optimizer).__name__,
             "zero_stage": engine.zero_optimization_stage(), "block_tokens": sorted(block_tokens),
-            "pipeline_eval_loss": eval_loss}
+            "pipeline_eval_loss": eval_loss,
+            "materialised_numel": sum(materialised), "materialised_largest": max(materialised)}
     return engine, losses, norms, info, exported
-
-
-def run_autotp(cfg, layout, sgd):
-    from deepspeed.module_inject.layers import LinearAllreduce, LinearLayer
-
-    from launcher.runtime.model import build_model
-
-    model = build_model(cfg.model, SEED, vocab_size=layout.padded_vocab_size)
-    engine = initialize(model, cfg, layout, sgd)
-    tp = layout.tensor_degree
-    # TP ranks are consecutive (launcher/plan/rankmap.py), so this rank's replica is rank // tp.
-    dp_rank = dist.get_rank() // tp
-    losses, norms = train_tensor_parallel(engine, layout, dp_rank)
-    layers = engine.module.model.layers
-    info = {
-        "params": sum(p.numel() for p in engine.module.parameters()),
-        "linear_layer": sum(isinstance(m, LinearLayer) for m in engine.module.modules()),
-        "linear_allreduce": sum(isinstance(m, LinearAllreduce) for m in engine.module.modules()),
-        "plain_linear_in_blocks": sum(type(m) is torch.nn.Linear for m in layers.modules()),
-        "block_linear_params": sum(p.numel() for n, p in layers.named_parameters() if "norm" not in n),
-        "optimizer": type(engine.optimizer).__name__,
-    }
-    return engine, losses, norms, info, None
 
 
 _SP_GROUPS: dict = {}  # sequence_degree -> mpu: DeepSpeed's SP groups can be created once per process
@@ -327,7 +320,7 @@ def run_case(spec: str) -> dict:
     if broken:
         tensor_mod.register_sequence_parallel_grad_hooks = lambda module, group: 0
     try:
-        engine, losses, norms, info, exported = {"pipe": run_pipe, "tpplain": run_tpplain, "autotp": run_autotp, "ulysses": run_ulysses}[mode](cfg, layout, sgd)
+        engine, losses, norms, info, exported = {"pipe": run_pipe, "tpplain": run_tpplain, "ulysses": run_ulysses}[mode](cfg, layout, sgd)
     finally:
         tensor_mod.register_sequence_parallel_grad_hooks = hooks
     seconds = time.perf_counter() - t0

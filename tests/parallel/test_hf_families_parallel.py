@@ -1,6 +1,7 @@
 """The llama family from transformers checkpoints through every layout `launcher train` runs (issue 16, part 1).
 
-A Qwen2 checkpoint (q/k/v biases, randomised so they matter) through our TP x PP, DeepSpeed AutoTP and Ulysses SP,
+A Qwen2 checkpoint (q/k/v biases, randomised so they matter) through our TP x PP, our TP without a pipeline (the
+plain engine; DeepSpeed AutoTP until issue 11) and Ulysses SP,
 and a Llama-3-style checkpoint (`llama3` rope scaling) through a pipeline: each run starts from the same
 `model.init_from` directory, trains 3 SGD-like steps (fp32, lr high enough that a wrong gradient shows) and exports;
 the losses of every step and the exported model's logits must equal the 1-rank run's (1e-4 relative / 1e-4 abs).
@@ -29,7 +30,7 @@ FAMILIES = {
 }
 LAYOUTS = {
     "qwen2": {"tp2pp2": ["cluster.gpus_per_node=4", "parallel.tensor_degree=2", "parallel.pipeline_degree=2"],
-              "autotp": ["cluster.gpus_per_node=2", "parallel.tensor_degree=2"],
+              "tp2": ["cluster.gpus_per_node=2", "parallel.tensor_degree=2"],
               "sp2": ["cluster.gpus_per_node=2", "parallel.sequence_degree=2"]},
     "llama3": {"pp2": ["cluster.gpus_per_node=2", "parallel.pipeline_degree=2"]},
 }

@@ -1,7 +1,7 @@
 """`launcher train` / `launcher export` with pipeline and tensor parallelism, as a user runs them (real torchrun, CPU ranks).
 
-- a 1-rank run is the reference; TP2 x PP2 (4 ranks, Megatron TP inside a PipelineModule, ZeRO-1), AutoTP
-  TP2 x DP2 (4 ranks, ZeRO-1), TP2 + Megatron SP (2 ranks, the recipe's ZeRO-2 on the plain engine) and Ulysses SP2 (2 ranks,
+- a 1-rank run is the reference; TP2 x PP2 (4 ranks, Megatron TP inside a PipelineModule, ZeRO-1), TP2 x DP2
+  without a pipeline (4 ranks, ZeRO-1, the same TP layers on the plain engine), TP2 + Megatron SP (2 ranks, the recipe's ZeRO-2 on the plain engine) and Ulysses SP2 (2 ranks,
   ZeRO-1) follow its loss and grad-norm trajectory,
   save, resume exactly and export a transformers model that reproduces the training run's own held-out
   loss (i.e. its logits); Ulysses SP2 under ZeRO-3 follows it too (its gradients were 1/2 with DeepSpeed's
@@ -10,8 +10,8 @@
   the recipe's bf16 + ZeRO-1 + fp32 accumulation + activation checkpointing + tied embeddings, with a
   checkpoint and an export.
 - the issue-13 commands as typed: TP2 + Megatron SP and ring-attention CP2 x TP2, each under recipe=tiny's ZeRO-2,
-  with a resume and an export.
-Fifteen launches (~7.5 min on 2 cores); the 1-rank equivalence of each layout in isolation is test_parallel.py's
+  with a resume and an export; and plain TP2 under recipe=tiny's ZeRO-2 (issue 11: what AutoTP ran).
+Seventeen launches (~7.5 min on 2 cores); the 1-rank equivalence of each layout in isolation is test_parallel.py's
 and test_context_parallel.py's.
 """
 
@@ -81,9 +81,10 @@ def runs(tmp_path_factory):
     out["tp2pp2-resumed"] = train(llama(tmp, "tp2pp2-resumed", "cluster.gpus_per_node=4", "parallel.tensor_degree=2",
                                         "parallel.pipeline_degree=2", z1,
                                         f"resume={out['tp2pp2']['dir'] / 'checkpoints' / 'step_00000002'}"), ext)
-    out["autotp"] = train(llama(tmp, "autotp", "cluster.gpus_per_node=4", "parallel.tensor_degree=2", z1), ext)
-    out["autotp-resumed"] = train(llama(tmp, "autotp-resumed", "cluster.gpus_per_node=4", "parallel.tensor_degree=2", z1,
-                                        f"resume={out['autotp']['dir'] / 'checkpoints' / 'step_00000002'}"), ext)
+    # TP without a pipeline: our TP layers on the plain engine (launcher/parallel/tensor_model.py; AutoTP until issue 11).
+    out["tp2dp2"] = train(llama(tmp, "tp2dp2", "cluster.gpus_per_node=4", "parallel.tensor_degree=2", z1), ext)
+    out["tp2dp2-resumed"] = train(llama(tmp, "tp2dp2-resumed", "cluster.gpus_per_node=4", "parallel.tensor_degree=2", z1,
+                                        f"resume={out['tp2dp2']['dir'] / 'checkpoints' / 'step_00000002'}"), ext)
     # Megatron SP without a pipeline: our TP layers on DeepSpeed's plain engine (launcher/parallel/tensor_model.py),
     # under recipe=tiny's own ZeRO-2 (the pipeline engine, which ran it before, refuses ZeRO-2).
     tp2sp = ("cluster.gpus_per_node=2", "parallel.tensor_degree=2", "parallel.sequence_parallel=true")
@@ -130,7 +131,7 @@ def test_reference_learns(runs):
     assert len(losses) == STEPS and losses[-1] < losses[0]
 
 
-@pytest.mark.parametrize("name", ["tp2pp2", "autotp", "tp2sp", "sp2", "sp2z3"])
+@pytest.mark.parametrize("name", ["tp2pp2", "tp2dp2", "tp2sp", "sp2", "sp2z3"])
 def test_parallel_run_follows_one_rank(runs, name):
     assert_follows(runs[name]["train"], runs["one"]["train"])
 
@@ -141,7 +142,7 @@ def test_val_loss_equals_one_rank(runs, name):
     assert abs(runs[name]["eval"][0]["val_loss"] - runs["one"]["eval"][0]["val_loss"]) <= 1e-5 * runs["one"]["eval"][0]["val_loss"]
 
 
-@pytest.mark.parametrize("name", ["tp2pp2", "autotp", "tp2sp", "sp2"])
+@pytest.mark.parametrize("name", ["tp2pp2", "tp2dp2", "tp2sp", "sp2"])
 def test_resume_continues_exactly(runs, name):
     resumed, full = runs[f"{name}-resumed"]["train"], runs[name]["train"]
     assert [r["step"] for r in resumed] == [3, 4]
@@ -152,7 +153,7 @@ def test_checkpoint_holds_every_layer_and_tp_shard(runs):
     tag = runs["tp2pp2"]["dir"] / "checkpoints" / "step_00000002"
     # PipelineModule.ckpt_layer_path: embedding, 2 blocks, norm, head = 5 layers, each per TP rank.
     assert sorted(p.name for p in tag.glob("layer_*")) == [f"layer_{i:02d}-model_{t:02d}-model_states.pt" for i in range(5) for t in range(2)]
-    for name in ("autotp", "tp2sp"):
+    for name in ("tp2dp2", "tp2sp"):
         tag = runs[name]["dir"] / "checkpoints" / "step_00000002"
         assert sorted(p.name for p in tag.glob("mp_rank_*")) == ["mp_rank_00_model_states.pt", "mp_rank_01_model_states.pt"]
     # Megatron SP at one stage: the plain engine's files, ZeRO-2 optimizer partitions, no pipeline layer files.
@@ -160,9 +161,15 @@ def test_checkpoint_holds_every_layer_and_tp_shard(runs):
     assert not list(tag.glob("layer_*")) and len(list(tag.glob("zero_pp_rank_*_optim_states.pt"))) == 2
     ds = json.loads((runs["tp2sp"]["dir"] / "deepspeed.json").read_text())
     assert ds["zero_optimization"]["stage"] == 2 and "pipeline" not in ds and "tensor_parallel" not in ds
+    # Plain TP at one stage: the same module (pipe.<layer>.<name>), no AutoTP section, the batch counted over DP.
+    tag = runs["tp2dp2"]["dir"] / "checkpoints" / "step_00000002"
+    names = torch.load(tag / "mp_rank_01_model_states.pt", map_location="cpu", weights_only=False)["module"]
+    assert names and all(k.startswith("pipe.") for k in names), sorted(names)[:4]
+    ds = json.loads((runs["tp2dp2"]["dir"] / "deepspeed.json").read_text())
+    assert "tensor_parallel" not in ds and ds["train_batch_size"] == 8
 
 
-@pytest.mark.parametrize("name", ["tp2pp2", "autotp", "tp2sp", "sp2"])
+@pytest.mark.parametrize("name", ["tp2pp2", "tp2dp2", "tp2sp", "sp2"])
 def test_export_reproduces_training(runs, name):
     """The merged export loads with from_pretrained, gives the run's own logged held-out loss, and equals
     the 1-rank run's export (same training, so the same weights)."""
@@ -235,6 +242,17 @@ def test_issue_command_tp2_sp_zero2(tmp_path):
     assert run["deepspeed"]["zero_optimization"]["stage"] == 2 and "pipeline" not in run["deepspeed"]
     layout = run["layout"]
     assert (layout.tensor_degree, layout.data_degree, layout.sequence_parallel) == (2, 2, True)
+
+
+def test_issue_command_tp2_zero2(tmp_path):
+    """Issue 11's plain TP as a user types it, `launcher train recipe=tiny cluster.gpus_per_node=2
+    parallel.tensor_degree=2`: our TP layers on the plain engine under the recipe's ZeRO-2 (AutoTP ran it before,
+    every rank building the whole model) trains 22 steps, resumes from step 11 exactly and exports a transformers
+    model that gives the run's own held-out loss."""
+    run = run_resume_export(tmp_path, ["recipe=tiny", "cluster.gpus_per_node=2", "parallel.tensor_degree=2"], 22, 11)
+    ds, layout = run["deepspeed"], run["layout"]
+    assert ds["zero_optimization"]["stage"] == 2 and "tensor_parallel" not in ds and "pipeline" not in ds
+    assert (layout.tensor_degree, layout.data_degree, layout.pipeline_layers) == (2, 1, True)
 
 
 def test_issue_command_cp2_tp2(tmp_path):

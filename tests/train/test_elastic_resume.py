@@ -125,7 +125,7 @@ def test_row_parallel_weights_are_merged_and_split_on_dim_1(runs):
     ([DP2, "parallel.zero_stage=0"], "parallel.zero_stage", "ZeRO stage 0 (now) keeps the optimizer state inside the model file"),
     ([DP2, Z1, "batch.global_batch_size=16"], "batch.global_batch_size", "keep batch.global_batch_size=8"),
     ([DP2, Z1, "model.hidden_size=64"], "resume", "model.hidden_size: 32 -> 64"),
-    ([DP4, Z1, TP2], "parallel.tensor_degree", "AutoTP"),
+    ([DP4, Z1, TP2], "parallel.tensor_degree", "with tensor parallelism at parallel.pipeline_degree=1 (our TP layers"),
 ])
 def test_what_cannot_be_converted_is_refused_before_any_rank_starts(runs, extra, key, says):
     tmp = runs["tmp"]

@@ -177,7 +177,7 @@ def test_init_from_zero3_flat_partitions(tmp_path):
 
 @pytest.mark.parametrize("overrides", [LLAMA, BLOOM], ids=["llama", "bloom"])
 def test_init_from_whole_model_reads_tensor_by_tensor(overrides, tmp_path):
-    """The whole-model layouts (ZeRO 0-2, AutoTP before it shards, Ulysses): model.init_from fills the model built
+    """The whole-model layouts (ZeRO 0-2 data parallelism, Ulysses, CP without TP): model.init_from fills the model built
     on meta tensor by tensor from the safetensors files (no from_pretrained state dict beside it), equal to the saved
     model; a bf16 checkpoint arrives in the launcher's fp32 build like every other layout's (from_pretrained would
     keep bf16 parameters under precision=fp32)."""
