@@ -55,7 +55,8 @@ def build_engine(cfg, layout, ds_config: dict):
     - sequence_degree > 1: the transformers model with Ulysses attention (launcher/parallel/sequence.py); the SP
       groups go to deepspeed.initialize as its `mpu`, so ZeRO and the gradient reduction see them;
     - context_degree > 1: the same with ring attention (launcher/parallel/context.py), its CP groups as the `mpu`;
-    - ZeRO-3 (no TP or SP): built directly as this rank's partitions (deepspeed.zero.Init), never whole;
+    - ZeRO-3 without TP or PP (Ulysses and CP included): built directly as this rank's partitions
+      (deepspeed.zero.Init), never whole;
     - otherwise (1 rank, or ZeRO-0/1/2 data parallelism) the transformers model.
     Every path starts from the same weights: the launcher's seeded init (launcher/runtime/build.py).
     """
@@ -74,13 +75,15 @@ def build_engine(cfg, layout, ds_config: dict):
         from launcher.parallel.sequence import build_sequence_parallel_model, setup_sequence_parallel
 
         mpu = setup_sequence_parallel(layout.sequence_degree)
-        model = build_sequence_parallel_model(cfg.model, seed=cfg.train.seed, vocab_size=layout.padded_vocab_size)
+        model = build_sequence_parallel_model(cfg.model, seed=cfg.train.seed, vocab_size=layout.padded_vocab_size,
+                                              zero3_config=ds_config if layout.zero_stage == 3 else None)
         maybe_apply_activation_checkpointing(cfg, model)
     elif layout.context_degree > 1:
         from launcher.parallel.context import build_context_parallel_model, setup_context_parallel
 
         mpu = setup_context_parallel(layout.context_degree)
-        model = build_context_parallel_model(cfg.model, seed=cfg.train.seed, vocab_size=layout.padded_vocab_size)
+        model = build_context_parallel_model(cfg.model, seed=cfg.train.seed, vocab_size=layout.padded_vocab_size,
+                                             zero3_config=ds_config if layout.zero_stage == 3 else None)
         maybe_apply_activation_checkpointing(cfg, model)
     elif layout.zero_stage == 3 and layout.tensor_degree == 1:
         from launcher.runtime.build import build_zero3_model

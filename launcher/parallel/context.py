@@ -187,11 +187,12 @@ def setup_context_parallel(cp: int):
     return parallel_state_sp
 
 
-def build_context_parallel_model(model_cfg, seed: int, vocab_size: int):
-    """The transformers model (same seeded weights as one rank) with ring attention."""
+def build_context_parallel_model(model_cfg, seed: int, vocab_size: int, zero3_config=None):
+    """The transformers model (same seeded weights as one rank) with ring attention; under ZeRO-3
+    (`zero3_config`: the run's DeepSpeed config) built as this rank's partitions only."""
     from launcher.runtime.model import build_model_with_attention
 
-    return build_model_with_attention(model_cfg, seed, vocab_size, ATTN_NAME, "context parallelism")
+    return build_model_with_attention(model_cfg, seed, vocab_size, ATTN_NAME, "context parallelism", zero3_config)
 
 
 def chunk_positions(seq: int, cp_rank: int, cp: int, device=None) -> torch.Tensor:

@@ -63,11 +63,12 @@ def setup_sequence_parallel(sp: int):
     return parallel_state_sp
 
 
-def build_sequence_parallel_model(model_cfg, seed: int, vocab_size: int):
-    """The transformers model (same seeded weights as one rank) with Ulysses attention."""
+def build_sequence_parallel_model(model_cfg, seed: int, vocab_size: int, zero3_config=None):
+    """The transformers model (same seeded weights as one rank) with Ulysses attention; under ZeRO-3
+    (`zero3_config`: the run's DeepSpeed config) built as this rank's partitions only."""
     from launcher.runtime.model import build_model_with_attention
 
-    return build_model_with_attention(model_cfg, seed, vocab_size, ATTN_NAME, "sequence parallelism")
+    return build_model_with_attention(model_cfg, seed, vocab_size, ATTN_NAME, "sequence parallelism", zero3_config)
 
 
 def local_chunk(input_ids: torch.Tensor, sp_rank: int, sp: int):

@@ -8,9 +8,9 @@ build peak (what the per-rank build materialises; launcher/runtime/build.py, cou
         (the build dtype; DeepSpeed casts afterwards) -- its stage's blocks' TP shards, the embedding, norms and
         head whole (replicated over TP) -- + one seeded block of BUILD_ROWS rows of its widest tensor row being
         generated (x 4 B)
-    ZeRO-3 without TP or PP (deepspeed.zero.Init): its partition of every tensor in the training dtype
+    ZeRO-3 without TP or PP, Ulysses and ring CP included (deepspeed.zero.Init): its partition of every tensor in the training dtype
         + the fp32 rows one partition of the largest tensor is cut from + two fp32 rows of the widest tensor
-    otherwise (ZeRO 0-2 without TP or PP, Ulysses, ring CP): the whole model in fp32 -- every rank builds it whole
+    otherwise (ZeRO 0-2 without TP or PP, Ulysses and ring CP included): the whole model in fp32 -- every rank builds it whole
 checkpoint save staging: torch.save writes a CUDA tensor by copying its storage to host memory one storage at a
     time (torch/serialization.py, _save: `storage.cpu()` per storage), and DeepSpeed keeps each rank's fp32
     master partition as one flat tensor per parameter group (ZeRO 1-3) or the fp32 weights themselves, so the

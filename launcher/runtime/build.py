@@ -264,13 +264,14 @@ def build_whole_model(model_cfg, seed: int, vocab_size: Optional[int] = None):
     return model
 
 
-def build_zero3_model(model_cfg, seed: int, ds_config: dict, vocab_size: Optional[int] = None):
+def build_zero3_model(model_cfg, seed: int, ds_config: dict, vocab_size: Optional[int] = None, attn: Optional[str] = None):
     """The model built directly as ZeRO-3 partitions (deepspeed.zero.Init): a rank allocates only its
     1/DP of every tensor and fills it from the whole tensor's seeded values at that flat range.
 
     deepspeed.zero.Init gets the config and no `dtype=` (with an explicit dtype, DeepSpeed 0.19.8's
     Init._set_dtype ignores it on CPU and picks bf16: docs/parallel-notes.md, section 5). transformers' own
     init is skipped (no_init_weights): it would run on empty partitions and leave torch's defaults.
+    `attn`: an attention registered with transformers (Ulysses, ring attention) instead of the architecture's own.
     """
     import deepspeed
     import torch.distributed as dist
@@ -284,7 +285,7 @@ def build_zero3_model(model_cfg, seed: int, ds_config: dict, vocab_size: Optiona
             else SeededInit(seed, init_rules(meta_model(model_cfg, vocab_size))))
     with no_init_weights(), deepspeed.zero.Init(config_dict_or_path=ds_config):
         model = AutoModelForCausalLM.from_config(hf_config(model_cfg, vocab_size),
-                                                 attn_implementation=attn_implementation(model_cfg.arch))
+                                                 attn_implementation=attn or attn_implementation(model_cfg.arch))
     for name, p in model.named_parameters():
         # partition_parameters.py: rank r of the param's group holds flat elements [r * n, (r + 1) * n) of the
         # tensor padded to a multiple of the group size; n = ds_tensor.ds_numel.

@@ -12,10 +12,10 @@ with. Byte columns multiply those counts by the per-parameter rules of launcher/
 `launcher plan`'s host-memory check also uses), by path:
 - our layer list (a pipeline stage, or any TP at pipeline_degree = 1): its own layers, own TP shards only, in
   fp32 (the build dtype; DeepSpeed casts to bf16 afterwards) plus one seeded 256-row block being generated;
-- ZeRO-3 (deepspeed.zero.Init): its partition of every tensor in the training dtype, plus the fp32 rows one
-  partition's values are cut from;
-- otherwise (ZeRO 0-2 data parallelism without TP or PP, Ulysses, CP without TP): the whole fp32 model -- every
-  rank holds whole weights there.
+- ZeRO-3 without TP or PP, Ulysses and CP included (deepspeed.zero.Init): its partition of every tensor in the
+  training dtype, plus the fp32 rows one partition's values are cut from;
+- otherwise (ZeRO 0-2 data parallelism without TP or PP, Ulysses and CP without TP included): the whole fp32
+  model -- every rank holds whole weights there.
 """
 
 from __future__ import annotations

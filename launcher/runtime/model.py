@@ -148,12 +148,23 @@ def build_model(model_cfg, seed: int, vocab_size: Optional[int] = None, device=N
     if device is not None and str(device) == "meta":
         return meta_model(model_cfg, vocab_size)
     return build_whole_model(model_cfg, seed, vocab_size)
-def build_model_with_attention(model_cfg, seed: int, vocab_size: int, attn_name: str, what: str):
+def build_model_with_attention(model_cfg, seed: int, vocab_size: int, attn_name: str, what: str,
+                               zero3_config: Optional[dict] = None):
     """The transformers model (the same seeded weights as one rank) with its attention replaced by the function
     registered as `attn_name` in transformers' attention registry (Ulysses: launcher/parallel/sequence.py; ring
-    attention: launcher/parallel/context.py). `what` names the feature in the refusal for other architectures."""
+    attention: launcher/parallel/context.py). `what` names the feature in the refusal for other architectures.
+
+    `zero3_config` (the run's DeepSpeed config, under ZeRO-3): built directly as this rank's partitions
+    (deepspeed.zero.Init, launcher/runtime/build.py build_zero3_model), never whole, as plan/host.py's build path
+    and the dry-run ledger say. Without TP or PP the SP/CP ranks are all ranks of ZeRO-3's partition group (its
+    sequence-data-parallel group = the world), which is zero.Init's default group, so the partitions are the
+    engine's."""
     if model_cfg.arch not in ("llama", "mistral", "qwen2"):
         raise NotImplementedError(f"{what} is implemented for the llama family, not {model_cfg.arch!r}")
+    if zero3_config is not None:
+        from launcher.runtime.build import build_zero3_model
+
+        return build_zero3_model(model_cfg, seed, zero3_config, vocab_size=vocab_size, attn=attn_name)
     model = build_model(model_cfg, seed, vocab_size=vocab_size)
     model.set_attn_implementation(attn_name)
     return model

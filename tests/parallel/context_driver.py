@@ -53,7 +53,8 @@ def build_ring_engine(cfg, layout, sgd):
     else:
         parallel_state_sp._release_sequence_parallel_groups()
         mpu = setup_context_parallel(layout.context_degree)
-        model = build_context_parallel_model(cfg.model, base.SEED, layout.padded_vocab_size)
+        model = build_context_parallel_model(cfg.model, base.SEED, layout.padded_vocab_size, base.zero3_config(cfg, layout))
+        base.assert_built_partitioned(model, layout)
         embed, config = model.model.embed_tokens, model.config
     return base.initialize(model, cfg, layout, sgd, mpu=mpu), mpu, embed, config
 

@@ -98,6 +98,22 @@ def my_micro_batches(step, layout, dp_rank):
     return [mine[j * m:(j + 1) * m] for j in range(k)]
 
 
+def zero3_config(cfg, layout):
+    """The generated DeepSpeed config under ZeRO-3 (what deepspeed.zero.Init builds the partitions by), else None."""
+    return dsc.build_deepspeed_config(cfg, layout) if layout.zero_stage == 3 else None
+
+
+def assert_built_partitioned(model, layout):
+    """Under ZeRO-3 no rank holds a whole parameter before deepspeed.initialize: each is a zero.Init partition
+    (ds_tensor of ceil(numel / world) elements; the parameter itself is empty)."""
+    if layout.zero_stage != 3:
+        return
+    world = dist.get_world_size()
+    for name, p in model.named_parameters():
+        assert hasattr(p, "ds_tensor") and p.numel() == 0, f"{name} was built whole"
+        assert p.ds_tensor.numel() == -(-p.ds_numel // world), name
+
+
 def initialize(model, cfg, layout, sgd: bool, mpu=None):
     """deepspeed.initialize with the generated config; with `sgd`, torch SGD as the client optimizer instead of
     the config's AdamW (the config's gradient_clipping is 0 then: run_case sets optimizer.grad_clip=0)."""
@@ -250,7 +266,9 @@ def run_ulysses(cfg, layout, sgd):
         assert not _SP_GROUPS, "one sequence_degree per launch"
         _SP_GROUPS[sp] = setup_sequence_parallel(sp)
     mpu = _SP_GROUPS[sp]
-    model = build_sequence_parallel_model(cfg.model, SEED, layout.padded_vocab_size)
+    # Under ZeRO-3 built as partitions (deepspeed.zero.Init), as train.build_engine builds it.
+    model = build_sequence_parallel_model(cfg.model, SEED, layout.padded_vocab_size, zero3_config(cfg, layout))
+    assert_built_partitioned(model, layout)
     engine = initialize(model, cfg, layout, sgd, mpu=mpu)
     coord = rank_coord(layout, dist.get_rank())
     assert coord.sp == mpu.get_sequence_parallel_rank()
