@@ -145,7 +145,13 @@ def _timer(device):
     return sync
 
 
-def _median_time(fn, sync, repeats: int, budget_s: float = 0.5) -> float:
+def _median_time(fn, sync, repeats: int, budget_s: float = 0.5, agree=None) -> float:
+    """Median seconds of `fn` over up to `repeats` runs, stopping early once `budget_s` is spent (3 runs at least).
+
+    `agree(done) -> bool` (for an `fn` that issues a collective): every rank must run `fn` the same number of times,
+    or one rank leaves the loop while the others wait in the collective's next call (a deadlock seen in CI: rank 0
+    in the next deepspeed.initialize's broadcast, rank 1 in the ZeRO-3 step's reduce-scatter). So the ranks stop
+    together, when any rank's budget is spent: the decision is all-reduced after each run, outside the timed span."""
     fn()
     sync()
     times = []
@@ -155,7 +161,10 @@ def _median_time(fn, sync, repeats: int, budget_s: float = 0.5) -> float:
         fn()
         sync()
         times.append(time.perf_counter() - t0)
-        if time.perf_counter() > deadline and len(times) >= 3:
+        done = time.perf_counter() > deadline and len(times) >= 3
+        if agree is not None:
+            done = agree(done)
+        if done:
             break
     return statistics.median(times)
 
@@ -179,6 +188,12 @@ def _worker(raw_path: str, device: str) -> None:
     if device == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
     sync = _timer(device)
+
+    def agree(done: bool) -> bool:
+        """True on every rank once any rank is done (_median_time around a collective)."""
+        flag = torch.tensor([1.0 if done else 0.0], device=dev)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
     started = time.perf_counter()
     out: dict = {"world": world, "backend": backend, "torch": torch.__version__, "hostname": socket.gethostname(),
                  "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1),
@@ -236,7 +251,7 @@ def _worker(raw_path: str, device: str) -> None:
     for nbytes in ALLREDUCE_BYTES:
         buf = torch.ones(nbytes // 4, device=dev, dtype=torch.float32)
         dist.barrier()
-        t = _median_time(lambda: dist.all_reduce(buf), sync, 10)
+        t = _median_time(lambda: dist.all_reduce(buf), sync, 10, agree=agree)
         tt = torch.tensor([t], dtype=torch.float64, device=dev)
         dist.all_reduce(tt, op=dist.ReduceOp.MAX)   # the slowest rank's time is the collective's
         out["all_reduce"].append([nbytes, float(tt.item())])
@@ -257,12 +272,12 @@ def _worker(raw_path: str, device: str) -> None:
             coll = make(buf, res)
             dist.barrier()
             alone = _median_time(chunk, sync, 20)
-            pair = _median_time(lambda: (chunk(), coll()), sync, 20)
+            pair = _median_time(lambda: (chunk(), coll()), sync, 20, agree=agree)
             tt = torch.tensor([max(0.0, pair - alone)], dtype=torch.float64, device=dev)
             dist.all_reduce(tt, op=dist.ReduceOp.MAX)
             out[name].append([nbytes, float(tt.item())])
 
-    out["zero3"], out["zero3_module_s"] = _zero3_hooks(dev, sync)
+    out["zero3"], out["zero3_module_s"] = _zero3_hooks(dev, sync, agree)
     out["host_memory_gb"] = _host_memory_gb()
     out["seconds"] = time.perf_counter() - started
     if rank == 0:
@@ -271,7 +286,7 @@ def _worker(raw_path: str, device: str) -> None:
     dist.destroy_process_group()
 
 
-def _zero3_hooks(dev, sync) -> tuple[list, float]:
+def _zero3_hooks(dev, sync, agree) -> tuple[list, float]:
     """Seconds per module of DeepSpeed ZeRO-3's module hooks, forward + backward (+ an SGD step over K x 1,056
     parameters, negligible): a ZeRO-3 engine over K small
     Linear layers (under the persistence threshold, so nothing is fetched: the hooks alone) less the same layers
@@ -300,7 +315,7 @@ def _zero3_hooks(dev, sync) -> tuple[list, float]:
         def z3():
             engine.backward(engine(x).sum())
             engine.step()
-        t_z3 = _median_time(z3, sync, 20)
+        t_z3 = _median_time(z3, sync, 20, agree=agree)   # the ZeRO-3 step's collectives: same count on every rank
         rows.append([k, t_z3, t_plain])
         engine.destroy()
     (k0, z0, p0), (k1, z1, p1) = rows
