@@ -71,8 +71,8 @@ def _roles_whole(cfg, layout, full):
     if layout.tensor_degree > 1:
         raise ValueError("tensor parallelism runs on our layer list (Layout.pipeline_layers): _roles_pipeline")
     tensors = _tensors(full)
-    zero3 = layout.zero_stage == 3 and layout.tensor_degree == 1
-    largest = max(n for n, _ in _tensors(full))
+    zero3 = layout.zero_stage == 3
+    largest = max(n for n, _ in tensors)
     if zero3:
         extra = zero3_partition_numel(largest, layout.zero_partition_degree) * 4 + 2 * max(p.shape[-1] for p in full.parameters()) * 4
         build = "deepspeed.zero.Init: own partition of every tensor"
@@ -80,8 +80,7 @@ def _roles_whole(cfg, layout, full):
         extra = None
         build = "whole model"
     layers = ["(all)"]
-    return {(0, r): {"tensors": tensors, "layers": layers, "build": build, "build_extra_bytes": extra, "zero3_build": zero3}
-            for r in range(layout.tensor_degree)}
+    return {(0, 0): {"tensors": tensors, "layers": layers, "build": build, "build_extra_bytes": extra, "zero3_build": zero3}}
 
 
 def rank_ledger(cfg, layout) -> list[dict]:
