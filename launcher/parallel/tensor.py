@@ -22,7 +22,8 @@ The split is the one of Shoeybi et al. 2019, "Megatron-LM", section 3 (fig. 3):
     MLP:       gate/up column-parallel,                     down_proj row-parallel
 with f = identity forward / all-reduce backward in front of a column-parallel
 group and g = all-reduce forward / identity backward after a row-parallel one.
-So each block costs one all-reduce forward and one backward per sub-layer, and
+f sits once in front of each sub-layer (q, k and v share one input, gate and up another: Megatron fuses them
+into one linear), so each block costs one all-reduce forward and one backward per sub-layer, and
 everything outside the blocks (embedding, norms, head) stays replicated across
 the TP ranks and receives identical full gradients there.
 With `sequence_parallel` (Megatron SP, the second half of this file) the TP ranks
@@ -95,7 +96,8 @@ def _mark_sharded(p: nn.Parameter, dim: int, rank: int, size: int) -> nn.Paramet
 class ColumnParallelLinear(nn.Module):
     """Y_i = X A_i: this rank keeps rows [rank*n/tp, (rank+1)*n/tp) of the (out, in) weight."""
 
-    def __init__(self, full: nn.Linear, group, rank: int, size: int, sequence_parallel: bool = False):
+    def __init__(self, full: nn.Linear, group, rank: int, size: int, sequence_parallel: bool = False,
+                 copy_input: bool = True):
         super().__init__()
         out = full.out_features
         if out % size:
@@ -103,13 +105,14 @@ class ColumnParallelLinear(nn.Module):
         n = out // size
         self.group = group
         # Under SP the input arrives all-gathered by gather_input_over_sequence, whose backward reduce-scatters (sums)
-        # the input gradient: f's all-reduce would sum it a second time.
-        self.sequence_parallel = sequence_parallel
+        # the input gradient: f's all-reduce would sum it a second time. copy_input=False: f is applied once in
+        # front of the sub-layer (copy_input_to_tensor_parallel), for all the column-parallel linears sharing its input.
+        self.copy_input = copy_input and not sequence_parallel
         self.weight = _mark_sharded(nn.Parameter(full.weight.detach()[rank * n:(rank + 1) * n].clone()), 0, rank, size)
         self.bias = None if full.bias is None else _mark_sharded(nn.Parameter(full.bias.detach()[rank * n:(rank + 1) * n].clone()), 0, rank, size)
 
     def forward(self, x):
-        if not self.sequence_parallel:
+        if self.copy_input:
             x = _CopyToTensorParallel.apply(x, self.group)
         return F.linear(x, self.weight, self.bias)
 
@@ -145,17 +148,40 @@ def shard_llama_decoder_layer(layer: nn.Module, tp: TensorParallel) -> nn.Module
     """
     attn, mlp = layer.self_attn, layer.mlp
     for name in ("q_proj", "k_proj", "v_proj"):
-        setattr(attn, name, ColumnParallelLinear(getattr(attn, name), *tp))
+        setattr(attn, name, ColumnParallelLinear(getattr(attn, name), *tp, copy_input=False))
     attn.o_proj = RowParallelLinear(attn.o_proj, *tp)
     for name in ("gate_proj", "up_proj"):
-        setattr(mlp, name, ColumnParallelLinear(getattr(mlp, name), *tp))
+        setattr(mlp, name, ColumnParallelLinear(getattr(mlp, name), *tp, copy_input=False))
     mlp.down_proj = RowParallelLinear(mlp.down_proj, *tp)
-    if tp.sequence_parallel:
+    if not tp.sequence_parallel:
+        copy_input_to_tensor_parallel(attn, tp.group)
+        copy_input_to_tensor_parallel(mlp, tp.group)
+    else:
         gather_input_over_sequence(attn, tp.group)
         gather_input_over_sequence(mlp, tp.group)
         for norm in (layer.input_layernorm, layer.post_attention_layernorm):
             mark_sequence_parallel(norm)
     return layer
+
+
+def _map_hidden_states(fn):
+    """A forward pre-hook applying `fn` to a sub-layer's input: LlamaDecoderLayer calls self_attn(hidden_states=...)
+    and mlp(hidden_states). A hook rather than a wrapper module keeps the parameter names (seeded init, export)."""
+    def hook(_module, args, kwargs):
+        if "hidden_states" in kwargs:
+            kwargs = {**kwargs, "hidden_states": fn(kwargs["hidden_states"])}
+        else:
+            args = (fn(args[0]), *args[1:])
+        return args, kwargs
+    return hook
+
+
+def copy_input_to_tensor_parallel(module: nn.Module, group) -> None:
+    """Megatron's f once in front of a TP sub-layer whose column-parallel linears share the input (LLaMA's q, k, v;
+    gate, up): their input gradients add up locally first, then one all-reduce sums them over the TP ranks. f per
+    linear instead cost 5 backward all-reduces per block, not 2 (bench/steptime/breakdown.py TP2: 40
+    _CopyToTensorParallelBackward per step of 4 blocks x 2 micro-batches, ~2 ms each on 2 CPU ranks)."""
+    module.register_forward_pre_hook(_map_hidden_states(lambda x: _CopyToTensorParallel.apply(x, group)), with_kwargs=True)
 
 
 def shard_bloom_block(block: nn.Module, tp: TensorParallel) -> nn.Module:
@@ -269,14 +295,7 @@ def gather_input_over_sequence(module: nn.Module, group) -> None:
     gathered input, as in Megatron. The row-parallel output layer reduce-scatters, so the output is local again.
     A forward pre-hook rather than a wrapper module keeps the parameter names (seeded init, export) unchanged.
     """
-    def hook(_module, args, kwargs):
-        if "hidden_states" in kwargs:  # LlamaDecoderLayer calls self_attn(hidden_states=...)
-            kwargs = {**kwargs, "hidden_states": _GatherFromSequence.apply(kwargs["hidden_states"], group, True)}
-        else:  # and mlp(hidden_states)
-            args = (_GatherFromSequence.apply(args[0], group, True), *args[1:])
-        return args, kwargs
-
-    module.register_forward_pre_hook(hook, with_kwargs=True)
+    module.register_forward_pre_hook(_map_hidden_states(lambda x: _GatherFromSequence.apply(x, group, True)), with_kwargs=True)
 
 
 def mark_sequence_parallel(module: nn.Module) -> None:
