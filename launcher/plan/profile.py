@@ -20,6 +20,8 @@ A profile says how fast one accelerator (or one CPU rank) runs each kind of oper
                             measured by `launcher calibrate` on a ZeRO-3 engine against the same model plain;
                             0 in the built-in GPU profiles (not measured there: the hooks are host-side Python
                             that runs while queued GPU kernels execute, hidden when those kernels are large)
+    zero3_param_s           the same per parameter tensor, on top of its module's (a profile without it, from
+                            before it was measured apart: zero3_module_s then covers a module's parameters too)
 
 The built-in GPU profiles cite every constant below. `launcher calibrate` writes the same fields,
 measured, to a YAML file (PROFILE_VERSION); `cluster.profile=PATH` selects it.
@@ -63,6 +65,7 @@ class Profile:
     gemm_table: dict = field(default_factory=dict)
     attention_table: dict = field(default_factory=dict)
     zero3_module_s: float = 0.0
+    zero3_param_s: float = 0.0
     # All-to-all (Ulysses) inside a node where measured apart from the all-reduce (gloo runs them by different
     # algorithms); None: the intra link.
     all_to_all: Optional[Link] = None
@@ -253,6 +256,7 @@ def load_profile(path: str) -> Profile:
             gemm_table={str(k): [[float(a), float(b)] for a, b in v] for k, v in (doc.get("gemm_table") or {}).items()},
             attention_table={str(k): [[float(a), float(b)] for a, b in v] for k, v in (doc.get("attention_table") or {}).items()},
             zero3_module_s=float(doc.get("zero3_module_s") or 0.0),
+            zero3_param_s=float(doc.get("zero3_param_s") or 0.0),
             all_to_all=(Link(float(doc["all_to_all"]["latency_s"]), float(doc["all_to_all"]["bus_gbps"]))
                         if doc.get("all_to_all") else None),
             source=f"{p} ({doc.get('source', 'launcher calibrate')})")
@@ -292,4 +296,4 @@ def alone_rates(prof: Profile, measured_ranks) -> Profile:
                    attention_tflops={d: r * f for d, r in prof.attention_tflops.items()},
                    gemm_table=table(prof.gemm_table), attention_table=table(prof.attention_table),
                    memory_gbps=prof.memory_gbps * f, kernel_overhead_s=prof.kernel_overhead_s / f,
-                   zero3_module_s=prof.zero3_module_s / f)
+                   zero3_module_s=prof.zero3_module_s / f, zero3_param_s=prof.zero3_param_s / f)

@@ -65,7 +65,8 @@ One micro-batch on one rank (n = b s / sp tokens outside attention; t = TP, sp =
                             3: its forward + backward, prefetched) and only the excess is exposed; the pipeline
                             engine and ZeRO 0 reduce after the flush, exposed; on CPU ranks (overlap_comm off)
                             everything is exposed. ZeRO-3 also runs Python hooks on every module, forward and
-                            backward: modules x the profile's measured zero3_module_s per micro-batch.
+                            backward: modules x the profile's measured zero3_module_s + parameter tensors x
+                            its zero3_param_s per micro-batch.
     optimizer               AdamW over this rank's shard at memory bandwidth: fp32 master, m, v read and
                             written, the gradient read (and the norm's extra read), the low-precision weights
                             written: (4 + 4 + 4) x 2 + 4 + 4 (+ 2 for a 16-bit copy) bytes per parameter.
@@ -311,7 +312,7 @@ class StepTime:
     sp_comm_s: float = 0.0
     recompute_s: float = 0.0
     optimizer_s: float = 0.0
-    engine_s: float = 0.0            # DeepSpeed's per-module ZeRO-3 hooks (profile.zero3_module_s)
+    engine_s: float = 0.0            # DeepSpeed's ZeRO-3 hooks (profile.zero3_module_s, zero3_param_s)
     profile: str = ""
 
     def breakdown(self) -> dict:
@@ -505,10 +506,27 @@ def _zero3_hooks_s(shape: ModelShape, st: Strategy, prof: Profile, costs: list) 
     """Per micro-batch and stage: ZeRO-3's module hooks (forward and backward bookkeeping: fetch / release /
     partition decisions in Python), the profile's measured seconds per hooked module and pass
     (`launcher calibrate`: a ZeRO-3 engine against a plain model, per module); 0 without ZeRO-3."""
-    if st.zero_stage != 3 or not prof.zero3_module_s:
+    if st.zero_stage != 3 or not (prof.zero3_module_s or prof.zero3_param_s):
         return [0.0] * len(costs)
     p = st.pipeline_degree
-    return [_hooked_modules(shape, blocks_in_stage(shape, st, s), s, p) * prof.zero3_module_s for s in range(p)]
+    return [_hooked_modules(shape, blocks_in_stage(shape, st, s), s, p) * prof.zero3_module_s
+            + _parameter_tensors(shape, blocks_in_stage(shape, st, s), s, p) * prof.zero3_param_s for s in range(p)]
+
+
+def _parameter_tensors(shape: ModelShape, blocks: int, stage: int, p: int) -> int:
+    """Parameter tensors on a stage, each of which ZeRO-3 tracks with its own hooks (profile.zero3_param_s).
+    Per block, LLaMA: 7 linear weights + 2 RMSNorm weights (9); BLOOM and GPT-2: 4 linears and 2 LayerNorms, each
+    a weight and a bias (12). Outside the blocks, LLaMA: embedding, final norm (+ the head unless tied); BLOOM: the
+    embedding, its LayerNorm's 2, ln_f's 2 (+ head); GPT-2: wte, wpe, ln_f's 2 (+ head). recipe=tiny's
+    LlamaForCausalLM: 4 x 9 + 3 = 39 (transformers' named_parameters()). A pipeline stage counts its blocks and
+    the embedding (first) or final norm and head (last)."""
+    per_block = 9 if shape.arch == "llama" else 12
+    embed = {"llama": 1, "bloom": 3, "gpt": 2}.get(shape.arch, 1)
+    final_norm = 1 if shape.arch == "llama" else 2
+    head = 0 if shape.tied_embeddings and p == 1 else 1
+    if p == 1:
+        return blocks * per_block + embed + final_norm + head
+    return blocks * per_block + embed * (stage == 0) + (final_norm + head) * (stage == p - 1)
 
 
 def _compute_stretch(costs: list, hooks: list, m: int, p: int, ranks: int, prof: Profile, stretch: float, p2p: float) -> float:

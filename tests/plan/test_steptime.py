@@ -264,6 +264,17 @@ def test_zero3_module_hooks_cost_per_module_and_micro_batch():
     assert steptime.estimate_step_time(zero1[1], zero1[2], hardware(ideal(zero3_module_s=1e-3), device="cpu")).engine_s == 0.0
 
 
+def test_zero3_parameter_hooks_cost_per_parameter_tensor():
+    # zero3_param_s per parameter tensor and micro-batch, on top of the modules': recipe=tiny's LlamaForCausalLM has
+    # 39 parameter tensors (4 x (7 linears + 2 RMSNorms) + embedding, final norm, untied head), 2 micro-batches.
+    _, shape, st = setup("parallel.zero_stage=3", "batch.global_batch_size=32")
+    both = steptime.estimate_step_time(shape, st, hardware(ideal(zero3_module_s=1e-3, zero3_param_s=1e-4), device="cpu"))
+    assert both.engine_s == pytest.approx(2 * (59 * 1e-3 + 39 * 1e-4))
+    _, tied, st = setup("parallel.zero_stage=3", "batch.global_batch_size=32", "model.tie_word_embeddings=true")
+    assert steptime.estimate_step_time(tied, st, hardware(ideal(zero3_param_s=1e-4), device="cpu")).engine_s \
+        == pytest.approx(2 * 38 * 1e-4)
+
+
 def test_ulysses_four_all_to_alls_each_way():
     # SP2, one micro-batch: per block q, k, v and the output each cross by their own all-to-all forward and again
     # backward (DeepSpeed _SeqAllToAll), each tensor n/sp tokens x a d: 8 all-to-alls of L + 1/2 x bytes / B.

@@ -1,0 +1,43 @@
+"""The arithmetic of `launcher calibrate` that runs in the parent process (no ranks): the best-of-sweeps merge and
+the fits, against numbers worked out by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from launcher.runtime.calibrate import _best_of, fit_alpha_beta, fit_saturation
+
+
+def _sweep(scale: float, overhead: float, gbps: float) -> dict:
+    return {"gemm": {"fp32": [[32, 1.0 * scale], [64, 2.0 * scale]], "bf16": [[32, 3.0 * scale]]},
+            "attention": {"fp32": [[64, 5.0 * scale]], "bf16": [[64, 7.0 * scale]]},
+            "memory_gbps": gbps, "kernel_overhead_s": overhead}
+
+
+def test_best_of_sweeps_takes_each_items_fastest_sweep():
+    # Sweep 2 is slow everywhere (a neighbour ran), sweep 3 has the best memory copy, sweep 1 the lowest overhead.
+    best = _best_of([_sweep(1.0, 3e-6, 10.0), _sweep(0.5, 9e-6, 11.0), _sweep(0.9, 4e-6, 12.0)])
+    assert best["gemm"] == {"fp32": [[32, 1.0], [64, 2.0]], "bf16": [[32, 3.0]]}
+    assert best["attention"] == {"fp32": [[64, 5.0]], "bf16": [[64, 7.0]]}
+    assert best["memory_gbps"] == 12.0 and best["kernel_overhead_s"] == 3e-6
+
+
+def test_best_of_is_per_item_not_per_sweep():
+    a, b = _sweep(1.0, 3e-6, 10.0), _sweep(1.0, 3e-6, 10.0)
+    a["gemm"]["fp32"][0][1] = 0.25     # sweep a slow at side 32 only
+    b["gemm"]["fp32"][1][1] = 0.5      # sweep b slow at side 64 only
+    assert _best_of([a, b])["gemm"]["fp32"] == [[32, 1.0], [64, 2.0]]
+
+
+def test_fit_saturation_recovers_plateau_and_half():
+    # rate = P x / (x + h) with P = 100, h = 64, sampled exactly.
+    pts = [[x, 100.0 * x / (x + 64.0)] for x in (32, 64, 128, 256, 512)]
+    plateau, half = fit_saturation(pts)
+    assert plateau == pytest.approx(100.0) and half == pytest.approx(64.0)
+
+
+def test_fit_alpha_beta_recovers_latency_and_bus_bandwidth():
+    # 2 ranks: t = 1 ms + 2 (1/2) B / (2 GB/s) = 1e-3 + B / 2e9.
+    pts = [[b, 1e-3 + b / 2e9] for b in (4 << 10, 1 << 20, 16 << 20)]
+    lat, bus = fit_alpha_beta(pts, world=2)
+    assert lat == pytest.approx(1e-3) and bus == pytest.approx(2.0)
