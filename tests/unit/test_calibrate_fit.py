@@ -1,11 +1,11 @@
-"""The arithmetic of `launcher calibrate` that runs in the parent process (no ranks): the best-of-sweeps merge and
+"""The arithmetic of `launcher calibrate` that runs in the parent process (no ranks): the median-of-sweeps merge and
 the fits, against numbers worked out by hand."""
 
 from __future__ import annotations
 
 import pytest
 
-from launcher.runtime.calibrate import _best_of, fit_alpha_beta, fit_saturation
+from launcher.runtime.calibrate import _median_of, fit_alpha_beta, fit_saturation
 
 
 def _sweep(scale: float, overhead: float, gbps: float) -> dict:
@@ -14,19 +14,19 @@ def _sweep(scale: float, overhead: float, gbps: float) -> dict:
             "memory_gbps": gbps, "kernel_overhead_s": overhead}
 
 
-def test_best_of_sweeps_takes_each_items_fastest_sweep():
-    # Sweep 2 is slow everywhere (a neighbour ran), sweep 3 has the best memory copy, sweep 1 the lowest overhead.
-    best = _best_of([_sweep(1.0, 3e-6, 10.0), _sweep(0.5, 9e-6, 11.0), _sweep(0.9, 4e-6, 12.0)])
-    assert best["gemm"] == {"fp32": [[32, 1.0], [64, 2.0]], "bf16": [[32, 3.0]]}
-    assert best["attention"] == {"fp32": [[64, 5.0]], "bf16": [[64, 7.0]]}
-    assert best["memory_gbps"] == 12.0 and best["kernel_overhead_s"] == 3e-6
+def test_median_of_sweeps_drops_the_disturbed_sweep():
+    # Sweep 2 is slow everywhere (a neighbour ran): each item is the middle of the three, never sweep 2's.
+    med = _median_of([_sweep(1.0, 3e-6, 10.0), _sweep(0.5, 9e-6, 11.0), _sweep(0.9, 4e-6, 12.0)])
+    assert med["gemm"] == {"fp32": [[32, 0.9], [64, 1.8]], "bf16": [[32, 2.7]]}
+    assert med["attention"] == {"fp32": [[64, 4.5]], "bf16": [[64, 6.3]]}
+    assert med["memory_gbps"] == 11.0 and med["kernel_overhead_s"] == 4e-6
 
 
-def test_best_of_is_per_item_not_per_sweep():
-    a, b = _sweep(1.0, 3e-6, 10.0), _sweep(1.0, 3e-6, 10.0)
+def test_median_of_is_per_item_not_per_sweep():
+    a, b, c = _sweep(1.0, 3e-6, 10.0), _sweep(1.0, 3e-6, 10.0), _sweep(1.0, 3e-6, 10.0)
     a["gemm"]["fp32"][0][1] = 0.25     # sweep a slow at side 32 only
     b["gemm"]["fp32"][1][1] = 0.5      # sweep b slow at side 64 only
-    assert _best_of([a, b])["gemm"]["fp32"] == [[32, 1.0], [64, 2.0]]
+    assert _median_of([a, b, c])["gemm"]["fp32"] == [[32, 1.0], [64, 2.0]]
 
 
 def test_fit_saturation_recovers_plateau_and_half():
