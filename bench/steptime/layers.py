@@ -7,7 +7,8 @@ on 2 CPU ranks at once, each timed per phase (forward, backward, step; median of
   1. plain       the transformers model and torch AdamW, no communication: the compute the per-operator
                  model (launcher/plan/steptime.py) describes;
   2. deepspeed   the same model under deepspeed.initialize with the launcher's own DeepSpeed JSON for
-                 `recipe=tiny parallel.zero_stage=0` (gradient all-reduce, clipping, LR schedule);
+                 `recipe=tiny parallel.zero_stage=0` (gradient all-reduce, clipping, LR schedule), the ranks
+                 free-running as in training;
   3. launcher    `launcher train recipe=tiny parallel.zero_stage=0` itself, its end-of-run median step;
 and `launcher plan` of the same layout with --profile, its breakdown. Then the element-wise rates the plan's
 memory term stands for, by tensor size, on one rank: a copy into a preallocated tensor (what calibrate's
@@ -33,11 +34,11 @@ LAYOUT = ["recipe=tiny", "cluster.gpus_per_node=2", "parallel.zero_stage=0"]
 
 
 def _phases(step_fns, n: int = 30, warm: int = 6) -> dict:
-    import torch.distributed as dist
+    """Median phase times; the ranks run freely, as in training (no barrier between steps: a barrier outside the
+    timed span would hide the wait for the slower rank, which a step pays at its collectives)."""
     fwd, bwd, stp = step_fns
     rows = []
     for i in range(n):
-        dist.barrier()
         t0 = time.perf_counter()
         loss = fwd()
         t1 = time.perf_counter()

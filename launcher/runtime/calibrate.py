@@ -269,7 +269,8 @@ def _compute_sweep(dev, device, dtypes, sync, dist) -> dict:
     # pool of GEMM_POOL_BYTES, so each GEMM reads them from beyond the core's cache, as a step does (a layer's
     # backward meets its inputs after the rest of the model has passed through the cache). Against one hot
     # contiguous torch.mm, 2 CPU ranks here: 4-27% slower by side (side 128, fp32: 0.096 -> 0.082 TFLOP/s), and the
-    # plain model's forward + backward then matches the plan within 10% (bench/steptime/results.md).
+    # plain model's forward + backward + AdamW is then 0.92-1.19x its plan, about calibrate's own spread from one
+    # minute to the next (bench/steptime/results.md).
     out["gemm"], out["attention"] = {}, {}
     tokens = 2048 if device == "cpu" else 16384
     for dname, tdtype in dtypes:
