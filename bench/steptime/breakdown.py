@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from run import LAUNCHER, LAYOUTS, REPO, HERE  # noqa: E402
+from run import HERE, LAUNCHER, LAYOUTS, MEASURE, REPO  # noqa: E402
 
 
 def main() -> None:
@@ -28,8 +28,7 @@ def main() -> None:
             out.mkdir()
             env = {**os.environ, "STEPPROF_OUT": str(out), "PYTHONPATH": f"{HERE / 'stepprof'}:{REPO}"}
             args = [LAUNCHER, "train", "recipe=tiny", f"cluster.gpus_per_node={ranks}", f"cluster.profile={profile.relative_to(REPO)}",
-                    f"runs_dir={tmp}", "run_name=prof", "train.steps=10", "scheduler.warmup_steps=2", "logging.log_every=1",
-                    "logging.progress_bar=false", "train.eval_every=0", "checkpoint.save_every=0", "checkpoint.export_hf=false", *extra]
+                    f"runs_dir={tmp}", "run_name=prof", "train.steps=10", *MEASURE, *extra]
             proc = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True)
             if proc.returncode:
                 print(proc.stderr[-3000:])

@@ -28,8 +28,9 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-LAUNCHER = str(Path(sys.executable).parent / "launcher")
+sys.path.insert(0, str(Path(__file__).parent))
+from run import LAUNCHER, MEASURE, REPO  # noqa: E402
+
 LAYOUT = ["recipe=tiny", "cluster.gpus_per_node=2", "parallel.zero_stage=0"]
 
 
@@ -129,11 +130,10 @@ def main() -> None:
                         "--rank-side", str(raw)], cwd=REPO, check=True, env={**os.environ, "PYTHONPATH": str(REPO)},
                        capture_output=True)
         loops = json.loads(raw.read_text())
-        subprocess.run([LAUNCHER, "train", *LAYOUT, f"runs_dir={tmp}", "run_name=l", "train.steps=40",
-                        "scheduler.warmup_steps=2", "logging.log_every=1", "logging.progress_bar=false", "train.eval_every=0",
-                        "checkpoint.save_every=0", "checkpoint.export_hf=false"], cwd=REPO, check=True, capture_output=True)
-        summary = next(json.loads(l) for l in (Path(tmp) / "l" / "metrics.jsonl").read_text().splitlines()
-                       if json.loads(l).get("kind") == "summary")
+        subprocess.run([LAUNCHER, "train", *LAYOUT, f"runs_dir={tmp}", "run_name=l", "train.steps=40", *MEASURE],
+                       cwd=REPO, check=True, capture_output=True)
+        records = [json.loads(line) for line in (Path(tmp) / "l" / "metrics.jsonl").read_text().splitlines()]
+        summary = next(r for r in records if r.get("kind") == "summary")
     plan = json.loads(subprocess.run([LAUNCHER, "plan", *LAYOUT, f"cluster.profile={args.profile}", "--json"], cwd=REPO,
                                      check=True, capture_output=True, text=True).stdout)
     for name, r in loops.items():

@@ -41,6 +41,11 @@ LAYOUTS = {
 }
 
 
+# What every measured `launcher train` here adds: log each step, no eval, checkpoint or export in the timed loop.
+MEASURE = ["scheduler.warmup_steps=2", "logging.log_every=1", "logging.progress_bar=false", "train.eval_every=0",
+           "checkpoint.save_every=0", "checkpoint.export_hf=false"]
+
+
 def calibrate(ranks: int) -> Path:
     out = HERE / ("profile.yaml" if ranks == 2 else f"profile-{ranks}.yaml")
     subprocess.run([LAUNCHER, "calibrate", "cluster=cpu", f"cluster.gpus_per_node={ranks}", "--out", str(out)],
@@ -51,8 +56,7 @@ def calibrate(ranks: int) -> Path:
 def train(name: str, ranks: int, extra: list[str], profile: Path, steps: int, runs: Path) -> dict:
     args = [LAUNCHER, "train", "recipe=tiny", f"cluster.gpus_per_node={ranks}", f"cluster.profile={profile}",
             f"runs_dir={runs}", f"run_name=bench-{name.replace(' ', '').lower()}", f"train.steps={steps}",
-            "scheduler.warmup_steps=2", "logging.log_every=1", "logging.progress_bar=false", "train.eval_every=0",
-            "checkpoint.save_every=0", "checkpoint.export_hf=false", *extra]
+            *MEASURE, *extra]
     started, load_before = time.perf_counter(), os.getloadavg()
     proc = subprocess.run(args, cwd=REPO, capture_output=True, text=True)
     if proc.returncode != 0:

@@ -503,14 +503,15 @@ def _hooked_modules(shape: ModelShape, blocks: int, stage: int, p: int) -> int:
 
 
 def _zero3_hooks_s(shape: ModelShape, st: Strategy, prof: Profile, costs: list) -> list:
-    """Per micro-batch and stage: ZeRO-3's module hooks (forward and backward bookkeeping: fetch / release /
-    partition decisions in Python), the profile's measured seconds per hooked module and pass
-    (`launcher calibrate`: a ZeRO-3 engine against a plain model, per module); 0 without ZeRO-3."""
+    """Per micro-batch and stage: ZeRO-3's hooks (forward and backward bookkeeping: fetch / release / partition
+    decisions in Python), the profile's measured seconds per hooked module and per parameter tensor and pass
+    (`launcher calibrate`: a ZeRO-3 engine against a plain model); 0 without ZeRO-3."""
     if st.zero_stage != 3 or not (prof.zero3_module_s or prof.zero3_param_s):
         return [0.0] * len(costs)
     p = st.pipeline_degree
-    return [_hooked_modules(shape, blocks_in_stage(shape, st, s), s, p) * prof.zero3_module_s
-            + _parameter_tensors(shape, blocks_in_stage(shape, st, s), s, p) * prof.zero3_param_s for s in range(p)]
+    blocks = [blocks_in_stage(shape, st, s) for s in range(p)]
+    return [_hooked_modules(shape, blocks[s], s, p) * prof.zero3_module_s
+            + _parameter_tensors(shape, blocks[s], s, p) * prof.zero3_param_s for s in range(p)]
 
 
 def _parameter_tensors(shape: ModelShape, blocks: int, stage: int, p: int) -> int:

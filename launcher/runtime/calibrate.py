@@ -15,10 +15,11 @@ memory bus and cores as they will in training, measures:
     kernel overhead    a chain of tiny autograd ops, forward + backward, seconds per op
     collectives        all-reduce and all-to-all of 4 KiB .. 16 MiB over all ranks, each right after a ~1 ms
                        GEMM on every rank, as in a training step (its cost: the pair's mean time minus the
-                       GEMM's alone, means since a step's total is count x mean). A collective that follows compute also pays for the ranks arriving out of
-                       step, which back-to-back microbenchmarks hide: on this 2-core box 0.4 ms bare against
-                       1-5 ms between compute (bench/steptime/results.md). Fitted to latency + 2 (r-1)/r B /
-                       bus bandwidth (all-to-all: (r-1)/r B), least squares in B, the forms steptime.py charges
+                       GEMM's alone, means since a step's total is count x mean). A collective that follows
+                       compute also pays for the ranks arriving out of step, which back-to-back microbenchmarks
+                       hide: on this 2-core box 0.4 ms bare against 1-5 ms between compute
+                       (bench/steptime/results.md). Fitted to latency + 2 (r-1)/r B / bus bandwidth
+                       (all-to-all: (r-1)/r B), least squares in B, the forms steptime.py charges
     ZeRO-3 hooks       a DeepSpeed ZeRO-3 engine over 8 and 40 small Linear modules (bare, then each in a
                        wrapper module) against the same modules plain, forward + backward: seconds per module
                        (zero3_module_s) and per parameter tensor (zero3_param_s)
@@ -33,6 +34,7 @@ Every fit is to microbenchmarks of this machine, never to training runs.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import statistics
@@ -280,7 +282,7 @@ def _compute_sweep(dev, device, dtypes, sync, dist) -> dict:
             pool = [(torch.randn(tokens, d, device=dev, dtype=tdtype), torch.randn(d, d, device=dev, dtype=tdtype),
                      torch.randn(tokens, d, device=dev, dtype=tdtype))
                     for _ in range(max(2, min(16, -(-GEMM_POOL_BYTES // set_bytes))))]
-            turn = iter(range(1 << 62))
+            turn = itertools.count()
             for gemm in (lambda x, w, g: F.linear(x, w),        # forward
                          lambda x, w, g: torch.mm(g, w),         # input gradient
                          lambda x, w, g: torch.mm(g.t(), x)):    # weight gradient
