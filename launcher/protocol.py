@@ -14,6 +14,21 @@ PREEMPTED_FILE = "preempted"
 TORCHRUN_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
 TORCHRUN_SHUTDOWN_TIMEOUT_S = 300
 
+
+def torchrun_grace_flags() -> list:
+    """["--shutdown-timeout=300"] where the installed torchrun takes that flag (the seconds it lets the ranks save
+    after passing a signal on, before SIGKILL; its own default is 30), else []: torch 2.11's torchrun refuses it,
+    and with it the whole run (seen on the GPU image, bench/gpu/results.md). Read from torch/distributed/run.py's
+    text, not by importing torch: `launcher train` and the sbatch script (on its batch node) ask before starting it."""
+    from importlib.metadata import PackageNotFoundError, distribution
+    from pathlib import Path
+
+    try:
+        has = "--shutdown-timeout" in Path(distribution("torch").locate_file("torch/distributed/run.py")).read_text()
+    except (PackageNotFoundError, OSError):
+        has = True  # not found as a distribution (a source build, say): the flag of the torch we test on
+    return [f"--shutdown-timeout={TORCHRUN_SHUTDOWN_TIMEOUT_S}"] if has else []
+
 # Signals that mean "checkpoint now and exit 0": SLURM sends SIGUSR1 before the time limit
 # (sbatch --signal) and SIGTERM on scancel / preemption; SIGHUP comes when the terminal or SSH session of a
 # local run closes (its default action would kill the run with no final save). torchrun forwards them all.

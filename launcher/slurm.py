@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Optional
 
 from launcher.config.errors import ConfigError
-from launcher.protocol import CONFIG_FILE, PREEMPTED_FILE, TORCHRUN_SHUTDOWN_TIMEOUT_S, TORCHRUN_SIGNALS
+from launcher.protocol import CONFIG_FILE, PREEMPTED_FILE, TORCHRUN_SIGNALS
 
 # Package data (a wheel carries it); slurm/train.sbatch.tmpl in the checkout links here.
 TEMPLATE = Path(__file__).resolve().parent / "templates" / "train.sbatch.tmpl"
@@ -199,7 +199,6 @@ def job_values(cfg, layout, paths: JobPaths) -> dict[str, str]:
         "device": layout.device,
         "gpus_per_node": str(layout.gpus_per_node),
         "torchrun_signals": _q(TORCHRUN_SIGNALS),
-        "torchrun_shutdown_timeout_s": str(TORCHRUN_SHUTDOWN_TIMEOUT_S),
     }
 
 

@@ -26,7 +26,7 @@ from typing import Optional
 from launcher.runtime.durable import write_atomic
 from launcher.runtime.runlock import LOCK_TOKEN_ENV
 
-from launcher.protocol import EXIT_NONFINITE, PREEMPTED_FILE, TORCHRUN_SHUTDOWN_TIMEOUT_S, TORCHRUN_SIGNALS
+from launcher.protocol import EXIT_NONFINITE, PREEMPTED_FILE, TORCHRUN_SIGNALS, torchrun_grace_flags
 # `launcher train` tells its ranks where to register (pid, rank) and record their exit status, so it can name a
 # dead rank and kill a stopped one (see RankWatch).
 RANKS_DIR_ENV = "LAUNCHER_RANKS_DIR"
@@ -52,8 +52,8 @@ FULL_DISK_BYTES = 1 << 20
 def torchrun_command(config_path: Path, nproc: int, overrides=()) -> list[str]:
     """torchrun, standalone rendezvous (one node), forwarding SIGUSR1 too, one worker per local rank."""
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-            f"--signals-to-handle={TORCHRUN_SIGNALS}", f"--shutdown-timeout={TORCHRUN_SHUTDOWN_TIMEOUT_S}",
-            "-m", "launcher", "train", "--config", str(config_path), *overrides]
+            f"--signals-to-handle={TORCHRUN_SIGNALS}", *torchrun_grace_flags(), "-m", "launcher", "train", "--config",
+            str(config_path), *overrides]
 
 
 # glibc malloc for CPU ranks (a user's own settings win). ZeRO-3 all-gathers whole parameters and frees them again
