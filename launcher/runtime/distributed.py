@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from datetime import timedelta
 
 from launcher.config.errors import ConfigError
@@ -29,6 +30,20 @@ def avoid_shm_comm_build(device: str) -> None:
     from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder
 
     deepspeed.ops.__compatible_ops__[ShareMemCommBuilder.NAME] = False
+
+
+def deepspeed_arch_list(value: str):
+    """TORCH_CUDA_ARCH_LIST rewritten so that DeepSpeed's JIT builder can read it, or None when it already can.
+
+    torch takes arch-specific entries such as "9.0a" (sm_90a: Hopper's wgmma / TMA instructions). DeepSpeed
+    0.19.8's op_builder/builder.py reads each entry's minor number with int() and fails ("invalid literal for int()
+    with base 10: '0a'") when it JIT-builds FusedAdam, which a GPU run's engine does first: seen on the GPU
+    image, whose TORCH_CUDA_ARCH_LIST is "9.0a" (bench/gpu/results.md). DeepSpeed's ops use no sm_90a-only
+    instruction, so the plain arch ("9.0", "+PTX" kept) builds the same kernels.
+    """
+    entries = [e.strip() for e in value.replace(" ", ";").split(";") if e.strip()]
+    fixed = [re.sub(r"^(\d+\.\d+)[a-z]+", r"\1", e) for e in entries]
+    return ";".join(dict.fromkeys(fixed)) if fixed != entries else None
 
 
 def init_distributed(layout, timeout_s: int) -> tuple[int, int, int]:
