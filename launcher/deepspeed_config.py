@@ -140,15 +140,19 @@ def optimizer_fused(cfg, layout: Layout) -> bool:
 def _scheduler(cfg) -> dict:
     s = cfg.scheduler
     lr = cfg.optimizer.lr
+    # warmup_steps 0 (no warmup): DeepSpeed 0.19.8's WarmupLR and WarmupCosineLR refuse warmup_num_steps 0 (a
+    # ValueError in every rank) and raise 1 to 2, so "no warmup" is a 2-step warmup that starts at the peak
+    # (warmup_min_lr = lr, warmup_min_ratio = 1): steps 1 and 2 train at optimizer.lr, the decay follows.
+    warmup, start = (1, 1.0) if s.warmup_steps == 0 else (s.warmup_steps, 0.0)
     if s.name == "constant":
         return {"type": "WarmupLR", "params": {
-            "warmup_min_lr": 0.0, "warmup_max_lr": lr, "warmup_num_steps": s.warmup_steps, "warmup_type": "linear"}}
+            "warmup_min_lr": lr * start, "warmup_max_lr": lr, "warmup_num_steps": warmup, "warmup_type": "linear"}}
     total = s.decay_steps if s.decay_steps is not None else cfg.train.steps
     # Linear warmup then cosine decay to a floor, as in LLaMA (Touvron et al. 2023, section 2.2: final lr = 10% of peak).
     return {"type": "WarmupCosineLR", "params": {
-        "total_num_steps": max(total, s.warmup_steps + 1),
-        "warmup_num_steps": s.warmup_steps,
-        "warmup_min_ratio": 0.0,
+        "total_num_steps": max(total, warmup + 1),
+        "warmup_num_steps": warmup,
+        "warmup_min_ratio": start,
         "warmup_type": "linear",
         "cos_min_ratio": s.min_lr / lr if lr > 0 else 0.0,
     }}

@@ -415,10 +415,11 @@ def resume_changes(saved: dict, cfg, layout, tag_dir: Path, prepared=None) -> li
 
 def _cosine_lr(step: int, lr: float, warmup: int, horizon: int, min_lr: float) -> float:
     """The lr of optimizer step `step` (1-based) under DeepSpeed 0.19.8's WarmupCosineLR as deepspeed_config.py
-    configures it: iteration step-1, warmup raised to 2, cosine progress clamped to 1 (lr_schedules.py get_lr_ratio)."""
-    it, warmup = step - 1, max(2, warmup)
+    configures it: iteration step-1, warmup raised to 2, cosine progress clamped to 1 (lr_schedules.py get_lr_ratio);
+    warmup 0 is a 2-step warmup held at the peak (deepspeed_config.py _scheduler)."""
+    it, flat, warmup = step - 1, warmup == 0, max(2, warmup)
     if it < warmup:
-        return lr * it / warmup
+        return lr if flat else lr * it / warmup
     progress = min(1.0, (it - warmup + 1) / max(1, horizon - warmup))
     ratio = min_lr / lr
     return lr * max(0.0, ratio + (1 - ratio) * (1 + math.cos(math.pi * progress)) / 2)

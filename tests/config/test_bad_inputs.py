@@ -319,3 +319,34 @@ def test_cosine_lr_matches_deepspeed():
     for step in range(1, 260):
         sched.step()  # the engine steps the scheduler once before step k's update: iteration k-1
         assert sched.get_lr()[0] == pytest.approx(_cosine_lr(step, lr, warmup, horizon, min_lr), rel=1e-12, abs=1e-15), step
+
+
+@pytest.mark.parametrize("name", ["cosine", "constant"])
+def test_no_warmup_builds_deepspeeds_scheduler_at_the_peak(name):
+    """scheduler.warmup_steps=0 ("no warmup"): DeepSpeed 0.19.8's schedulers refuse warmup_num_steps 0 (a
+    ValueError in every rank, after the ranks started). The launcher's parameters build DeepSpeed's own class, and
+    step 1 trains at optimizer.lr, as _cosine_lr (the numbers a resume refusal quotes) says."""
+    import torch
+    from deepspeed.runtime import lr_schedules
+
+    from launcher.config.compose import compose
+    from launcher.config.layout import resolve_layout
+    from launcher.deepspeed_config import build_deepspeed_config
+    from launcher.runtime.checkpoint import _cosine_lr
+
+    cfg = compose(["recipe=tiny", f"scheduler={name}", "scheduler.warmup_steps=0", "train.steps=50"])
+    sched_cfg = build_deepspeed_config(cfg, resolve_layout(cfg))["scheduler"]
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=cfg.optimizer.lr)
+    sched = getattr(lr_schedules, sched_cfg["type"])(opt, **sched_cfg["params"])
+    lrs = []
+    for _ in range(50):
+        sched.step()  # iteration k-1 before step k's update (launcher/train.py start_lr_schedule)
+        lrs.append(sched.get_lr()[0])
+    lr = cfg.optimizer.lr
+    assert lrs[0] == lrs[1] == pytest.approx(lr, rel=1e-12)
+    if name == "constant":
+        assert all(x == pytest.approx(lr, rel=1e-12) for x in lrs)
+    else:
+        assert lrs[2] < lr and lrs[-1] == pytest.approx(cfg.scheduler.min_lr, rel=1e-9)
+        for step, got in enumerate(lrs, start=1):
+            assert got == pytest.approx(_cosine_lr(step, lr, 0, 50, cfg.scheduler.min_lr), rel=1e-12), step
