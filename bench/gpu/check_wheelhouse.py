@@ -17,11 +17,14 @@ from packaging.requirements import Requirement
 from packaging.tags import compatible_tags, cpython_tags
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
-# torch (and its nvidia-* / triton wheels) and transformers with their install requirements.
+# torch (and its nvidia-* / triton wheels) and transformers with their install requirements (the wheelhouse
+# carries a newer transformers itself, whose requirements the image meets).
 IMAGE_PROVIDES = {canonicalize_name(n) for n in (
     "torch", "triton", "transformers", "numpy", "packaging", "pyyaml", "requests", "tqdm", "filelock", "huggingface-hub",
     "safetensors", "tokenizers", "regex", "fsspec", "jinja2", "markupsafe", "sympy", "mpmath", "networkx",
-    "typing-extensions", "setuptools", "urllib3", "idna", "certifi", "charset-normalizer", "hf-xet")}
+    "typing-extensions", "setuptools", "urllib3", "idna", "certifi", "charset-normalizer", "hf-xet",
+    # transformers 5's CLI (typer) and its requirements: in the device image's package list (KINDS.md, 2026-11-17)
+    "typer", "click", "shellingham")}
 PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64", "linux_x86_64"]
 TAGS = set(cpython_tags((3, 12), abis=["cp312", "abi3", "none"], platforms=PLATFORMS)) | set(
     compatible_tags((3, 12), "cp312", platforms=PLATFORMS))

@@ -14,7 +14,7 @@
 #   4. gpu_checks.py: NCCL preflight, FusedAdam against torch.optim.AdamW, the SDPA flash kernel in use
 #   5. train_1b.py: a ~1B LLaMA, bf16, seq 2048, ZeRO-1 on every local GPU with `launcher train`:
 #      tokens/s, MFU and peak memory against `launcher plan` for the same config (train-1b.json)
-# Each step runs even when an earlier one failed; the exit status is the number of failed steps.
+# CALIBRATE_TIMEOUT / TRAIN_TIMEOUT (seconds, default 420 / 540) bound steps 3 and 5. Each step runs even when an earlier one failed; the exit status is the number of failed steps.
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
@@ -52,7 +52,7 @@ elif "$py" -m launcher calibrate --help > /dev/null 2>&1; then
   step "launcher calibrate"
   gpu=$("$py" -c "import json; print(json.load(open('$out/env.json'))['launcher_gpu'])")
   ngpu=$("$py" -c "import json; print(json.load(open('$out/env.json'))['gpus'])")
-  timeout 420 "$py" -m launcher calibrate "cluster=$gpu" cluster.nodes=1 "cluster.gpus_per_node=$ngpu" \
+  timeout "${CALIBRATE_TIMEOUT:-420}" "$py" -m launcher calibrate "cluster=$gpu" cluster.nodes=1 "cluster.gpus_per_node=$ngpu" \
     --out "$out/profile-$gpu.yaml" 2>&1 | tee "$out/calibrate.log" || failed=$((failed + 1))
 else
   step "launcher calibrate"
@@ -66,7 +66,7 @@ fi
 
 if want train; then
   step "1B LLaMA training run against the plan"
-  "$py" "$here/train_1b.py" --out "$out" || failed=$((failed + 1))
+  "$py" "$here/train_1b.py" --out "$out" --timeout "${TRAIN_TIMEOUT:-540}" || failed=$((failed + 1))
 fi
 
 echo "== done: $failed step(s) failed; results in $out"

@@ -1,6 +1,7 @@
 """A ~1B LLaMA, bf16, seq 2048, ZeRO-1 on every local GPU with `launcher train`, held against `launcher plan`.
 
-    python bench/gpu/train_1b.py --out DIR [--steps 40]
+    python bench/gpu/train_1b.py --out DIR [--steps 40] [--tag NAME KEY=VALUE ...]   # a variant: the overrides
+                                                                                   # replace the base ones
 
 Model: hidden 2048, 16 layers, 16 heads, FFN 5632, vocab 32000 = 953,223,168 parameters (`launcher plan`).
 Data: data=stdlib (the Python standard library's source, on every machine with Python: no download), 20 MB.
@@ -45,13 +46,19 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--tag", default="", help="a variant's name: train-1b-NAME.json, train-1b-NAME-metrics.jsonl")
+    ap.add_argument("changes", nargs="*", help="overrides replacing (or adding to) the base run's")
+    ap.add_argument("--timeout", type=int, default=540, help="seconds for `launcher train` (a device call runs 600 s "
+                    "at most); the steps logged before a timeout are still read")
     args = ap.parse_args()
     out = Path(args.out)
     env = json.loads((out / "env.json").read_text())
     gpu, n = env["launcher_gpu"], env["gpus"]
     runs_dir = "/tmp/gpu-pack-runs"  # the end-of-run checkpoint (~15 GB) stays off $OUT
     shutil.rmtree(runs_dir, ignore_errors=True)
-    over = overrides(gpu, n, args.steps, runs_dir)
+    changed = {c.split("=", 1)[0] for c in args.changes}
+    over = [o for o in overrides(gpu, n, args.steps, runs_dir) if o.split("=", 1)[0] not in changed] + args.changes
+    suffix = f"-{args.tag}" if args.tag else ""
     result: dict = {"overrides": over}
 
     plan = launcher("plan", *over, "--json", timeout=300)
@@ -62,13 +69,17 @@ def main() -> int:
         result["plan"] = {k: p[k] for k in ("params_total", "world_size", "step_time_s", "tokens_per_s", "mfu",
                                             "tflops_per_gpu", "memory_per_gpu_bytes", "profile", "peak_tflops")}
 
-    train = launcher("train", *over, timeout=540)  # a device call runs 600 s at most
-    result["train_returncode"] = train.returncode
-    result["train_log_tail"] = (train.stdout + train.stderr)[-6000:]
+    try:
+        train = launcher("train", *over, timeout=args.timeout)
+        result["train_returncode"], log = train.returncode, train.stdout + train.stderr
+    except subprocess.TimeoutExpired as exc:  # e.g. in the end-of-run checkpoint (~15 GB): the step records are written
+        result["train_returncode"] = f"killed after {args.timeout} s"
+        log = "".join(x.decode(errors="replace") if isinstance(x, bytes) else (x or "") for x in (exc.stdout, exc.stderr))
+    result["train_log_tail"] = log[-6000:]
     metrics = Path(runs_dir) / "gpu-pack-1b" / "metrics.jsonl"
     if metrics.exists():
         recs = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-        shutil.copy(metrics, out / "train-1b-metrics.jsonl")
+        shutil.copy(metrics, out / f"train-1b{suffix}-metrics.jsonl")
         steady = [r for r in recs if r.get("kind") == "train" and r.get("step", 0) > WARMUP_STEPS]
         if steady:
             med = lambda key: statistics.median(r[key] for r in steady if r.get(key) is not None)  # noqa: E731
@@ -79,11 +90,11 @@ def main() -> int:
         result["predicted_over_measured"] = {
             "step_time": pl["step_time_s"] / me["step_time_s"], "tokens_per_s": pl["tokens_per_s"] / me["tokens_per_s"],
             "peak_memory": pl["memory_per_gpu_bytes"]["total"] / me["peak_memory_bytes"]}
-    (out / "train-1b.json").write_text(json.dumps(result, indent=1) + "\n")
+    (out / f"train-1b{suffix}.json").write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps({k: v for k, v in result.items() if k not in ("train_log_tail", "overrides")}, indent=1))
-    if train.returncode:
+    if result["train_returncode"] != 0:
         print(result["train_log_tail"][-3000:])
-    return 0 if train.returncode == 0 and "measured" in result else 1
+    return 0 if result["train_returncode"] == 0 and "measured" in result else 1
 
 
 if __name__ == "__main__":

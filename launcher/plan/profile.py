@@ -18,8 +18,8 @@ A profile says how fast one accelerator (or one CPU rank) runs each kind of oper
                             CPU ranks; None for GPUs, one per GPU)
     zero3_module_s          DeepSpeed ZeRO-3's hook cost per module per micro-batch (forward + backward),
                             measured by `launcher calibrate` on a ZeRO-3 engine against the same model plain;
-                            0 in the built-in GPU profiles (not measured there: the hooks are host-side Python
-                            that runs while queued GPU kernels execute, hidden when those kernels are large)
+                            0 in the built-in A100 / H100 profiles (not measured there); the H200's is measured
+                            (a 1B LLaMA on one H200 ran ZeRO-3 at 2.1x its ZeRO-1 step: the hooks are not hidden)
     zero3_param_s           the same per parameter tensor, on top of its module's (a profile without it, from
                             before it was measured apart: zero3_module_s then covers a module's parameters too)
 
@@ -171,11 +171,39 @@ def _gpu(name, peak_bf16, gemm_frac, attn, hbm_gbps, intra_bus, inter_bus, host_
     )
 
 
+# H200: measured, not read off datasheets. `launcher calibrate` on one NVIDIA H200 (141 GB, driver 580.159.04,
+# torch 2.11.0+cu130, DeepSpeed 0.19.8; a Firecracker VM, 16 cores) on 2026-11-26, in 22 s:
+# bench/gpu/results/2026-11-26-h200/profile-h200.yaml, the medians of its three sweeps rounded to 3 digits.
+# GEMMs as autograd issues them (X W^T, dY W, dY^T X on 2,048 tokens) by the smallest side; "fp32" ran as TF32
+# (calibrate sets allow_tf32, as training does); torch SDPA causal forward + backward by sequence length (cuDNN's
+# flash kernel, as `launcher train` gets: bench/gpu checks.json); a 64 MiB device copy (the size of one
+# activation tensor of a 1B model at micro-batch 4 x 2,048: 3.07 TB/s, 64% of the datasheet's 4.8, where an
+# 8.6 GB copy reaches ~4.3); a chain of tiny autograd ops (11 us per operator, not the 5 us launch latency);
+# ZeRO-3's hooks on a Linear stack (per module and per parameter tensor). Against the 1B runs on the same GPU
+# (bench/gpu/results.md) these predicted the step 1.05-1.07x of measured where the datasheet constants said
+# 0.85-0.91x (and ZeRO-3 0.81x against 0.42x). Links are not measured (one GPU): the H100's below.
+_H200_GEMM = {"bf16": [[256, 78.7], [512, 252], [1024, 514], [2048, 716], [4096, 771], [8192, 695]],
+              "fp32": [[256, 66.0], [512, 143], [1024, 269], [2048, 313], [4096, 333], [8192, 342]]}
+_H200_SDPA = {"bf16": [[256, 5.46], [512, 21.3], [1024, 91.1], [2048, 183], [4096, 285]],
+              "fp32": [[256, 3.94], [512, 11.7], [1024, 17.6], [2048, 27.1], [4096, 33.5]]}
+_H200_MEASURED = dict(memory_gbps=3073.0, kernel_overhead_s=11.0e-6, zero3_module_s=224e-6, zero3_param_s=246e-6)
+
+
+def _measured_h200() -> Profile:
+    from dataclasses import replace
+
+    base = _gpu("h200", 989.4, 0.75, 335.0, 4800.0, 360.0, 45.0, 2000.0, "", _FA2_H100)
+    return replace(base, gemm_table={**_H200_GEMM, "fp16": _H200_GEMM["bf16"]},
+                   attention_table={**_H200_SDPA, "fp16": _H200_SDPA["bf16"]}, **_H200_MEASURED,
+                   source="built-in h200 profile (launcher/plan/profile.py): measured by `launcher calibrate` on one "
+                          "H200, 2026-11-26 (bench/gpu/results/2026-11-26-h200); links from H100 benchmarks")
+
+
 BUILTIN: dict[str, Profile] = {
     "a100-40gb": _gpu("a100-40gb", 312.0, 0.85, 190.0, 1555.0, 230.0, 22.0, 1000.0, "A100 SXM4 40GB datasheet + cited benchmarks", _FA2_A100),
     "a100-80gb": _gpu("a100-80gb", 312.0, 0.85, 190.0, 2039.0, 230.0, 22.0, 2000.0, "A100 SXM4 80GB datasheet + cited benchmarks", _FA2_A100),
     "h100-80gb": _gpu("h100-80gb", 989.4, 0.75, 335.0, 3350.0, 360.0, 45.0, 2000.0, "H100 SXM5 datasheet + cited benchmarks", _FA2_H100),
-    "h200": _gpu("h200", 989.4, 0.75, 335.0, 4800.0, 360.0, 45.0, 2000.0, "H200 SXM datasheet + cited benchmarks (H100 compute)", _FA2_H100),
+    "h200": _measured_h200(),
 }
 
 
