@@ -117,14 +117,49 @@ def _median_by_size(points) -> list:
     return [[x, statistics.median(r for y, r in points if y == x) / 1e12] for x in sizes]
 
 
+# A fitted plateau more than this far above every rate measured is an extrapolation the sizes do not support
+# (the curve still rising steeply at the largest size, or falling again there): the plateau is then the best
+# rate measured, and only the half-rate size is fitted.
+PLATEAU_BEYOND_MEASURED = 1.25
+
+
 def fit_saturation(points) -> tuple[float, float]:
-    """(plateau, half) of rate = P x / (x + half), from least squares of 1/rate = 1/P + (half/P) / x."""
-    xs = [1.0 / x for x, _ in points]
-    ys = [1.0 / r for _, r in points]
-    slope, intercept = _least_squares(xs, ys)
-    if intercept <= 0:  # still rising at the largest size: the largest measured rate is the plateau, half 0
-        return max(r for _, r in points), 0.0
-    return 1.0 / intercept, max(0.0, slope / intercept)
+    """(plateau, half) of rate = P x / (x + half), fitted in relative error: least squares of log rate, half searched
+    in [0, largest size measured] (golden section on log half), P in closed form (the mean log residual), or the
+    best rate measured where the fit would put it past PLATEAU_BEYOND_MEASURED times that.
+
+    The plan interpolates the measured table itself (launcher/plan/steptime.py gemm_rate); these two numbers
+    summarise it. Fitted as 1/rate = 1/P + (half/P) / x instead, the smallest sizes dominated, and on one H200 the
+    fit said bf16 GEMMs run at 802 TFLOP/s from size 0 (half 0) and fp32 attention at 1,462 TFLOP/s where 34 was
+    the best measured (bench/gpu/results.md)."""
+    import math
+
+    pts = [(float(x), float(r)) for x, r in points if x > 0 and r > 0]
+    best = max(r for _, r in pts)
+
+    def fit(log_p):
+        def plateau(h: float) -> float:
+            return log_p if log_p is not None else sum(math.log(r) - math.log(x / (x + h)) for x, r in pts) / len(pts)
+
+        def sse(h: float) -> float:
+            lp = plateau(h)
+            return sum((math.log(r) - lp - math.log(x / (x + h))) ** 2 for x, r in pts)
+
+        hi = max(x for x, _ in pts)
+        lo_t, hi_t = math.log(hi) - 40.0, math.log(hi)  # log half; e^-40 x the largest size is half 0 in effect
+        g = (math.sqrt(5) - 1) / 2
+        for _ in range(200):
+            a, b = hi_t - g * (hi_t - lo_t), lo_t + g * (hi_t - lo_t)
+            if sse(math.exp(a)) <= sse(math.exp(b)):
+                hi_t = b
+            else:
+                lo_t = a
+        half = math.exp((lo_t + hi_t) / 2)
+        half = 0.0 if half < hi * 1e-12 else half
+        return math.exp(plateau(half)), half
+
+    plateau, half = fit(None)
+    return (plateau, half) if plateau <= PLATEAU_BEYOND_MEASURED * best else fit(math.log(best))
 
 
 def fit_alpha_beta(points, world: int, ring_factor: bool = True) -> tuple[float, float]:

@@ -41,3 +41,20 @@ def test_fit_alpha_beta_recovers_latency_and_bus_bandwidth():
     pts = [[b, 1e-3 + b / 2e9] for b in (4 << 10, 1 << 20, 16 << 20)]
     lat, bus = fit_alpha_beta(pts, world=2)
     assert lat == pytest.approx(1e-3) and bus == pytest.approx(2.0)
+
+
+def test_fit_saturation_stays_within_what_one_h200_measured():
+    """The H200's raw GEMM and SDPA rates (bench/gpu/results/2026-11-26-h200/profile-h200.yaml, `measurements`):
+    bf16 GEMMs dip at side 8192 and attention still climbs steeply at 4096. The old 1/rate fit said "802 TFLOP/s
+    from size 0" and "fp32 attention at 1,462 TFLOP/s" (34 measured); each summary must stay near the rates seen."""
+    from pathlib import Path
+
+    import yaml
+
+    doc = yaml.safe_load((Path(__file__).parents[2] / "bench/gpu/results/2026-11-26-h200/profile-h200.yaml").read_text())
+    for kind in ("gemm", "attention"):
+        for dtype, pts in doc["measurements"][kind].items():
+            plateau, half = fit_saturation(pts)
+            best, largest = max(r for _, r in pts), max(x for x, _ in pts)
+            assert 0.9 * best <= plateau <= 1.25 * best, (kind, dtype, plateau, best)
+            assert 0 < half <= largest, (kind, dtype, half)
