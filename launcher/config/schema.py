@@ -192,7 +192,7 @@ class SchedulerConfig:
     """`cosine` (linear warmup, cosine decay to min_lr) or `constant` (warmup then flat)."""
     warmup_steps: int = 100
     """Optimizer steps of linear warmup from 0 to optimizer.lr: step k (1-based) uses optimizer.lr * (k-1)/warmup_steps
-    (DeepSpeed's WarmupCosineLR/WarmupLR at iteration k-1; DeepSpeed raises values below 2 to 2). 0 = no warmup: steps 1 and 2 at optimizer.lr, then the decay (DeepSpeed's warmup is 2 steps at least, here held at the peak). Range: >= 0; below the decay horizon (cosine) or <= train.steps (constant)."""
+    (DeepSpeed's WarmupCosineLR/WarmupLR at iteration k-1; DeepSpeed raises values below 2 to 2). With 0, steps 1 and 2 run at optimizer.lr and the decay follows (DeepSpeed's warmup is 2 steps at least, here held at the peak). Range: >= 0 (0 = no warmup); below the decay horizon (cosine) or <= train.steps (constant)."""
     min_lr: float = 3e-5
     """The floor the cosine decays to. Range: >= 0, finite; <= optimizer.lr."""
     decay_steps: Optional[int] = None
