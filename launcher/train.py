@@ -27,7 +27,7 @@ from launcher.runtime import checkpoint as ckpt
 from launcher.runtime.data import TokenBatches, prepare_data
 from launcher.runtime.durable import write_atomic
 from launcher.protocol import EXIT_NONFINITE, PREEMPTED_FILE
-from launcher.runtime.distributed import StepAgreement, deepspeed_arch_list, init_distributed
+from launcher.runtime.distributed import StepAgreement, init_distributed, readable_arch_list_for_deepspeed
 from launcher.runtime.elastic import universal_ds_config
 from launcher.runtime.preemption import PreemptionFlag
 from launcher.runtime.rundir import run_dir_of
@@ -286,8 +286,8 @@ def run(cfg) -> int:
         # Named, DeepSpeed picks its CPU accelerator without the warning its auto-detection prints on every rank
         # (deepspeed/accelerator/real_accelerator.py; it reads this before `import deepspeed` below finishes).
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    elif (arch_list := deepspeed_arch_list(os.environ.get("TORCH_CUDA_ARCH_LIST", ""))) is not None:
-        os.environ["TORCH_CUDA_ARCH_LIST"] = arch_list  # before the engine JIT-builds FusedAdam (see the function)
+    else:
+        readable_arch_list_for_deepspeed()  # before the engine JIT-builds FusedAdam
     ds_config = build_deepspeed_config(cfg, layout)
     run_dir = run_dir_of(cfg)
     ckpt_root = run_dir / "checkpoints"

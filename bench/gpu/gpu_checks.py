@@ -116,10 +116,9 @@ def fused_adam() -> dict:
     torch.manual_seed(0)
     params = [torch.randn(4096, 1024, device="cuda"), torch.randn(1024, device="cuda")]
     grads = [[torch.randn_like(p) for p in params] for _ in range(3)]
-    from launcher.runtime.distributed import deepspeed_arch_list
+    from launcher.runtime.distributed import readable_arch_list_for_deepspeed
 
-    if (arch_list := deepspeed_arch_list(os.environ.get("TORCH_CUDA_ARCH_LIST", ""))) is not None:
-        os.environ["TORCH_CUDA_ARCH_LIST"] = arch_list  # as `launcher train` does: DeepSpeed cannot read "9.0a"
+    readable_arch_list_for_deepspeed()  # as `launcher train` does: DeepSpeed cannot read the image's "9.0a"
     t0 = time.perf_counter()
     from deepspeed.ops.adam import FusedAdam
 

@@ -46,6 +46,13 @@ def deepspeed_arch_list(value: str):
     return ";".join(dict.fromkeys(fixed)) if fixed != entries else None
 
 
+def readable_arch_list_for_deepspeed() -> None:
+    """Rewrite this process's TORCH_CUDA_ARCH_LIST as deepspeed_arch_list says, where it must be; before DeepSpeed
+    JIT-builds an op (a GPU rank's engine, FusedAdam)."""
+    if (arch_list := deepspeed_arch_list(os.environ.get("TORCH_CUDA_ARCH_LIST", ""))) is not None:
+        os.environ["TORCH_CUDA_ARCH_LIST"] = arch_list
+
+
 def init_distributed(layout, timeout_s: int) -> tuple[int, int, int]:
     """Join the process group (gloo on CPU, nccl on GPUs). Returns (rank, world size, local rank)."""
     import deepspeed
