@@ -382,14 +382,12 @@ def _zero3_hooks(dev, sync, agree) -> tuple[list, float, float]:
     parameter: per module = wrapped - linear, per parameter = linear - per module. Measured apart because the
     cost follows the parameters more than the modules (2 CPU ranks: Linear with a bias 2.4 ms, without 1.1 ms,
     each parameter-less wrapper +0.3 ms), and a model's modules and parameter tensors differ in number."""
+    import importlib.util
     import logging
 
-    import torch
     from torch import nn
 
-    try:
-        import deepspeed
-    except ImportError:
+    if importlib.util.find_spec("deepspeed") is None:
         return [], 0.0, 0.0
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
 
@@ -404,27 +402,40 @@ def _zero3_hooks(dev, sync, agree) -> tuple[list, float, float]:
     units = {"linear": lambda: nn.Linear(32, 32, bias=False), "wrapped": lambda: Wrap(nn.Linear(32, 32, bias=False))}
     rows, slope = [], {}
     for kind, unit in units.items():
-        per_k = []
-        for k in (8, 40):
-            torch.manual_seed(0)
-            plain = nn.Sequential(*[unit() for _ in range(k)]).to(dev)
-            x = torch.randn(4, 32, device=dev)
-            t_plain = _median_time(lambda: plain(x).sum().backward(), sync, 20)
-            model = nn.Sequential(*[unit() for _ in range(k)])
-            engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=1e-3), config={
-                "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1,
-                "zero_optimization": {"stage": 3}, "zero_allow_untested_optimizer": True})
-
-            def z3():
-                engine.backward(engine(x).sum())
-                engine.step()
-            t_z3 = _median_time(z3, sync, 20, agree=agree)   # the ZeRO-3 step's collectives: same count on every rank
-            rows.append([kind, k, t_z3, t_plain])
-            per_k.append(t_z3 - t_plain)
-            engine.destroy()
-        slope[kind] = (per_k[1] - per_k[0]) / 32
+        measured, slope[kind] = zero3_cost_per_unit(unit, 32, dev, sync, agree)
+        rows += [[kind, *row] for row in measured]
     module_s = max(0.0, slope["wrapped"] - slope["linear"])
     return rows, module_s, max(0.0, slope["linear"] - module_s)
+
+
+def zero3_cost_per_unit(unit, width: int, dev, sync, agree=None, budget_s: float = 0.5) -> tuple[list, float]:
+    """([[K, ZeRO-3 step s, plain s], ...], seconds per unit) of a DeepSpeed ZeRO-3 engine over K units `unit()`
+    (each taking and giving `width` features) less the same units plain, forward + backward (+ an SGD step), at K
+    = 8 and 40: the difference of the differences over 32, so the constant costs cancel. Also run by
+    bench/steptime/zero3_fetch.py on units above DeepSpeed's persistence threshold."""
+    import deepspeed
+    import torch
+    from torch import nn
+
+    rows, extra = [], []
+    for k in (8, 40):
+        torch.manual_seed(0)
+        plain = nn.Sequential(*[unit() for _ in range(k)]).to(dev)
+        x = torch.randn(4, width, device=dev)
+        t_plain = _median_time(lambda: plain(x).sum().backward(), sync, 20, budget_s)
+        model = nn.Sequential(*[unit() for _ in range(k)])
+        engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=1e-3), config={
+            "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1,
+            "zero_optimization": {"stage": 3}, "zero_allow_untested_optimizer": True})
+
+        def z3():
+            engine.backward(engine(x).sum())
+            engine.step()
+        t_z3 = _median_time(z3, sync, 20, budget_s, agree=agree)   # the ZeRO-3 step's collectives: same count on every rank
+        rows.append([k, t_z3, t_plain])
+        extra.append(t_z3 - t_plain)
+        engine.destroy()
+    return rows, (extra[1] - extra[0]) / 32
 
 
 def _host_memory_gb() -> float:
