@@ -81,18 +81,24 @@ def zero3_sequence_parallel_reduction(cfg, layout: Layout) -> dict:
     return {"reduce_scatter": False, "reduce_bucket_size": max(REDUCE_BUCKET_SIZE, largest)}
 
 
-def _zero(cfg, layout: Layout) -> dict:
-    par = cfg.parallel
-    zero: dict = {
-        "stage": layout.zero_stage,
+def zero_optimization_base(stage: int, device: str) -> dict:
+    """The zero_optimization keys every run gets, by stage and device; also what `launcher calibrate` builds its
+    engine-cost probe with (launcher/runtime/calibrate.py), so that it measures the engine a run gets."""
+    return {
+        "stage": stage,
         "contiguous_gradients": True,
         # Overlapping the gradient reduction with the backward pass pays on GPUs; on CPU ranks (gloo)
         # it only adds buffer copies.
-        "overlap_comm": layout.device == "cuda",
+        "overlap_comm": device == "cuda",
         "reduce_scatter": True,
         "reduce_bucket_size": REDUCE_BUCKET_SIZE,
         "allgather_bucket_size": 500_000_000,
     }
+
+
+def _zero(cfg, layout: Layout) -> dict:
+    par = cfg.parallel
+    zero = zero_optimization_base(layout.zero_stage, layout.device)
     zero.update(zero3_sequence_parallel_reduction(cfg, layout))
     if layout.zero_stage == 3:
         # Export needs the full 16-bit weights gathered on save (launcher export reads them).

@@ -1,7 +1,7 @@
 """What ZeRO-3 costs per Linear layer once its weight is above DeepSpeed's persistence threshold (1e5 elements) and
 so is gathered and released around every use, against the hooks alone (below it), on one rank: a ZeRO-3 engine
 over K bias-free Linear(d, d) layers less the same layers plain, forward + backward + step, at K = 8 and 40, the
-difference of the differences over 32 (launcher/runtime/calibrate.py zero3_cost_per_unit, which calibrate runs on
+difference of the differences over 32 (launcher/runtime/calibrate.py engine_cost_per_unit, which calibrate runs on
 32-wide units for the hooks).
 
     OMP_NUM_THREADS=1 .venv/bin/python -m torch.distributed.run --standalone --nproc_per_node=1 bench/steptime/zero3_fetch.py
@@ -19,14 +19,14 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 import deepspeed  # noqa: E402
 from torch import nn  # noqa: E402
 
-from launcher.runtime.calibrate import zero3_cost_per_unit  # noqa: E402
+from launcher.runtime.calibrate import engine_cost_per_unit  # noqa: E402
 from launcher.runtime.distributed import avoid_shm_comm_build  # noqa: E402
 
 
 def per_layer_ms(d: int) -> float:
     """calibrate's measurement (a median of 20 runs each, no time budget) on Linear(d, d) units."""
-    _, per_unit_s = zero3_cost_per_unit(lambda: nn.Linear(d, d, bias=False), d, "cpu", sync=lambda: None,
-                                        budget_s=float("inf"))
+    _, per_unit_s = engine_cost_per_unit(lambda: nn.Linear(d, d, bias=False), d, "cpu", sync=lambda: None,
+                                         budget_s=float("inf"))
     return per_unit_s * 1e3
 
 

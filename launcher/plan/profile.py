@@ -22,6 +22,11 @@ A profile says how fast one accelerator (or one CPU rank) runs each kind of oper
                             (a 1B LLaMA on one H200 ran ZeRO-3 at 2.1x its ZeRO-1 step: the hooks are not hidden)
     zero3_param_s           the same per parameter tensor, on top of its module's (a profile without it, from
                             before it was measured apart: zero3_module_s then covers a module's parameters too)
+    engine_element_s[dtype] DeepSpeed's own work per parameter element and optimizer step, by ZeRO stage 0..3
+                            (a list of 4): what its engine does beyond a plain forward + backward + optimizer
+                            step (gradient buckets flattened and copied, fp32 partitions, the clipping norm, ZeRO-3
+                            gathers into flat buffers), measured by `launcher calibrate` with no collective in it
+                            (each rank its own data-parallel group); {} where not measured (the built-ins)
 
 The built-in GPU profiles cite every constant below. `launcher calibrate` writes the same fields,
 measured, to a YAML file (PROFILE_VERSION); `cluster.profile=PATH` selects it.
@@ -66,6 +71,7 @@ class Profile:
     attention_table: dict = field(default_factory=dict)
     zero3_module_s: float = 0.0
     zero3_param_s: float = 0.0
+    engine_element_s: dict = field(default_factory=dict)
     # All-to-all (Ulysses) inside a node where measured apart from the all-reduce (gloo runs them by different
     # algorithms); None: the intra link.
     all_to_all: Optional[Link] = None
@@ -75,6 +81,14 @@ class Profile:
 
     def attention_table_for(self, dtype: str) -> Optional[list]:
         return _table(self.attention_table, dtype)
+
+    def engine_element(self, dtype: str, zero_stage: int) -> float:
+        """Seconds per parameter element and step of DeepSpeed's engine at `zero_stage` in `dtype` (fp16 takes
+        bf16's figure: the same 16-bit paths); 0 where the profile has none."""
+        for d in (dtype, "bf16" if dtype == "fp16" else None):
+            if d and self.engine_element_s.get(d):
+                return float(self.engine_element_s[d][zero_stage])
+        return 0.0
 
     def gemm_rate(self, dtype: str) -> tuple[float, float]:
         """(plateau FLOP/s, half-rate dimension) of GEMMs in `dtype`."""
@@ -285,6 +299,7 @@ def load_profile(path: str) -> Profile:
             attention_table={str(k): [[float(a), float(b)] for a, b in v] for k, v in (doc.get("attention_table") or {}).items()},
             zero3_module_s=float(doc.get("zero3_module_s") or 0.0),
             zero3_param_s=float(doc.get("zero3_param_s") or 0.0),
+            engine_element_s={str(k): [float(x) for x in v] for k, v in (doc.get("engine_element_s") or {}).items()},
             all_to_all=(Link(float(doc["all_to_all"]["latency_s"]), float(doc["all_to_all"]["bus_gbps"]))
                         if doc.get("all_to_all") else None),
             source=f"{p} ({doc.get('source', 'launcher calibrate')})")
@@ -293,6 +308,9 @@ def load_profile(path: str) -> Profile:
     prof = alone_rates(prof, (doc.get("measurements") or {}).get("world"))
     rates = [*prof.gemm_tflops.values(), *prof.attention_tflops.values(), prof.memory_gbps, prof.intra.bus_gbps,
              prof.inter.bus_gbps]
+    if any(len(v) != 4 or any(x < 0 for x in v) for v in prof.engine_element_s.values()):
+        raise ConfigError(key, path, "has an engine_element_s that is not 4 non-negative seconds (ZeRO stages 0-3) "
+                          "per dtype", fix)
     if not prof.gemm_tflops or not prof.attention_tflops or any(not (r > 0) for r in rates) \
             or any(v < 0 for v in (*prof.gemm_half_dim.values(), *prof.attention_half_seq.values())):
         raise ConfigError(key, path, "has a rate that is not positive (every TFLOP/s and GB/s must be > 0)", fix)
@@ -302,8 +320,8 @@ def load_profile(path: str) -> Profile:
 def alone_rates(prof: Profile, measured_ranks) -> Profile:
     """The profile's compute rates as one rank computing alone on its compute slot.
 
-    `launcher calibrate` times its GEMMs, attention, copies, operator chains and ZeRO-3 hooks on every local rank at
-    once (launcher/runtime/calibrate.py), so with more ranks than compute slots (4 CPU ranks on 2 cores) each rank
+    `launcher calibrate` times its GEMMs, attention, copies, operator chains, ZeRO-3 hooks and engine costs on every
+    local rank at once (launcher/runtime/calibrate.py), so with more ranks than compute slots (4 CPU ranks on 2 cores) each rank
     had a slots/ranks share of a core and measured that share of its alone rate. The step-time model stretches
     compute by ranks / slots itself (steptime._compute_stretch), so the share is taken back out here: rates
     x ranks / slots, per-operation times / (ranks / slots). Without this a 4-rank profile planned a 4-rank layout
@@ -324,4 +342,5 @@ def alone_rates(prof: Profile, measured_ranks) -> Profile:
                    attention_tflops={d: r * f for d, r in prof.attention_tflops.items()},
                    gemm_table=table(prof.gemm_table), attention_table=table(prof.attention_table),
                    memory_gbps=prof.memory_gbps * f, kernel_overhead_s=prof.kernel_overhead_s / f,
-                   zero3_module_s=prof.zero3_module_s / f, zero3_param_s=prof.zero3_param_s / f)
+                   zero3_module_s=prof.zero3_module_s / f, zero3_param_s=prof.zero3_param_s / f,
+                   engine_element_s={d: [x / f for x in v] for d, v in prof.engine_element_s.items()})

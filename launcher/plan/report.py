@@ -214,7 +214,7 @@ def _performance_rows(s: dict) -> list[tuple[str, str, str]]:
          f"GEMM {_s(bd['gemm'])} + attention {_s(bd['attention'])} + element-wise {_s(bd['memory_bound'])} + "
          f"optimizer {_s(bd['optimizer'])} + TP {_s(bd['tp_comm'])} + SP {_s(bd['sp_comm'])} + PP {_s(bd['pp_comm'])} + "
          f"bubble {_s(bd['bubble'])} + DP/ZeRO exposed {_s(bd['dp_comm_exposed'])}"
-         + (f" + ZeRO-3 hooks {_s(bd['engine'])}" if bd.get("engine") else "")
+         + (f" + DeepSpeed engine {_s(bd['engine'])}" if bd.get("engine") else "")
          + (f" (recompute {_s(s['recompute_s'])} inside)" if s["recompute_s"] else "") + f"; rates: {s['profile']}"),
         ("tokens / s", f"{s['tokens_per_s']:,.0f}", f"tokens per step / step time; {s['tokens_per_s'] / s['world_size']:,.0f} per GPU"),
         ("TFLOP/s per GPU", f"{s['tflops_per_gpu']:.1f} model / {s['hardware_tflops_per_gpu']:.1f} hardware",

@@ -67,6 +67,18 @@ One micro-batch on one rank (n = b s / sp tokens outside attention; t = TP, sp =
                             everything is exposed. ZeRO-3 also runs Python hooks on every module, forward and
                             backward: modules x the profile's measured zero3_module_s + parameter tensors x
                             its zero3_param_s per micro-batch.
+    DeepSpeed's engine      its own work per parameter element beyond a plain forward + backward + optimizer
+                            step (gradients flattened into buckets and copied, fp32 partitions, the clipping
+                            norm, ZeRO-3's flat gather buffers): the rank's parameters (TP-sharded, before ZeRO)
+                            x the profile's engine_element_s for the run's dtype and ZeRO stage, which `launcher
+                            calibrate` measures per step at one micro-batch with no collective in it (the
+                            traffic is the DP / ZeRO term above). ZeRO 2 and 3 reduce in every micro-batch's
+                            backward, so they pay it per micro-batch (over-charging its step-time part when m >
+                            1); ZeRO 0 and 1 reduce once after the last backward and pay it once per step. The
+                            part over the 1/r partition is charged over the whole rank's parameters (the probe
+                            runs at r = 1), an over-charge at r > 1. On a 2-core CPU box: 2 (ZeRO-0) to 14
+                            (ZeRO-1) ns per fp32 element, ~12 ms a step for recipe=tiny at ZeRO 1-3; 0 in the
+                            built-in GPU profiles (not measured there).
     optimizer               AdamW over this rank's shard at memory bandwidth: fp32 master, m, v read and
                             written, the gradient read (and the norm's extra read), the low-precision weights
                             written: (4 + 4 + 4) x 2 + 4 + 4 (+ 2 for a 16-bit copy) bytes per parameter.
@@ -312,7 +324,8 @@ class StepTime:
     sp_comm_s: float = 0.0
     recompute_s: float = 0.0
     optimizer_s: float = 0.0
-    engine_s: float = 0.0            # DeepSpeed's ZeRO-3 hooks (profile.zero3_module_s, zero3_param_s)
+    engine_s: float = 0.0            # DeepSpeed's ZeRO-3 hooks (profile.zero3_module_s, zero3_param_s) and its
+                                     # per-element work (profile.engine_element_s)
     profile: str = ""
 
     def breakdown(self) -> dict:
@@ -367,6 +380,11 @@ def estimate_step_time(shape: ModelShape, st: Strategy, hw: Hardware, train_toke
             c = c + last
         costs.append(c)
     hooks = _zero3_hooks_s(shape, st, prof, costs)
+    # DeepSpeed's per-element work (module docstring): per micro-batch under ZeRO 2/3, per step under ZeRO 0/1.
+    element = [stage_params(shape, st, stage) * prof.engine_element(st.dtype, st.zero_stage) for stage in range(p)]
+    per_mb = st.zero_stage >= 2
+    hooks = [hk + (e if per_mb else 0.0) for hk, e in zip(hooks, element)]
+    engine_step = [0.0 if per_mb else e for e in element]
     k = _compute_stretch(costs, hooks, m, p, ranks_here, prof, stretch, p2p)
 
     stages = []
@@ -418,8 +436,8 @@ def estimate_step_time(shape: ModelShape, st: Strategy, hw: Hardware, train_toke
         shard = params / (r if st.zero_stage >= 1 else 1)
         tensors = 1 if st.zero_stage in (1, 2) else 9 * max(1, blocks_in_stage(shape, st, stage)) + 3
         opt.append(_optimizer_s(shard, st, prof, tensors) * stretch)
-    tail = max(e + o for e, o in zip(dp_exposed, opt))
-    i_tail = max(range(p), key=lambda i: dp_exposed[i] + opt[i])
+    tail = max(e + o + g for e, o, g in zip(dp_exposed, opt, engine_step))
+    i_tail = max(range(p), key=lambda i: dp_exposed[i] + opt[i] + engine_step[i])
     step = pipeline_s + tail
 
     c = slow["cost"]
@@ -437,7 +455,7 @@ def estimate_step_time(shape: ModelShape, st: Strategy, hw: Hardware, train_toke
         tflops_per_gpu=tflops, hardware_tflops_per_gpu=hw_tflops, mfu=tflops / hw.peak_tflops if hw.peak_tflops else 0.0,
         train_tokens=tokens, train_days=tokens / tokens_per_s / 86400 if tokens else 0.0,
         gemm_s=m * c.gemm * k, attention_s=m * c.attention * k, memory_bound_s=m * c.memory * k,
-        engine_s=m * hooks[stages.index(slow)],
+        engine_s=m * hooks[stages.index(slow)] + engine_step[i_tail],
         sp_comm_s=m * c.sp, recompute_s=m * slow["recompute"], optimizer_s=opt[i_tail], profile=prof.name)
 
 

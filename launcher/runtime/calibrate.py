@@ -23,6 +23,12 @@ memory bus and cores as they will in training, measures:
     ZeRO-3 hooks       a DeepSpeed ZeRO-3 engine over 8 and 40 small Linear modules (bare, then each in a
                        wrapper module) against the same modules plain, forward + backward: seconds per module
                        (zero3_module_s) and per parameter tensor (zero3_param_s)
+    engine per element a DeepSpeed engine at each ZeRO stage 0-3, fp32 and bf16, over 8 and 40 Linear(d, d)
+                       against the same layers plain with the same SGD step, each rank its own data-parallel
+                       group (no collective: the plan charges traffic apart), at d = 32 and d = 384 (GPU: 2,048;
+                       above ZeRO-3's persistence threshold, so gathered): seconds per parameter element and step
+                       (engine_element_s), the difference of the two sizes' per-layer costs over that of their
+                       elements (the per-module and per-tensor costs cancel)
     host memory        /proc/meminfo MemTotal; compute slots: cores / threads per rank (CPU ranks)
 
 The compute rates (GEMM, attention, memory, kernel overhead) are the median of COMPUTE_ROUNDS sweeps: one sweep
@@ -70,7 +76,7 @@ def calibrate(cfg, out: str, console=None) -> Path:
         # What launcher/runtime/launch.py gives each rank: the cores split between the local ranks.
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
-               "-m", "launcher.runtime.calibrate", str(raw_path), device]
+               "-m", "launcher.runtime.calibrate", str(raw_path), device, str(float(cfg.optimizer.grad_clip))]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if proc.returncode != 0 or not raw_path.exists():
             raise RuntimeError(f"calibration ranks failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
@@ -91,17 +97,20 @@ def calibrate(cfg, out: str, console=None) -> Path:
         # One node measured: the inter-node link is unknown here, so it is taken equal to the local one (stated).
         intra=link, inter=link, all_to_all=a2a, host_memory_gb=raw["host_memory_gb"],
         zero3_module_s=raw["zero3_module_s"], zero3_param_s=raw["zero3_param_s"],
+        engine_element_s=raw["engine_element_s"],
         compute_slots=max(1, (raw["cores"] // threads)) if device == "cpu" else None,
         gemm_table={d: _median_by_size(points) for d, points in raw["gemm"].items()},
         attention_table={d: _median_by_size(points) for d, points in raw["attention"].items()},
         source=(f"launcher calibrate on {raw['hostname']}, {raw['world']} {device} ranks, {raw['backend']}, "
                 f"{threads} thread(s) per rank, torch {raw['torch']}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"))
     doc = profile_to_dict(prof, measured={k: raw[k] for k in ("gemm", "attention", "all_reduce", "all_reduce_after_compute",
-                                                              "all_to_all_after_compute", "zero3", "world", "backend",
+                                                              "all_to_all_after_compute", "zero3", "engine", "world",
+                                                              "backend",
                                                               "device_name", "cores", "seconds")})
     doc["measurements"]["note"] = ("gemm: [side, FLOP/s]; attention: [seq, causal FLOP/s fwd+bwd]; all_reduce (bare, "
                                    "back to back), *_after_compute (the fit's input): [bytes, seconds]; zero3: seconds "
-                                   "per forward + backward [unit, modules, zero-3 engine, plain]; inter = intra (one node measured)")
+                                   "per forward + backward [unit, modules, zero-3 engine, plain]; engine: seconds per step [dtype, ZeRO stage, "
+                                   "side d, Linear(d, d) layers, engine, plain]; inter = intra (one node measured)")
     assert doc["version"] == PROFILE_VERSION
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -216,7 +225,7 @@ def _median_time(fn, sync, repeats: int, budget_s: float = 0.5, agree=None, cent
     return center(times)
 
 
-def _worker(raw_path: str, device: str) -> None:
+def _worker(raw_path: str, device: str, grad_clip: str = "1.0") -> None:
     import socket
 
     import torch
@@ -286,6 +295,7 @@ def _worker(raw_path: str, device: str) -> None:
             out[name].append([nbytes, float(tt.item())])
 
     out["zero3"], out["zero3_module_s"], out["zero3_param_s"] = _zero3_hooks(dev, sync, agree)
+    out["engine"], out["engine_element_s"] = _engine_per_element(dev, device, dtypes, sync, agree, float(grad_clip))
     out["host_memory_gb"] = _host_memory_gb()
     out["seconds"] = time.perf_counter() - started
     if rank == 0:
@@ -374,8 +384,8 @@ def _median_of(sweeps: list) -> dict:
 
 
 def _zero3_hooks(dev, sync, agree) -> tuple[list, float, float]:
-    """(rows, seconds per module, seconds per parameter tensor) of DeepSpeed ZeRO-3's hooks, forward + backward (+ an
-    SGD step over K x 1,024 parameters, negligible): a ZeRO-3 engine over K small bias-free Linear layers (under
+    """(rows, seconds per module, seconds per parameter tensor) of DeepSpeed ZeRO-3's hooks, forward + backward (and
+    an SGD step, on both sides): a ZeRO-3 engine over K small bias-free Linear layers (under
     the persistence threshold, so nothing is fetched: the hooks alone) less the same layers plain, at K = 8 and
     40, the difference of the differences over 32 (the constant costs cancel); then the same with each Linear
     inside a parameter-less wrapper module. A Linear unit is 1 module + 1 parameter, a wrapped one 2 modules + 1
@@ -402,40 +412,124 @@ def _zero3_hooks(dev, sync, agree) -> tuple[list, float, float]:
     units = {"linear": lambda: nn.Linear(32, 32, bias=False), "wrapped": lambda: Wrap(nn.Linear(32, 32, bias=False))}
     rows, slope = [], {}
     for kind, unit in units.items():
-        measured, slope[kind] = zero3_cost_per_unit(unit, 32, dev, sync, agree)
+        measured, slope[kind] = engine_cost_per_unit(unit, 32, dev, sync, agree)
         rows += [[kind, *row] for row in measured]
     module_s = max(0.0, slope["wrapped"] - slope["linear"])
     return rows, module_s, max(0.0, slope["linear"] - module_s)
 
 
-def zero3_cost_per_unit(unit, width: int, dev, sync, agree=None, budget_s: float = 0.5) -> tuple[list, float]:
-    """([[K, ZeRO-3 step s, plain s], ...], seconds per unit) of a DeepSpeed ZeRO-3 engine over K units `unit()`
-    (each taking and giving `width` features) less the same units plain, forward + backward (+ an SGD step), at K
-    = 8 and 40: the difference of the differences over 32, so the constant costs cancel. Also run by
-    bench/steptime/zero3_fetch.py on units above DeepSpeed's persistence threshold."""
+def engine_cost_per_unit(unit, width: int, dev, sync, agree=None, budget_s: float = 0.5, stage: int = 3,
+                         dtype=None, mpu=None, grad_clip: float = 0.0) -> tuple[list, float]:
+    """([[K, engine step s, plain step s], ...], seconds per unit) of a DeepSpeed engine at ZeRO `stage` over K units
+    `unit()` (each taking and giving `width` features) less the same units plain, each a forward + backward + SGD
+    step on a micro-batch of 4, at K = 8 and 40: the difference of the differences over 32, so the constant costs
+    cancel. `dtype` torch.bfloat16 runs the engine with bf16 on (its fp32 master weights) and the plain units in
+    bf16; `mpu` (_AloneGroups) makes each rank its own data-parallel group. Run by _zero3_hooks,
+    _engine_per_element and bench/steptime/zero3_fetch.py."""
     import deepspeed
     import torch
     from torch import nn
 
+    from launcher.deepspeed_config import zero_optimization_base
+
+    dtype = dtype or torch.float32
     rows, extra = [], []
     for k in (8, 40):
         torch.manual_seed(0)
-        plain = nn.Sequential(*[unit() for _ in range(k)]).to(dev)
-        x = torch.randn(4, width, device=dev)
-        t_plain = _median_time(lambda: plain(x).sum().backward(), sync, 20, budget_s)
-        model = nn.Sequential(*[unit() for _ in range(k)])
-        engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=1e-3), config={
-            "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1,
-            "zero_optimization": {"stage": 3}, "zero_allow_untested_optimizer": True})
+        plain = nn.Sequential(*[unit() for _ in range(k)]).to(dev, dtype)
+        opt = torch.optim.SGD(plain.parameters(), lr=1e-3)
+        x = torch.randn(4, width, device=dev, dtype=dtype)
 
-        def z3():
-            engine.backward(engine(x).sum())
+        def step():
+            plain(x).float().sum().backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        t_plain = _median_time(step, sync, 20, budget_s)
+        model = nn.Sequential(*[unit() for _ in range(k)])
+        engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=1e-3), mpu=mpu, config={
+            "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1, "gradient_clipping": grad_clip,
+            "bf16": {"enabled": dtype == torch.bfloat16}, "zero_optimization": zero_optimization_base(stage, torch.device(dev).type),
+            "zero_allow_untested_optimizer": True})
+
+        def run():
+            engine.backward(engine(x).float().sum())
             engine.step()
-        t_z3 = _median_time(z3, sync, 20, budget_s, agree=agree)   # the ZeRO-3 step's collectives: same count on every rank
-        rows.append([k, t_z3, t_plain])
-        extra.append(t_z3 - t_plain)
+        t_engine = _median_time(run, sync, 20, budget_s, agree=agree)   # the ranks stop together (collectives)
+        rows.append([k, t_engine, t_plain])
+        extra.append(t_engine - t_plain)
         engine.destroy()
     return rows, (extra[1] - extra[0]) / 32
+
+
+class _AloneGroups:
+    """The `mpu` deepspeed.initialize takes, making this rank alone in its data-parallel and model-parallel groups:
+    the engine then reduces, partitions and gathers over one rank, so what it costs is its own work without any
+    collective's traffic or wait (the plan charges those apart, from the measured links), while every local rank
+    runs one at once and they share the node as in training."""
+
+    def __init__(self, group, rank: int):
+        self._group, self._rank = group, rank
+
+    def get_data_parallel_group(self):
+        return self._group
+
+    get_model_parallel_group = get_tensor_model_parallel_group = get_data_parallel_group
+
+    def get_data_parallel_group_ranks(self):
+        return [self._rank]
+
+    def get_tensor_model_parallel_src_rank(self):
+        return self._rank
+
+    def get_data_parallel_rank(self):
+        return 0
+
+    get_model_parallel_rank = get_tensor_model_parallel_rank = get_data_parallel_rank
+
+    def get_data_parallel_world_size(self):
+        return 1
+
+    get_model_parallel_world_size = get_tensor_model_parallel_world_size = get_data_parallel_world_size
+    get_pipeline_model_parallel_world_size = get_data_parallel_world_size
+
+
+# The sides of the Linear(d, d) units of the engine-cost probe: a small one (per-unit costs only) and a large one,
+# above ZeRO-3's persistence threshold (1e5 elements, launcher/plan/memory.py) so that stage 3 gathers it; on a GPU
+# large enough that the per-element work shows above the per-module launch costs (40 x 4.2M elements: 168M
+# parameters, ~3 GB with fp32 gradients and master weights).
+ENGINE_UNIT_SIDES = {"cpu": (32, 384), "cuda": (32, 2048)}
+
+
+def _engine_per_element(dev, device: str, dtypes, sync, agree, grad_clip: float) -> tuple[list, dict]:
+    """(rows, {dtype: [seconds per parameter element and step at ZeRO stage 0, 1, 2, 3]}): engine_cost_per_unit per
+    stage and dtype on Linear(d, d) units at a small and a large d, each rank alone in its groups: (large unit's cost
+    - small unit's) / (large d^2 - small d^2), so what a layer costs whatever its size (hooks, per-tensor Python)
+    cancels; ZeRO-3's is charged by zero3_module_s / zero3_param_s. Clipped at 0 (a difference of medians can come
+    out below it). On a 2-core box, fp32: ZeRO-0 ~2-3, ZeRO-1/2 ~10-15 ns (bench/steptime/results.md)."""
+    import importlib.util
+    import logging
+
+    import torch.distributed as dist
+    from torch import nn
+
+    if importlib.util.find_spec("deepspeed") is None:
+        return [], {}
+    logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+    rank = dist.get_rank()
+    groups = [dist.new_group([r]) for r in range(dist.get_world_size())]    # every rank creates every group
+    mpu = _AloneGroups(groups[rank], rank)
+    small, large = ENGINE_UNIT_SIDES[device]
+    rows, out = [], {}
+    for dname, tdtype in dtypes:
+        out[dname] = []
+        for stage in range(4):
+            per_unit = {}
+            for d in (small, large):
+                measured, per_unit[d] = engine_cost_per_unit(lambda: nn.Linear(d, d, bias=False), d, dev, sync, agree,
+                                                             stage=stage, dtype=tdtype, mpu=mpu, grad_clip=grad_clip)
+                rows += [[dname, stage, d, *row] for row in measured]
+            out[dname].append(max(0.0, per_unit[large] - per_unit[small]) / (large * large - small * small))
+    return rows, out
 
 
 def _host_memory_gb() -> float:
@@ -449,4 +543,4 @@ def _host_memory_gb() -> float:
 
 
 if __name__ == "__main__":
-    _worker(*sys.argv[1:3])
+    _worker(*sys.argv[1:4])

@@ -275,6 +275,44 @@ def test_zero3_parameter_hooks_cost_per_parameter_tensor():
         == pytest.approx(2 * 38 * 1e-4)
 
 
+def test_engine_per_element_work_per_step_or_per_micro_batch():
+    # engine_element_s[dtype][stage] x the rank's parameters (recipe=tiny, no TP or PP: all N of them). ZeRO 0/1
+    # reduce once after the last backward: once per step; ZeRO 2/3 in every micro-batch's backward: m times.
+    # 2 micro-batches here; recipe=tiny is fp32.
+    N = count_params(compose(["recipe=tiny"]).model).total
+    per = {"fp32": [1e-9, 2e-9, 3e-9, 4e-9]}
+    for stage, times in ((0, 1), (1, 1), (2, 2), (3, 2)):
+        _, shape, st = setup(f"parallel.zero_stage={stage}", "batch.global_batch_size=32")
+        assert st.grad_accum_steps == 2
+        base = steptime.estimate_step_time(shape, st, hardware(ideal(), device="cpu"))
+        charged = steptime.estimate_step_time(shape, st, hardware(ideal(engine_element_s=per), device="cpu"))
+        assert charged.engine_s == pytest.approx(times * per["fp32"][stage] * N, rel=1e-9)
+        assert charged.step_time_s - base.step_time_s == pytest.approx(times * per["fp32"][stage] * N, rel=1e-9)
+        assert sum(charged.breakdown().values()) == pytest.approx(charged.step_time_s, rel=1e-9)
+    # Another dtype's figure is not used: bf16 runs take the bf16 row, fp16 the bf16 row too, and no row costs 0.
+    _, shape, st = setup("parallel.zero_stage=1", "precision=bf16")
+    assert steptime.estimate_step_time(shape, st, hardware(ideal(engine_element_s=per), device="cpu")).engine_s == 0.0
+    both = ideal(engine_element_s={**per, "bf16": [0.0, 5e-9, 0.0, 0.0]})
+    assert steptime.estimate_step_time(shape, st, hardware(both, device="cpu")).engine_s == pytest.approx(5e-9 * N, rel=1e-9)
+    assert both.engine_element("fp16", 1) == 5e-9
+
+
+def test_engine_per_element_in_profile_files(tmp_path):
+    import yaml
+
+    path = tmp_path / "p.yaml"
+    prof = ideal(engine_element_s={"fp32": [1e-9, 2e-9, 3e-9, 4e-9]}, compute_slots=2)
+    path.write_text(yaml.safe_dump(profile_to_dict(prof)))
+    assert load_profile(str(path)).engine_element_s == prof.engine_element_s
+    # Measured by 4 ranks on 2 cores, each rank had half a core: the per-element time of one rank alone is half.
+    path.write_text(yaml.safe_dump(profile_to_dict(prof, measured={"world": 4})))
+    assert load_profile(str(path)).engine_element_s == {"fp32": [0.5e-9, 1e-9, 1.5e-9, 2e-9]}
+    for bad in ([1e-9, 2e-9, 3e-9], [1e-9, -2e-9, 3e-9, 4e-9]):
+        path.write_text(yaml.safe_dump(profile_to_dict(ideal(engine_element_s={"fp32": bad}))))
+        with pytest.raises(ConfigError, match="engine_element_s.*ZeRO stages 0-3"):
+            load_profile(str(path))
+
+
 def test_ulysses_four_all_to_alls_each_way():
     # SP2, one micro-batch: per block q, k, v and the output each cross by their own all-to-all forward and again
     # backward (DeepSpeed _SeqAllToAll), each tensor n/sp tokens x a d: 8 all-to-alls of L + 1/2 x bytes / B.

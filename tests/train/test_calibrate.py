@@ -27,6 +27,17 @@ def test_calibrate_two_cpu_ranks_then_plan(tmp_path, capsys):
     assert times[16 << 20] > times[4 << 10] > 0
     prof = load_profile(str(out))
     assert prof.compute_slots >= 1 and prof.memory_gbps > 0 and prof.intra.bus_gbps > 0
+    # DeepSpeed's per-element work: every dtype x ZeRO stage x unit side x layer count was timed, engine and plain.
+    # ZeRO-1 in fp32 (flattened gradients, an fp32 partition, copies back) costs an engine step over 40
+    # Linear(384, 384) well beyond the plain one (~80 against ~20 ms here), so its per-element figure is positive.
+    rows = raw["engine"]
+    assert sorted({(r[0], r[1], r[2], r[3]) for r in rows}) == sorted(
+        (dt, z, d, k) for dt in ("fp32", "bf16") for z in range(4) for d in (32, 384) for k in (8, 40))
+    assert all(r[4] > 0 and r[5] > 0 for r in rows)
+    big = next(r for r in rows if r[:4] == ["fp32", 1, 384, 40])
+    assert big[4] > big[5]
+    assert set(prof.engine_element_s) == {"fp32", "bf16"} and all(len(v) == 4 for v in prof.engine_element_s.values())
+    assert prof.engine_element("fp32", 1) > 0
     capsys.readouterr()
 
     assert main(["plan", "recipe=tiny", f"cluster.profile={out}", "--json"]) == 0
