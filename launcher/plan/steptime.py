@@ -76,9 +76,10 @@ One micro-batch on one rank (n = b s / sp tokens outside attention; t = TP, sp =
                             backward, so they pay it per micro-batch (over-charging its step-time part when m >
                             1); ZeRO 0 and 1 reduce once after the last backward and pay it once per step. The
                             part over the 1/r partition is charged over the whole rank's parameters (the probe
-                            runs at r = 1), an over-charge at r > 1. On a 2-core CPU box: 2 (ZeRO-0) to 14
-                            (ZeRO-1) ns per fp32 element, ~12 ms a step for recipe=tiny at ZeRO 1-3; 0 in the
-                            built-in GPU profiles (not measured there).
+                            runs at r = 1), an over-charge at r > 1. On a 2-core CPU box: 0.6-2 (ZeRO-0), 10-15
+                            (ZeRO-1, 2), 4-12 (ZeRO-3) ns per fp32 element, 7-17 ms a step for recipe=tiny at
+                            ZeRO 1-3 (bench/steptime/results.md); 0 in the built-in GPU profiles (not measured
+                            there).
     optimizer               AdamW over this rank's shard at memory bandwidth: fp32 master, m, v read and
                             written, the gradient read (and the norm's extra read), the low-precision weights
                             written: (4 + 4 + 4) x 2 + 4 + 4 (+ 2 for a 16-bit copy) bytes per parameter.

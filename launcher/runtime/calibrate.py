@@ -505,7 +505,7 @@ def _engine_per_element(dev, device: str, dtypes, sync, agree, grad_clip: float)
     stage and dtype on Linear(d, d) units at a small and a large d, each rank alone in its groups: (large unit's cost
     - small unit's) / (large d^2 - small d^2), so what a layer costs whatever its size (hooks, per-tensor Python)
     cancels; ZeRO-3's is charged by zero3_module_s / zero3_param_s. Clipped at 0 (a difference of medians can come
-    out below it). On a 2-core box, fp32: ZeRO-0 ~2-3, ZeRO-1/2 ~10-15 ns (bench/steptime/results.md)."""
+    out below it). On a 2-core box, fp32: ZeRO-0 0.6-2, ZeRO-1/2 10-15, ZeRO-3 4-12 ns (bench/steptime/results.md)."""
     import importlib.util
     import logging
 
