@@ -382,7 +382,8 @@ def estimate_step_time(shape: ModelShape, st: Strategy, hw: Hardware, train_toke
         costs.append(c)
     hooks = _zero3_hooks_s(shape, st, prof, costs)
     # DeepSpeed's per-element work (module docstring): per micro-batch under ZeRO 2/3, per step under ZeRO 0/1.
-    element = [stage_params(shape, st, stage) * prof.engine_element(st.dtype, st.zero_stage) for stage in range(p)]
+    per_element = prof.engine_element(st.dtype, st.zero_stage)
+    element = [stage_params(shape, st, stage) * per_element if per_element else 0.0 for stage in range(p)]
     per_mb = st.zero_stage >= 2
     hooks = [hk + (e if per_mb else 0.0) for hk, e in zip(hooks, element)]
     engine_step = [0.0 if per_mb else e for e in element]
