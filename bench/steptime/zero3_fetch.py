@@ -20,13 +20,17 @@ import deepspeed  # noqa: E402
 from torch import nn  # noqa: E402
 
 from launcher.runtime.calibrate import engine_cost_per_unit  # noqa: E402
+from launcher.config.compose import compose  # noqa: E402
 from launcher.runtime.distributed import avoid_shm_comm_build  # noqa: E402
+
+# The clipping a default run has (optimizer.grad_clip), as calibrate passes it.
+GRAD_CLIP = float(compose([]).optimizer.grad_clip)
 
 
 def per_layer_ms(d: int) -> float:
     """calibrate's measurement (a median of 20 runs each, no time budget) on Linear(d, d) units."""
     _, per_unit_s = engine_cost_per_unit(lambda: nn.Linear(d, d, bias=False), d, "cpu", sync=lambda: None,
-                                         budget_s=float("inf"))
+                                         budget_s=float("inf"), grad_clip=GRAD_CLIP)
     return per_unit_s * 1e3
 
 

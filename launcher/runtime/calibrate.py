@@ -225,7 +225,7 @@ def _median_time(fn, sync, repeats: int, budget_s: float = 0.5, agree=None, cent
     return center(times)
 
 
-def _worker(raw_path: str, device: str, grad_clip: str = "1.0") -> None:
+def _worker(raw_path: str, device: str, grad_clip: str) -> None:
     import socket
 
     import torch
@@ -294,7 +294,7 @@ def _worker(raw_path: str, device: str, grad_clip: str = "1.0") -> None:
             dist.all_reduce(tt, op=dist.ReduceOp.MAX)
             out[name].append([nbytes, float(tt.item())])
 
-    out["zero3"], out["zero3_module_s"], out["zero3_param_s"] = _zero3_hooks(dev, sync, agree)
+    out["zero3"], out["zero3_module_s"], out["zero3_param_s"] = _zero3_hooks(dev, sync, agree, float(grad_clip))
     out["engine"], out["engine_element_s"] = _engine_per_element(dev, device, dtypes, sync, agree, float(grad_clip))
     out["host_memory_gb"] = _host_memory_gb()
     out["seconds"] = time.perf_counter() - started
@@ -383,7 +383,7 @@ def _median_of(sweeps: list) -> dict:
     return out
 
 
-def _zero3_hooks(dev, sync, agree) -> tuple[list, float, float]:
+def _zero3_hooks(dev, sync, agree, grad_clip: float) -> tuple[list, float, float]:
     """(rows, seconds per module, seconds per parameter tensor) of DeepSpeed ZeRO-3's hooks, forward + backward (and
     an SGD step, on both sides): a ZeRO-3 engine over K small bias-free Linear layers (under
     the persistence threshold, so nothing is fetched: the hooks alone) less the same layers plain, at K = 8 and
@@ -412,19 +412,21 @@ def _zero3_hooks(dev, sync, agree) -> tuple[list, float, float]:
     units = {"linear": lambda: nn.Linear(32, 32, bias=False), "wrapped": lambda: Wrap(nn.Linear(32, 32, bias=False))}
     rows, slope = [], {}
     for kind, unit in units.items():
-        measured, slope[kind] = engine_cost_per_unit(unit, 32, dev, sync, agree)
+        measured, slope[kind] = engine_cost_per_unit(unit, 32, dev, sync, agree, grad_clip=grad_clip)
         rows += [[kind, *row] for row in measured]
     module_s = max(0.0, slope["wrapped"] - slope["linear"])
     return rows, module_s, max(0.0, slope["linear"] - module_s)
 
 
 def engine_cost_per_unit(unit, width: int, dev, sync, agree=None, budget_s: float = 0.5, stage: int = 3,
-                         dtype=None, mpu=None, grad_clip: float = 0.0) -> tuple[list, float]:
+                         dtype=None, mpu=None, *, grad_clip: float) -> tuple[list, float]:
     """([[K, engine step s, plain step s], ...], seconds per unit) of a DeepSpeed engine at ZeRO `stage` over K units
     `unit()` (each taking and giving `width` features) less the same units plain, each a forward + backward + SGD
     step on a micro-batch of 4, at K = 8 and 40: the difference of the differences over 32, so the constant costs
     cancel. `dtype` torch.bfloat16 runs the engine with bf16 on (its fp32 master weights) and the plain units in
-    bf16; `mpu` (_AloneGroups) makes each rank its own data-parallel group. Run by _zero3_hooks,
+    bf16; `mpu` (_AloneGroups) makes each rank its own data-parallel group; `grad_clip`, the run's
+    optimizer.grad_clip, is always written (DeepSpeed clips at 1.0 where the key is absent, and the clipping norm is
+    a pass per parameter tensor the run pays). Run by _zero3_hooks,
     _engine_per_element and bench/steptime/zero3_fetch.py."""
     import deepspeed
     import torch
