@@ -14,6 +14,11 @@ A profile says how fast one accelerator (or one CPU rank) runs each kind of oper
                             bus_gbps, the NCCL-tests "bus bandwidth" (a ring all-reduce of B bytes on n ranks
                             takes latency + 2 (n-1)/n B / bus bandwidth)
     all_to_all              optional: the all-to-all inside a node, where calibrate measured it apart
+    nccl                    optional (NcclTuning): where present, a TP or data-parallel collective costs what
+                            NCCL's own model says for its group's ranks, nodes and message size (latency that
+                            grows with the ring, the cheapest algorithm and protocol) instead of the link's
+                            fixed latency_s; the built-in GPU profiles have it, a calibrated file only if
+                            written in by hand (calibrate measures the latency at its own world size, one node)
     host_memory_gb          RAM per node; compute_slots: ranks per node that compute at once (CPU cores for
                             CPU ranks; None for GPUs, one per GPU)
     zero3_module_s          DeepSpeed ZeRO-3's hook cost per module per micro-batch (forward + backward),
@@ -34,6 +39,8 @@ measured, to a YAML file (PROFILE_VERSION); `cluster.profile=PATH` selects it.
 
 from __future__ import annotations
 
+import functools
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -47,6 +54,67 @@ PROFILE_VERSION = 1
 class Link:
     latency_s: float
     bus_gbps: float
+
+
+# NCCL's latency constants, us, by protocol: (base, per step on NVLink, per step on the network).
+# src/graph/tuning.cc (NCCL 2.18-2.19), baseLat and hwLat for Ring and Tree.
+_NCCL_RING = {"LL": (6.6, 0.6, 2.7), "LL128": (14.0, 1.9, 4.0), "Simple": (8.4, 3.4, 14.0)}
+_NCCL_TREE = {"LL": (6.8, 0.6, 5.0), "LL128": (14.0, 1.25, 8.5), "Simple": (0.0, 28.0, 28.0)}
+
+
+@dataclass(frozen=True)
+class NcclTuning:
+    """NCCL's own cost model of a collective (src/graph/tuning.cc, ncclTopoTuneModel and ncclTopoGetAlgoTime,
+    NCCL 2.18-2.19), by which NCCL itself picks an algorithm and protocol: time = latency + bytes / bandwidth,
+    the cheapest of ring (LL, LL128, Simple) and, for an all-reduce, tree.
+
+    Latency, for r ranks on N nodes (r / N a node): a ring all-gather or reduce-scatter takes r - 1 steps, N - 1
+    of them across nodes; a ring all-reduce 2 (r - 1), 2N of them across (N > 1; all of them at one rank a node,
+    where NCCL's count would exceed the steps): base + intra steps x NVLink step + inter steps x network step,
+    the NVLink step raised to the host's network post overhead (x 3 for Simple) once the ring leaves the node
+    (net_overhead_s: NCCL's 1 us for Intel hosts, 2 us for AMD, NCCL_NET_OVERHEAD). A tree all-reduce: base +
+    2 ((r/N - 1) NVLink steps + floor(log2 N) network steps). Simple on a ring: 8.4 us + 3.4 / 14 us a step, so an
+    8-rank all-gather pays 32 us and a 512-rank one on 64 nodes 2.4 ms; LL: 6.6 us + 0.6 / 2.7 us a step.
+
+    Bandwidth, as a fraction of the link's bus bandwidth: Simple 1; LL128 0.92 (0.7 at one rank a node); LL 1/4
+    (1/3 for an all-gather or reduce-scatter inside a node); tree 0.92 of the ring's, LL x 1/3.8, LL128 x 7/9
+    (one node) or 120/128, at algorithm bandwidth = bus / 2. NCCL's per-channel caps (llMaxBws, perChMax*Bws)
+    are left out: they bind only where LL and LL128 lose on bandwidth anyway; so are NVLink SHARP and CollNet.
+
+    The link's bus bandwidth across nodes is one GPU's NIC (launcher/plan/profile.py, the links' comment):
+    NCCL's graph gives a ring the node's NICs together (nChannels x per-NIC speed), which did not fit the
+    published runs (bench/published/results.md)."""
+
+    net_overhead_s: float = 1e-6
+
+    def options(self, all_reduce: bool, ranks: int, nodes: int) -> tuple:
+        """((latency s, fraction of the bus bandwidth in the ring formula), ...) of every algorithm and protocol."""
+        return _nccl_options(self, all_reduce, ranks, nodes)
+
+
+@functools.lru_cache(maxsize=4096)   # the search asks for the same few groups thousands of times
+def _nccl_options(nccl: NcclTuning, all_reduce: bool, ranks: int, nodes: int) -> tuple:
+    if all_reduce:
+        steps = 2 * (ranks - 1)
+        across = min(2 * nodes, steps) if nodes > 1 else 0
+    else:
+        steps, across = ranks - 1, nodes - 1
+    out = []
+    for proto, (base, nvlink, net) in _NCCL_RING.items():
+        intra = nvlink
+        if nodes > 1:
+            intra = max(nvlink, nccl.net_overhead_s * 1e6 * (3 if proto == "Simple" else 1))
+        bw = {"Simple": 1.0, "LL128": 0.92 if ranks / nodes >= 2 else 0.7,
+              "LL": 0.25 if nodes > 1 or all_reduce else 1 / 3}[proto]
+        out.append(((base + (steps - across) * intra + across * net) * 1e-6, bw))
+    if all_reduce:
+        levels = int(math.log2(nodes))
+        for proto, (base, nvlink, net) in _NCCL_TREE.items():
+            tree = 0.92 * {"Simple": 1.0, "LL": 1 / 3.8, "LL128": 7 / 9 if nodes == 1 else 120 / 128}[proto]
+            # the tree moves 2 B at half its bus bandwidth; in the ring formula's 2 (r-1)/r B that is x (r-1)/r
+            out.append(((base + 2 * ((ranks // nodes - 1) * nvlink + levels * net)) * 1e-6,
+                        tree * (ranks - 1) / ranks))
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -75,6 +143,7 @@ class Profile:
     # All-to-all (Ulysses) inside a node where measured apart from the all-reduce (gloo runs them by different
     # algorithms); None: the intra link.
     all_to_all: Optional[Link] = None
+    nccl: Optional[NcclTuning] = None
 
     def gemm_table_for(self, dtype: str) -> Optional[list]:
         return _table(self.gemm_table, dtype)
@@ -162,8 +231,13 @@ _FA2_H100 = [[512, 163], [1024, 221], [2048, 265], [4096, 294], [8192, 308], [16
 # Links (NCCL bus bandwidth, nccl-tests all_reduce_perf at 1 GB): DGX A100 NVLink 3 ~ 230 GB/s of the 300 per
 # direction; DGX H100 NVLink 4 ~ 360-480 (we take 360 without NVLS); inter-node HDR 200 Gb/s per GPU ~ 22 GB/s
 # (A100), NDR 400 Gb/s ~ 45 GB/s (H100/H200), both ~ 90% of line rate (NVIDIA DGX SuperPOD reference
-# architecture, nccl-tests figures). Latency: ~ 10 us for an intra-node all-reduce, ~ 20 us across nodes
-# (NCCL's own tuning model, src/graph/tuning.cc, baseLat + hwLat for Ring/Simple: 6.8 + ~ 1-2 us per hop).
+# architecture, nccl-tests figures). The bus bandwidth across nodes is one GPU's NIC even where a group has
+# several GPUs on a node (NCCL's model and nccl-tests aggregate them: 192 GB/s all-reduce busbw on DGX A100,
+# NCCL maintainers in NVIDIA/nccl#812; that did not fit the published runs, bench/published/results.md).
+# Latency of TP and data-parallel collectives: NCCL's own model for the group's ranks, nodes and message size
+# (NcclTuning), which grows with the ring (8 ranks: 32 us a Simple all-gather; 512 ranks on 64 nodes: 2.4 ms).
+# The fixed latencies below (~ 10 us inside a node, ~ 20 us across) are left for point-to-point sends and
+# all-to-alls.
 
 _NVLINK_LAT, _IB_LAT = 10e-6, 20e-6
 
@@ -180,6 +254,7 @@ def _gpu(name, peak_bf16, gemm_frac, attn, hbm_gbps, intra_bus, inter_bus, host_
         kernel_overhead_s=5e-6,
         intra=Link(_NVLINK_LAT, intra_bus),
         inter=Link(_IB_LAT, inter_bus),
+        nccl=NcclTuning(),
         host_memory_gb=host_gb,
         source=f"built-in {name} profile (launcher/plan/profile.py): {note}",
     )
@@ -228,7 +303,7 @@ def generic_profile(name: str, peak_tflops: float, intra_gbps: float, inter_gbps
         name=name, gemm_tflops={"any": peak_tflops * 0.75}, gemm_half_dim={"any": 128.0},
         attention_tflops={"any": peak_tflops * 335.0 / 989.4}, attention_half_seq={"any": 256.0},
         memory_gbps=peak_tflops * 3350.0 * 0.85 / 989.4, kernel_overhead_s=5e-6,
-        intra=Link(_NVLINK_LAT, intra_gbps * 0.8), inter=Link(_IB_LAT, inter_gbps * 0.9),
+        intra=Link(_NVLINK_LAT, intra_gbps * 0.8), inter=Link(_IB_LAT, inter_gbps * 0.9), nccl=NcclTuning(),
         source=f"{name}: H100 ratios applied to cluster.peak_tflops / intra_node_gbps / inter_node_gbps "
                "(launcher/plan/profile.py generic_profile); run `launcher calibrate` for measured rates")
 
@@ -302,6 +377,8 @@ def load_profile(path: str) -> Profile:
             engine_element_s={str(k): [float(x) for x in v] for k, v in (doc.get("engine_element_s") or {}).items()},
             all_to_all=(Link(float(doc["all_to_all"]["latency_s"]), float(doc["all_to_all"]["bus_gbps"]))
                         if doc.get("all_to_all") else None),
+            nccl=(NcclTuning(**{str(k): float(v) for k, v in doc["nccl"].items()})
+                  if doc.get("nccl") is not None else None),
             source=f"{p} ({doc.get('source', 'launcher calibrate')})")
     except (TypeError, ValueError, KeyError, AttributeError) as err:
         raise ConfigError(key, path, f"has a malformed field ({type(err).__name__}: {err})", fix)

@@ -30,7 +30,12 @@ One micro-batch on one rank (n = b s / sp tokens outside attention; t = TP, sp =
                             embedding, final norm, head and loss are replicated, not vocab-sharded: every TP
                             rank runs the full-vocabulary head GEMM and loss, with no TP collective there.
                             all-reduce of B bytes over r ranks: latency + 2 (r - 1)/r B / bus bandwidth (ring;
-                            NCCL-tests' busbw).
+                            NCCL-tests' busbw). A TP or data-parallel collective costs what NCCL's own model
+                            says for the group's ranks, nodes and message (profile.NcclTuning, the built-in
+                            GPUs: latency grows with the ring, 32 us for an 8-rank Simple all-gather, 2.4 ms
+                            for 512 ranks on 64 nodes; the cheapest of ring LL / LL128 / Simple and, for an
+                            all-reduce, tree), else the link's measured latency (a calibrated profile, at its
+                            own world size).
     TP + Megatron SP        (parallel.sequence_parallel; Korthikanti et al. 2022, section 4.2.2; our TP layers,
                             with or without a pipeline) each all-reduce becomes an all-gather
                             and a reduce-scatter of the same tensor: the same ring bytes, so the TP charge is
@@ -136,18 +141,39 @@ def memory_s(nbytes: float, kernels: int, prof: Profile) -> float:
     return nbytes / (prof.memory_gbps * 1e9) + kernels * prof.kernel_overhead_s
 
 
+@dataclass(frozen=True)
+class GroupLink(Link):
+    """The link as one TP or data-parallel group meets it (_group_link): NCCL's (latency, bandwidth fraction)
+    options for its all-gathers / reduce-scatters and for its all-reduces, the cheapest taken per message."""
+
+    gather_options: tuple = ()
+    all_reduce_options: tuple = ()
+
+
+def _cheapest(options, wire_bytes: float, link: Link) -> float:
+    return min(lat + wire_bytes / (link.bus_gbps * frac * 1e9) for lat, frac in options)
+
+
 def all_reduce_s(nbytes: float, ranks: int, link: Link) -> float:
-    """Ring all-reduce: latency + 2 (r-1)/r x bytes / bus bandwidth (Patarasuk & Yuan 2009; NCCL-tests busbw)."""
+    """Ring all-reduce: latency + 2 (r-1)/r x bytes / bus bandwidth (Patarasuk & Yuan 2009; NCCL-tests busbw);
+    on a GroupLink the cheapest of NCCL's algorithms and protocols (profile.NcclTuning)."""
     if ranks <= 1:
         return 0.0
-    return link.latency_s + 2 * (ranks - 1) / ranks * nbytes / (link.bus_gbps * 1e9)
+    wire = 2 * (ranks - 1) / ranks * nbytes
+    if isinstance(link, GroupLink) and link.all_reduce_options:
+        return _cheapest(link.all_reduce_options, wire, link)
+    return link.latency_s + wire / (link.bus_gbps * 1e9)
 
 
 def gather_s(nbytes: float, ranks: int, link: Link) -> float:
-    """All-gather, reduce-scatter or all-to-all of a `nbytes` buffer: latency + (r-1)/r x bytes / bus bandwidth."""
+    """All-gather, reduce-scatter or all-to-all of a `nbytes` buffer: latency + (r-1)/r x bytes / bus bandwidth;
+    on a GroupLink the cheapest of NCCL's protocols."""
     if ranks <= 1:
         return 0.0
-    return link.latency_s + (ranks - 1) / ranks * nbytes / (link.bus_gbps * 1e9)
+    wire = (ranks - 1) / ranks * nbytes
+    if isinstance(link, GroupLink) and link.gather_options:
+        return _cheapest(link.gather_options, wire, link)
+    return link.latency_s + wire / (link.bus_gbps * 1e9)
 
 
 def p2p_s(nbytes: float, link: Link) -> float:
@@ -344,7 +370,23 @@ def _links(st: Strategy, prof: Profile) -> dict:
     def link(span):
         return prof.intra if span <= g else prof.inter
     sp_link = prof.all_to_all if prof.all_to_all is not None and t * sp <= g else link(t * sp)
-    return {"tp": link(t), "sp": sp_link, "pp": link(t * sp * p), "dp": link(st.world_size)}
+    return {"tp": _group_link(prof, t, 1, g), "sp": sp_link, "pp": link(t * sp * p),
+            "dp": _group_link(prof, st.zero_partition_degree, t, g)}
+
+
+def _group_link(prof: Profile, ranks: int, stride: int, gpus_per_node: int) -> Link:
+    """The link of a group of `ranks` ranks, `stride` apart in the rank order (launcher/plan/rankmap.py: TP
+    consecutive, a data-parallel / ZeRO group every TP-th rank): the intra-node link where the group fits in a
+    node, else the inter-node one, on ceil(ranks / (gpus_per_node / stride)) nodes; with NCCL's cost model for
+    those ranks and nodes where the profile has it (profile.NcclTuning), else the link's fixed latency."""
+    if ranks * stride <= gpus_per_node:
+        link, nodes = prof.intra, 1
+    else:
+        link, nodes = prof.inter, math.ceil(ranks / max(1, gpus_per_node // stride))
+    if prof.nccl is None or ranks <= 1:
+        return link
+    return GroupLink(link.latency_s, link.bus_gbps, gather_options=prof.nccl.options(False, ranks, nodes),
+                     all_reduce_options=prof.nccl.options(True, ranks, nodes))
 
 
 def _optimizer_s(params: float, st: Strategy, prof: Profile, tensors: int) -> float:
@@ -413,25 +455,27 @@ def estimate_step_time(shape: ModelShape, st: Strategy, hw: Hardware, train_toke
         if r <= 1:
             exposed = 0.0
         elif st.zero_stage == 0:
-            exposed = all_reduce_s(grad_b, r, link) + (buckets - 1) * link.latency_s
+            exposed = buckets * all_reduce_s(grad_b / buckets, r, link)
         elif st.zero_stage == 1:
-            comm = gather_s(grad_b, r, link) + (buckets - 1) * link.latency_s
+            comm = buckets * gather_s(grad_b / buckets, r, link)
             hide = bwd_window if overlap and p == 1 else 0.0
             exposed = max(0.0, comm - hide) + gather_s(par_b, r, link)
         elif st.zero_stage == 2:
-            per_mb = gather_s(grad_b, r, link) + (buckets - 1) * link.latency_s
+            per_mb = buckets * gather_s(grad_b / buckets, r, link)
             hide = bwd_window if overlap else 0.0
             exposed = m * max(0.0, per_mb - hide) + gather_s(par_b, r, link)
         else:
             reduce = all_reduce_s(grad_b, r, link) if sp > 1 else gather_s(grad_b, r, link)
             # DeepSpeed ZeRO-3 fetches parameters module by module (stage3 parameter coordinator): one all-gather
-            # per module with weights, forward and again backward, each paying the link latency.
-            modules = _fetched_modules(shape, st, blocks_in_stage(shape, st, stage), stage, p)
-            per_mb = 2 * gather_s(par_b, r, link) + reduce + 2 * max(0, modules - 1) * link.latency_s
+            # per module with weights, forward and again backward, each paying the link latency (the modules'
+            # bytes taken as equal, which matters only where NCCL's protocol choice depends on the size).
+            modules = max(1, _fetched_modules(shape, st, blocks_in_stage(shape, st, stage), stage, p))
+            per_mb = 2 * modules * gather_s(par_b / modules, r, link) + reduce
             if full:
                 again, again_modules = _zero3_regathered_per_block(shape, st)
-                per_mb += blocks_in_stage(shape, st, stage) * (gather_s(again * w, r, link) - link.latency_s
-                                                               + again_modules * link.latency_s)
+                if again_modules:
+                    per_mb += blocks_in_stage(shape, st, stage) * again_modules * gather_s(again * w / again_modules,
+                                                                                          r, link)
             hide = x["compute"] if overlap else 0.0
             exposed = m * max(0.0, per_mb - hide)
         dp_exposed.append(exposed)

@@ -16,7 +16,7 @@ from launcher.config.layout import resolve_layout
 from launcher.plan import steptime
 from launcher.plan.inputs import Hardware, model_shape, strategy
 from launcher.plan.params import count_params
-from launcher.plan.profile import PROFILE_VERSION, Link, Profile, load_profile, profile_to_dict
+from launcher.plan.profile import BUILTIN, PROFILE_VERSION, Link, NcclTuning, Profile, load_profile, profile_to_dict
 
 FREE = Link(0.0, 1e12)     # a link with no latency and 1e21 B/s
 P = 1e12                   # 1 TFLOP/s GEMM plateau
@@ -142,6 +142,71 @@ def test_tensor_parallel_all_reduces_pipeline_grid():
     assert t.tp_comm_s == pytest.approx(2 * 4 * ar, rel=1e-9)
 
 
+def test_nccl_cost_model_latency_grows_with_the_ring():
+    # NCCL's tuning model (src/graph/tuning.cc), us: ring (base, NVLink step, network step) LL 6.6/0.6/2.7, LL128
+    # 14/1.9/4.0, Simple 8.4/3.4/14; a step inside a node at least the 1 us network overhead (x 3 for Simple) once
+    # the ring leaves the node. All-gather over r ranks on N nodes: r - 1 steps, N - 1 of them across.
+    n = NcclTuning()
+    us = 1e-6
+
+    def same(got, want):
+        assert len(got) == len(want)
+        for (lat, frac), (lat_w, frac_w) in zip(got, want):
+            assert lat == pytest.approx(lat_w * us) and frac == pytest.approx(frac_w)
+
+    same(n.options(False, 8, 1), [(6.6 + 7 * 0.6, 1 / 3), (14 + 7 * 1.9, 0.92), (8.4 + 7 * 3.4, 1.0)])
+    same(n.options(False, 16, 2), [(6.6 + 14 * 1.0 + 2.7, 1 / 4), (14 + 14 * 1.9 + 4.0, 0.92), (8.4 + 14 * 3.4 + 14, 1.0)])
+    same(n.options(False, 512, 64)[2:], [(8.4 + 448 * 3.4 + 63 * 14, 1.0)])
+    # all-reduce: 2 (r - 1) ring steps, 2N across nodes; then the tree, base + 2 (ranks a node - 1) NVLink steps
+    # + 2 floor(log2 N) network steps, at 0.92 of the bus, moving 2 B (2 (r-1)/r B in the ring formula)
+    ar = n.options(True, 512, 64)
+    same(ar[2:3], [(8.4 + (1022 - 128) * 3.4 + 128 * 14, 1.0)])
+    same(ar[5:], [(2 * (7 * 28 + 6 * 28), 0.92 * 511 / 512)])
+    # one rank a node: every ring step crosses (2 (r - 1) of them, not NCCL's 2N)
+    same(n.options(True, 4, 4)[2:3], [(8.4 + 6 * 14, 1.0)])
+
+
+def test_collectives_take_nccls_cheapest_protocol():
+    link = steptime.GroupLink(0.0, 100.0, gather_options=tuple(NcclTuning().options(False, 8, 1)),
+                              all_reduce_options=tuple(NcclTuning().options(True, 8, 1)))
+    us = 1e-6
+    # 1 GB: Simple, bandwidth-bound. 1 KB: LL, whose 6.6 + 7 x 0.6 us beat Simple's 32.2 us at a third of the bus.
+    assert steptime.gather_s(1e9, 8, link) == pytest.approx((8.4 + 7 * 3.4) * us + 7 / 8 * 1e9 / 100e9)
+    assert steptime.gather_s(1e3, 8, link) == pytest.approx((6.6 + 7 * 0.6) * us + 7 / 8 * 1e3 / (100e9 / 3))
+    assert steptime.all_reduce_s(1e9, 8, link) == pytest.approx((8.4 + 14 * 3.4) * us + 2 * 7 / 8 * 1e9 / 100e9)
+
+
+def test_group_links_by_rank_order_and_nodes():
+    # TP consecutive, a ZeRO group every TP-th rank (launcher/plan/rankmap.py). 8 GPUs a node.
+    intra, inter = Link(10e-6, 300.0), Link(20e-6, 40.0)
+    prof = ideal(intra=intra, inter=inter, nccl=NcclTuning())
+    n = prof.nccl
+
+    def check(link, ranks, nodes, bus):
+        assert link.bus_gbps == bus
+        assert link.gather_options == tuple(n.options(False, ranks, nodes))
+        assert link.all_reduce_options == tuple(n.options(True, ranks, nodes))
+
+    check(steptime._group_link(prof, 8, 1, 8), 8, 1, 300.0)         # TP8: one node
+    check(steptime._group_link(prof, 64, 2, 8), 64, 16, 40.0)       # ZeRO group under TP2: 4 a node, 16 nodes
+    check(steptime._group_link(prof, 4, 8, 8), 4, 4, 40.0)          # under TP8: one a node
+    check(steptime._group_link(prof, 4, 2, 8), 4, 1, 300.0)         # 4 x 2 ranks: one node
+    # a calibrated profile (no nccl) keeps the link, and the latency it measured
+    assert steptime._group_link(ideal(intra=intra, inter=inter), 64, 2, 8) == inter
+
+
+def test_zero0_all_reduce_pays_the_groups_nccl_latency():
+    # DP2 ZeRO-0 on one node, one gradient bucket of 4 N bytes: NCCL's cheapest is the Simple ring, 8.4 + 2 x 3.4
+    # us, + 2 x 1/2 x 4 N / B.
+    bus = 1.0
+    _, shape, st = setup("parallel.zero_stage=0")
+    N = count_params(compose(["recipe=tiny"]).model).total
+    prof = ideal(intra=Link(1.0, bus), nccl=NcclTuning())
+    t = steptime.estimate_step_time(shape, st, hardware(prof))
+    assert t.dp_comm_exposed_s == pytest.approx((8.4 + 2 * 3.4) * 1e-6 + 4 * N / (bus * 1e9), rel=1e-9)
+    assert BUILTIN["h100-80gb"].nccl == NcclTuning() and BUILTIN["a100-80gb"].nccl == NcclTuning()
+
+
 def test_zero1_on_cpu_ranks_exposes_reduce_scatter_and_allgather():
     # DP2 ZeRO-1 on CPU ranks (overlap_comm off): gradients reduce-scattered once per step, then the updated
     # fp32 weights all-gathered: (L + 1/2 x 4 N / B) twice, N = every parameter.
@@ -194,6 +259,9 @@ def test_profile_file_round_trip_and_refusals(tmp_path):
     path.write_text(yaml.safe_dump(profile_to_dict(prof)))
     back = load_profile(str(path))
     assert back.gemm_tflops == prof.gemm_tflops and back.intra == prof.intra and back.compute_slots == 2
+    assert back.nccl is None
+    path.write_text(yaml.safe_dump(profile_to_dict(dataclasses.replace(prof, nccl=NcclTuning(net_overhead_s=2e-6)))))
+    assert load_profile(str(path)).nccl == NcclTuning(net_overhead_s=2e-6)
     doc = profile_to_dict(prof) | {"version": PROFILE_VERSION + 1}
     path.write_text(yaml.safe_dump(doc))
     with pytest.raises(ConfigError, match="cluster.profile.*version"):
