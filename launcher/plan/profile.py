@@ -79,7 +79,9 @@ class NcclTuning:
     Bandwidth, as a fraction of the link's bus bandwidth: Simple 1; LL128 0.92 (0.7 at one rank a node); LL 1/4
     (1/3 for an all-gather or reduce-scatter inside a node); tree 0.92 of the ring's, LL x 1/3.8, LL128 x 7/9
     (one node) or 120/128, at algorithm bandwidth = bus / 2. NCCL's per-channel caps (llMaxBws, perChMax*Bws)
-    are left out: they bind only where LL and LL128 lose on bandwidth anyway; so are NVLink SHARP and CollNet.
+    are left out: they bind only where LL and LL128 lose on bandwidth anyway; so are NVLink SHARP, CollNet and
+    PAT (NCCL >= 2.23's all-gather / reduce-scatter at one GPU a node). LL128 is taken as enabled, as NCCL enables
+    it on A100 / H100 nodes with NVLink and a NIC beside each GPU (DGX / HGX).
 
     The link's bus bandwidth across nodes is one GPU's NIC (launcher/plan/profile.py, the links' comment):
     NCCL's graph gives a ring the node's NICs together (nChannels x per-NIC speed), which did not fit the
