@@ -150,7 +150,10 @@ class GroupLink(Link):
     all_reduce_options: tuple = ()
 
 
-def _cheapest(options, wire_bytes: float, link: Link) -> float:
+def _cheapest(wire_bytes: float, link: Link, all_reduce: bool) -> float:
+    """latency + wire bytes / bus bandwidth: a plain link's one latency, a GroupLink's cheapest NCCL option."""
+    options = ((link.all_reduce_options if all_reduce else link.gather_options) if isinstance(link, GroupLink)
+               else ((link.latency_s, 1.0),))
     return min(lat + wire_bytes / (link.bus_gbps * frac * 1e9) for lat, frac in options)
 
 
@@ -159,10 +162,7 @@ def all_reduce_s(nbytes: float, ranks: int, link: Link) -> float:
     on a GroupLink the cheapest of NCCL's algorithms and protocols (profile.NcclTuning)."""
     if ranks <= 1:
         return 0.0
-    wire = 2 * (ranks - 1) / ranks * nbytes
-    if isinstance(link, GroupLink) and link.all_reduce_options:
-        return _cheapest(link.all_reduce_options, wire, link)
-    return link.latency_s + wire / (link.bus_gbps * 1e9)
+    return _cheapest(2 * (ranks - 1) / ranks * nbytes, link, all_reduce=True)
 
 
 def gather_s(nbytes: float, ranks: int, link: Link) -> float:
@@ -170,10 +170,7 @@ def gather_s(nbytes: float, ranks: int, link: Link) -> float:
     on a GroupLink the cheapest of NCCL's protocols."""
     if ranks <= 1:
         return 0.0
-    wire = (ranks - 1) / ranks * nbytes
-    if isinstance(link, GroupLink) and link.gather_options:
-        return _cheapest(link.gather_options, wire, link)
-    return link.latency_s + wire / (link.bus_gbps * 1e9)
+    return _cheapest((ranks - 1) / ranks * nbytes, link, all_reduce=False)
 
 
 def p2p_s(nbytes: float, link: Link) -> float:
