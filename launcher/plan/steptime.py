@@ -53,7 +53,8 @@ One micro-batch on one rank (n = b s / sp tokens outside attention; t = TP, sp =
     recompute (full)        the forward of every block again before its backward.
     PP 1F1B                 stage s takes T_s per micro-batch (its blocks, plus the embedding on the first
                             stage and the final norm, head and loss on the last, plus its point-to-point
-                            sends/receives); a step is  sum_s T_s + (m - 1) max_s T_s : fill and drain cross
+                            sends/receives, over the inter-node link unless the whole pipeline group fits in a
+                            node: stages are t x sp x dp ranks apart); a step is  sum_s T_s + (m - 1) max_s T_s : fill and drain cross
                             every stage once, the steady state goes at the slowest stage (Narayanan et al.
                             2021, section 2.2; with equal stages this is (m + p - 1) T, bubble (p-1)/m).
     DP / ZeRO (r = dp x sp) ZeRO 0/1: gradients all-reduced (0) or reduce-scattered (1) once per step after the
@@ -361,25 +362,30 @@ class StepTime:
 
 
 def _links(st: Strategy, prof: Profile) -> dict:
+    """The link of each group, from its place in the rank order (launcher/plan/rankmap.py, innermost first: tensor,
+    sequence / context, data, pipeline): TP is t consecutive ranks; SP / CP sp ranks t apart; a ZeRO group every
+    TP-th rank; a pipeline's stages t x sp x dp apart, so its hops cross nodes unless the whole pipeline group
+    fits in one (with TP1 PP2 DP64 on 8-GPU nodes, stage 1 of rank 0 is rank 64, another node)."""
     g = st.gpus_per_node
     t, sp, p = st.tensor_degree, st.sequence_split, st.pipeline_degree
-
-    def link(span):
-        return prof.intra if span <= g else prof.inter
-    sp_link = prof.all_to_all if prof.all_to_all is not None and t * sp <= g else link(t * sp)
-    return {"tp": _group_link(prof, t, 1, g), "sp": sp_link, "pp": link(t * sp * p),
+    sp_link = prof.all_to_all if prof.all_to_all is not None and t * sp <= g else _span(prof, sp, t, g)[0]
+    return {"tp": _group_link(prof, t, 1, g), "sp": sp_link, "pp": _span(prof, p, t * sp * st.data_degree, g)[0],
             "dp": _group_link(prof, st.zero_partition_degree, t, g)}
 
 
-def _group_link(prof: Profile, ranks: int, stride: int, gpus_per_node: int) -> Link:
-    """The link of a group of `ranks` ranks, `stride` apart in the rank order (launcher/plan/rankmap.py: TP
-    consecutive, a data-parallel / ZeRO group every TP-th rank): the intra-node link where the group fits in a
-    node, else the inter-node one, on ceil(ranks / (gpus_per_node / stride)) nodes; with NCCL's cost model for
-    those ranks and nodes where the profile has it (profile.NcclTuning), else the link's fixed latency."""
+def _span(prof: Profile, ranks: int, stride: int, gpus_per_node: int) -> tuple[Link, int]:
+    """The link and the node count of a group of `ranks` ranks, `stride` apart in the rank order: the intra-node
+    link where the group fits in a node, else the inter-node one, on ceil(ranks / (gpus_per_node / stride))
+    nodes."""
     if ranks * stride <= gpus_per_node:
-        link, nodes = prof.intra, 1
-    else:
-        link, nodes = prof.inter, math.ceil(ranks / max(1, gpus_per_node // stride))
+        return prof.intra, 1
+    return prof.inter, math.ceil(ranks / max(1, gpus_per_node // stride))
+
+
+def _group_link(prof: Profile, ranks: int, stride: int, gpus_per_node: int) -> Link:
+    """A collective group's link (_span), with NCCL's cost model for its ranks and nodes where the profile has it
+    (profile.NcclTuning), else the link's fixed latency."""
+    link, nodes = _span(prof, ranks, stride, gpus_per_node)
     if prof.nccl is None or ranks <= 1:
         return link
     return GroupLink(link.latency_s, link.bus_gbps, gather_options=prof.nccl.options(False, ranks, nodes),

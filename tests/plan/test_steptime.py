@@ -195,6 +195,25 @@ def test_group_links_by_rank_order_and_nodes():
     assert steptime._group_link(ideal(intra=intra, inter=inter), 64, 2, 8) == inter
 
 
+def test_pipeline_hop_link_follows_the_rank_order():
+    # Rank order tp, sp, dp, pp (launcher/plan/rankmap.py): a stage's next stage is t x sp x dp ranks on. With 8 GPUs
+    # a node, PP2 x DP4 keeps both stages in one node; PP2 x DP8 puts stage 1 of rank 0 on rank 8, the next node.
+    intra, inter = Link(10e-6, 300.0), Link(20e-6, 40.0)
+    prof = ideal(intra=intra, inter=inter)
+
+    def pp_link(dp, tp=1):
+        _, _, st = setup("cluster.gpus_per_node=8", f"cluster.nodes={max(1, 2 * dp * tp // 8)}",
+                         "parallel.pipeline_degree=2", f"parallel.tensor_degree={tp}", f"parallel.data_degree={dp}",
+                         "parallel.zero_stage=0", "batch.micro_batch_size=1", f"batch.global_batch_size={2 * dp}")
+        assert st.pipeline_degree == 2 and st.data_degree == dp
+        return steptime._links(st, prof)["pp"]
+
+    assert pp_link(4) == intra
+    assert pp_link(8) == inter
+    assert pp_link(2, tp=2) == intra
+    assert pp_link(4, tp=2) == inter     # TP2 x PP2 spans 4 ranks, but the stages are 8 apart
+
+
 def test_zero0_all_reduce_pays_the_groups_nccl_latency():
     # DP2 ZeRO-0 on one node, one gradient bucket of 4 N bytes: NCCL's cheapest is the Simple ring, 8.4 + 2 x 3.4
     # us, + 2 x 1/2 x 4 N / B.
