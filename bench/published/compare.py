@@ -1,6 +1,6 @@
 """Predicted vs published throughput for every run in runs.yaml that the planner can express.
 
-    PYTHONPATH=$PWD .venv/bin/python bench/published/compare.py            # writes results.json + results.md here
+    PYTHONPATH=$PWD .venv/bin/python bench/published/compare.py            # writes results.json + results.md here, and launcher/plan/track_record.json
     PYTHONPATH=$PWD .venv/bin/python bench/published/compare.py --model launcher.plan.steptime:estimate_step_time
 
 Each record becomes a launcher config (model shape, cluster.gpu / nodes, TP / PP / ZeRO stage, micro and global
@@ -43,6 +43,7 @@ from launcher.plan.inputs import model_shape, resolve_hardware, strategy
 from launcher.plan.search import plain_config
 
 HERE = Path(__file__).parent
+TRACK_PATH = HERE.parent.parent / "launcher" / "plan" / "track_record.json"
 
 # sharding as published -> DeepSpeed ZeRO stage the launcher runs (FSDP FULL_SHARD = ZeRO-3, SHARD_GRAD_OP =
 # ZeRO-2: PyTorch FSDP docs; BLOOM's BF16_Optimizer is DeepSpeed's ZeRO-1 equivalent, its slurm file says so).
@@ -170,13 +171,24 @@ def compare(records: list[dict], predict) -> dict:
             "layout": f"TP{r['tp']} PP{r['pp']} DP{layout.data_degree} Z{st.zero_stage} mb{st.micro_batch_size} "
                       f"gbs{r['global_batch']} s{layout.seq_length} {recompute}",
             "assumed": assumed, "measured_from": how, "attention_kernel": r.get("attention_kernel", "launcher's"),
-            "seq": layout.seq_length, "zero": st.zero_stage, "micro_batch": st.micro_batch_size,
+            "seq": layout.seq_length, "zero": st.zero_stage, "tp": r["tp"], "pp": r["pp"], "micro_batch": st.micro_batch_size,
             "recompute": recompute,
             "measured_tokens_per_s_per_gpu": measured, "predicted_tokens_per_s_per_gpu": predicted,
             "measured_tflops_per_gpu": measured * f / 1e12, "predicted_tflops_per_gpu": predicted * f / 1e12,
             "error": predicted / measured - 1,
         })
     return {"rows": rows, "not_expressible": skipped}
+
+
+TRACK_FIELDS = ("id", "gpu", "zero", "tp", "pp", "seq", "micro_batch", "recompute", "attention_kernel")
+
+
+def track_record(rows: list[dict]) -> dict:
+    """launcher/plan/track_record.json: the model's error per published run, which `launcher plan` reports for the
+    runs most like a layout (launcher/plan/track_record.py). Errors rounded to 4 decimals."""
+    return {"written_by": "bench/published/compare.py from bench/published/runs.yaml",
+            "model": "launcher.plan.steptime:estimate_step_time",
+            "runs": [{**{k: r[k] for k in TRACK_FIELDS}, "error": round(r["error"], 4)} for r in rows]}
 
 
 def summary(rows: list[dict]) -> dict:
@@ -337,6 +349,10 @@ def main() -> None:
     out = Path(args.out)
     (out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
     (out / "results.md").write_text(render(result, name))
+    if args.model is None:
+        rec = track_record(result["rows"])   # one run per line: a model change shows as a readable diff
+        runs = ",\n".join(json.dumps(r) for r in rec.pop("runs"))
+        TRACK_PATH.write_text(json.dumps(rec)[:-1] + ', "runs": [\n' + runs + "\n]}\n")
     s = result["summary"]
     print(f"{name}: {s['runs']} expressible of {len(records)}; within 10% {s['within_10pct']:.0%}, "
           f"within 20% {s['within_20pct']:.0%}, worst {s['worst_abs_error']:.0%}; not expressible {len(result['not_expressible'])}")

@@ -13,8 +13,10 @@ from launcher.plan.host import estimate_host_memory, host_capacity, stages_by_no
 from launcher.plan.inputs import model_shape, resolve_hardware, strategy
 from launcher.plan.memory import activation_bytes_per_layer, estimate_memory
 from launcher.plan.params import count_params, rough_params
+from launcher.plan.profile import BUILTIN
 from launcher.plan.stages import PIPELINE_ARCHS, stage_blocks, stage_param_counts
 from launcher.plan.steptime import estimate_step_time
+from launcher.plan.track_record import describe, similar
 
 
 def plan_summary(cfg, layout: Layout) -> dict:
@@ -142,7 +144,7 @@ def performance_summary(cfg, layout: Layout) -> dict:
     keys = ("memory_per_gpu_bytes", "memory_capacity_bytes", "memory_headroom_bytes", "fits", "memory_peak_stage",
             "recompute", "flops_per_token", "hardware_flops_per_token", "step_time_s", "step_time_breakdown_s",
             "tokens_per_s", "tflops_per_gpu", "hardware_tflops_per_gpu", "mfu", "peak_tflops", "profile",
-            "train_tokens", "train_days")
+            "train_tokens", "train_days", "step_time_track_record", "step_time_track_record_note")
     shape = model_shape(cfg.model)
     st = strategy(cfg, layout)
     # Per block and micro-batch on one rank (launcher/plan/activations.py); needs no GPU numbers.
@@ -172,8 +174,27 @@ def performance_summary(cfg, layout: Layout) -> dict:
         "profile": hw.profile.source,
         "train_tokens": int(tokens),
         "train_days": t.train_days,
+        **track_record(cfg, layout, hw),
         **per_layer,
     }
+
+
+def track_record(cfg, layout: Layout, hw) -> dict:
+    """How the step-time model fared on the published runs most like this layout (launcher/plan/track_record.py),
+    where the plan uses a built-in GPU profile as it stands; else why there is no record."""
+    rec, why = None, ""
+    if hw.device != "cuda":
+        why = "CPU ranks: no published runs; bench/steptime/results.md holds the model to runs on this machine"
+    elif getattr(cfg.cluster, "profile", None):
+        why = "a calibrated profile: the published runs hold the built-in profiles only"
+    elif hw.profile != BUILTIN.get(hw.name):
+        why = f"cluster.* rates override the built-in {hw.name} profile: the published runs held it as built in"
+    elif layout.dtype == "fp32":
+        why = "fp32 (TF32 GEMMs): every published run trained in 16-bit precision"
+    else:
+        rec = similar(hw.name, layout.zero_stage, layout.pipeline_degree, layout.tensor_degree, layout.seq_length)
+        why = "" if rec else f"no published run on {hw.name} (bench/published/runs.yaml)"
+    return {"step_time_track_record": rec, "step_time_track_record_note": describe(rec, why)}
 
 
 def _s(x: float) -> str:
@@ -216,6 +237,7 @@ def _performance_rows(s: dict) -> list[tuple[str, str, str]]:
          f"bubble {_s(bd['bubble'])} + DP/ZeRO exposed {_s(bd['dp_comm_exposed'])}"
          + (f" + DeepSpeed engine {_s(bd['engine'])}" if bd.get("engine") else "")
          + (f" (recompute {_s(s['recompute_s'])} inside)" if s["recompute_s"] else "") + f"; rates: {s['profile']}"),
+        ("step time vs published", _track_value(s["step_time_track_record"]), s["step_time_track_record_note"]),
         ("tokens / s", f"{s['tokens_per_s']:,.0f}", f"tokens per step / step time; {s['tokens_per_s'] / s['world_size']:,.0f} per GPU"),
         ("TFLOP/s per GPU", f"{s['tflops_per_gpu']:.1f} model / {s['hardware_tflops_per_gpu']:.1f} hardware",
          "FLOPs per token x tokens/s / world; hardware counts recompute (Megatron's and BLOOM's convention)"),
@@ -223,6 +245,10 @@ def _performance_rows(s: dict) -> list[tuple[str, str, str]]:
          "CPU ranks: no dense peak" if s["mfu"] is None else "model TFLOP/s per GPU / dense peak"),
         ("training time", f"{s['train_days']:,.1f} days", f"train.tokens {s['train_tokens']:,} / tokens per s"),
     ]
+
+
+def _track_value(rec: Optional[dict]) -> str:
+    return "no record" if rec is None else f"{rec['min_error']:+.0%} .. {rec['max_error']:+.0%}"
 
 
 def _rows(s: dict) -> list[tuple[str, str, str]]:

@@ -9,6 +9,7 @@ directory outside the checkout: plan, show, `submit --dry-run`, a $LAUNCHER_CONF
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -64,6 +65,7 @@ def test_wheel_carries_the_configs_recipes_and_template(installed):
     sh([launcher, "plan"], work)
     plan = sh([launcher, "plan", "recipe=bloom-176b", "--json"], work)
     assert '"world_size": 384' in plan.stdout
+    assert json.loads(plan.stdout)["step_time_track_record"]["runs"] >= 5   # launcher/plan/track_record.json travels too
     shown = sh([launcher, "show", "recipe=llama-7b"], work)
     assert "DeepSpeed config" in shown.stdout
     script = sh([launcher, "submit", "recipe=llama-65b", "cluster.partition=gpu", "--dry-run"], work).stdout
