@@ -206,7 +206,7 @@ READING = """Finding (2026-11-26 evening, not a model change): the fit of the gp
 did not run. The model charges the launcher's own runtime, whose gpt blocks are HF GPT-2 with `gelu_new`: tanh
 GELU in ~8 eager element-wise kernels (launcher/plan/steptime.py block_costs, 8 x 2 n f/t x w bytes forward).
 MPT runs one fused `nn.GELU(approximate='none')` (llm-foundry MPTMLP) and Megatron a fused bias-GELU. Charged as
-one fused kernel instead (mem(2 n f/t x w, 1), a scratch edit of block_costs, not committed), all 232 runs go
+one fused kernel instead (mem(2 n f/t x w, 1); bench/published/gelu_variant.py runs both), all 232 runs go
 from 50% to 9.5% within 10% (MosaicML 50% -> 5%; the others 48% -> 48%, within 20% 91% -> 83%) and the mean
 error by sequence length from -10% / -7% / -3% / +3% / +16% at 512 / 1k / 2k / 4k / 8k to +17% / +17% / +16% /
 +25% / +38%. So for those runs something else costs about as much as the eager GELU would (15-40% of a step at
