@@ -179,22 +179,44 @@ def performance_summary(cfg, layout: Layout) -> dict:
     }
 
 
+def _no_track_record(cfg, hw, dtype: str) -> str:
+    """Why the published runs say nothing about this plan's step time ("" where they do): they hold the built-in
+    GPU profiles as they stand, in 16-bit precision."""
+    if hw is None or hw.device != "cuda":
+        return "CPU ranks: no published runs; bench/steptime/results.md holds the model to runs on this machine"
+    if getattr(cfg.cluster, "profile", None):
+        return "a calibrated profile: the published runs hold the built-in profiles only"
+    if hw.profile != BUILTIN.get(hw.name):
+        return f"cluster.* rates override the built-in {hw.name} profile: the published runs held it as built in"
+    if dtype == "fp32":
+        return "fp32 (TF32 GEMMs): every published run trained in 16-bit precision"
+    return ""
+
+
 def track_record(cfg, layout: Layout, hw) -> dict:
     """How the step-time model fared on the published runs most like this layout (launcher/plan/track_record.py),
     where the plan uses a built-in GPU profile as it stands; else why there is no record."""
-    rec, why = None, ""
-    if hw.device != "cuda":
-        why = "CPU ranks: no published runs; bench/steptime/results.md holds the model to runs on this machine"
-    elif getattr(cfg.cluster, "profile", None):
-        why = "a calibrated profile: the published runs hold the built-in profiles only"
-    elif hw.profile != BUILTIN.get(hw.name):
-        why = f"cluster.* rates override the built-in {hw.name} profile: the published runs held it as built in"
-    elif layout.dtype == "fp32":
-        why = "fp32 (TF32 GEMMs): every published run trained in 16-bit precision"
-    else:
+    rec, why = None, _no_track_record(cfg, hw, layout.dtype)
+    if not why:
         rec = similar(hw.name, layout.zero_stage, layout.pipeline_degree, layout.tensor_degree, layout.seq_length)
         why = "" if rec else f"no published run on {hw.name} (bench/published/runs.yaml)"
     return {"step_time_track_record": rec, "step_time_track_record_note": describe(rec, why)}
+
+
+def search_track_records(cfg, rows: list[dict]) -> str:
+    """Each ranked layout's published-run record (`step_time_track_record`, None where there is none), and one line
+    for the table: the best layout's record, or why there is none."""
+    hw = resolve_hardware(cfg.cluster, cfg.precision.dtype)
+    why = _no_track_record(cfg, hw, cfg.precision.dtype)
+    for r in rows:
+        r["step_time_track_record"] = None if why else similar(
+            hw.name, r["zero_stage"], r["pipeline_degree"], r["tensor_degree"], cfg.data.seq_length)
+    if not rows:
+        return ""
+    best = rows[0]["step_time_track_record"]
+    if best is None:
+        return "step time vs published runs: " + (why or f"no published run on {hw.name}")
+    return "step time vs published runs, for #1: " + describe(best, "")
 
 
 def _s(x: float) -> str:
@@ -341,15 +363,19 @@ def render_plan(s: dict, console) -> None:
         console.print(f"[yellow]warning:[/yellow] {escape(w)}")
 
 
-def render_search(rows: list[dict], counts: dict, console, held: dict | None = None) -> None:
-    """Print the ranked layouts of `launcher plan --search`; `held`: the batch the search kept fixed."""
+def render_search(rows: list[dict], counts: dict, console, held: dict | None = None, record: str = "") -> None:
+    """Print the ranked layouts of `launcher plan --search`; `held`: the batch the search kept fixed; `record`: the
+    best layout's published-run record (search_track_records)."""
     from rich.table import Table
 
-    caption = None
+    lines = []
     if held:
-        caption = (f"held as configured: global batch {held['global_batch_size']:,} sequences x seq_length "
-                   f"{held['seq_length']:,} = {held['tokens_per_step']:,} tokens per step "
-                   "(batch.global_batch_size, data.seq_length)")
+        lines.append(f"held as configured: global batch {held['global_batch_size']:,} sequences x seq_length "
+                     f"{held['seq_length']:,} = {held['tokens_per_step']:,} tokens per step "
+                     "(batch.global_batch_size, data.seq_length)")
+    if record:
+        lines.append(record)
+    caption = "\n".join(lines) or None
     table = Table(title=f"best layouts ({counts['fit']:,} fit of {counts['enumerated']:,} enumerated: "
                         f"{counts['invalid']:,} invalid, {counts['does_not_fit']:,} out of memory)", title_justify="left",
                   caption=caption, caption_justify="left")

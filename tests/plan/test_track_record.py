@@ -87,3 +87,22 @@ def test_plan_reports_the_record_for_built_in_gpu_profiles_only():
         s = _summary(*overrides)
         assert s["step_time_track_record"] is None, overrides
         assert s["step_time_track_record_note"].startswith(reason), (overrides, s["step_time_track_record_note"])
+
+
+def test_search_gives_every_ranked_layout_its_record():
+    from launcher.plan.report import search_track_records
+    from launcher.plan.search import search_layouts, search_rows
+
+    cfg = compose(["recipe=bloom-176b"])
+    rows = search_rows(search_layouts(cfg)[0], 5)
+    line = search_track_records(cfg, rows)
+    for r in rows:
+        want = track_record.similar("a100-80gb", r["zero_stage"], r["pipeline_degree"], r["tensor_degree"], 2048)
+        assert want is not None and r["step_time_track_record"] == want
+    assert line == "step time vs published runs, for #1: " + track_record.describe(rows[0]["step_time_track_record"], "")
+
+    cfg = compose(["recipe=tiny", f"cluster.profile={ROOT / 'bench' / 'steptime' / 'profile.yaml'}"])
+    rows = search_rows(search_layouts(cfg)[0], 3)
+    line = search_track_records(cfg, rows)
+    assert rows and all(r["step_time_track_record"] is None for r in rows)
+    assert line.startswith("step time vs published runs: CPU ranks")
