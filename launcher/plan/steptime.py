@@ -54,9 +54,10 @@ One micro-batch on one rank (n = b s / sp tokens outside attention; t = TP, sp =
     PP 1F1B                 stage s takes T_s per micro-batch (its blocks, plus the embedding on the first
                             stage and the final norm, head and loss on the last, plus its point-to-point
                             sends/receives, over the inter-node link unless the whole pipeline group fits in a
-                            node: stages are t x sp x dp ranks apart); a step is  sum_s T_s + (m - 1) max_s T_s : fill and drain cross
-                            every stage once, the steady state goes at the slowest stage (Narayanan et al.
-                            2021, section 2.2; with equal stages this is (m + p - 1) T, bubble (p-1)/m).
+                            node: stages are t x sp x dp ranks apart); a step is  sum_s T_s + (m - 1) max_s T_s :
+                            fill and drain cross every stage once, the steady state goes at the slowest stage
+                            (Narayanan et al. 2021, section 2.2; with equal stages this is (m + p - 1) T, bubble
+                            (p-1)/m).
     DP / ZeRO (r = dp x sp) ZeRO 0/1: gradients all-reduced (0) or reduce-scattered (1) once per step after the
                             last backward; ZeRO 2: reduce-scattered in every micro-batch's backward; ZeRO 1/2 then
                             all-gather the updated weights; ZeRO 3: per micro-batch all-gather forward,
