@@ -16,7 +16,7 @@ from launcher.plan.params import count_params, rough_params
 from launcher.plan.profile import BUILTIN
 from launcher.plan.stages import PIPELINE_ARCHS, stage_blocks, stage_param_counts
 from launcher.plan.steptime import estimate_step_time
-from launcher.plan.track_record import describe, similar
+from launcher.plan.track_record import describe, no_match, similar
 
 
 def plan_summary(cfg, layout: Layout) -> dict:
@@ -196,10 +196,10 @@ def _no_track_record(cfg, hw, dtype: str) -> str:
 def track_record(cfg, layout: Layout, hw) -> dict:
     """How the step-time model fared on the published runs most like this layout (launcher/plan/track_record.py),
     where the plan uses a built-in GPU profile as it stands; else why there is no record."""
-    rec, why = None, _no_track_record(cfg, hw, layout.dtype)
-    if not why:
-        rec = similar(hw.name, layout.zero_stage, layout.pipeline_degree, layout.tensor_degree, layout.seq_length)
-        why = "" if rec else f"no published run on {hw.name} (bench/published/runs.yaml)"
+    hidden = cfg.model.hidden_size
+    why = _no_track_record(cfg, hw, layout.dtype) or no_match(hw.name, hidden)
+    rec = None if why else similar(hw.name, layout.zero_stage, layout.pipeline_degree, layout.tensor_degree,
+                                   layout.seq_length, hidden)
     return {"step_time_track_record": rec, "step_time_track_record_note": describe(rec, why)}
 
 
@@ -207,15 +207,16 @@ def search_track_records(cfg, rows: list[dict]) -> str:
     """Each ranked layout's published-run record (`step_time_track_record`, None where there is none), and one line
     for the table: the best layout's record, or why there is none."""
     hw = resolve_hardware(cfg.cluster, cfg.precision.dtype)
-    why = _no_track_record(cfg, hw, cfg.precision.dtype)
+    hidden = cfg.model.hidden_size
+    why = _no_track_record(cfg, hw, cfg.precision.dtype) or no_match(hw.name, hidden)
     for r in rows:
         r["step_time_track_record"] = None if why else similar(
-            hw.name, r["zero_stage"], r["pipeline_degree"], r["tensor_degree"], cfg.data.seq_length)
+            hw.name, r["zero_stage"], r["pipeline_degree"], r["tensor_degree"], cfg.data.seq_length, hidden)
     if not rows:
         return ""
+    if why:
+        return "step time vs published runs: " + why
     best = rows[0]["step_time_track_record"]
-    if best is None:
-        return "step time vs published runs: " + (why or f"no published run on {hw.name}")
     return "step time vs published runs, for #1: " + describe(best, "")
 
 

@@ -7,13 +7,13 @@ this file: the run's GPU, ZeRO stage, TP, PP, sequence length and attention kern
 (predicted / measured tokens per second - 1; + means the model was too fast). tests/plan/test_track_record.py
 regenerates it and fails when it is stale, so the record always describes the model as it is.
 
-`similar` picks the published runs most like a layout, by what shapes the model's error most: the same ZeRO
+`similar` picks the published runs most like a layout (of a model within 2x of a published run's width), by what shapes the model's error most: the same ZeRO
 class (3 or not: ZeRO-3's per-module gathers), the same pipeline use, the same tensor-parallel use, then the
 same GPU and a sequence length within a factor of 2. Where fewer than MIN_RUNS match, the last criterion is
 dropped, then the one before (a TP x PP layout on H100 is compared with the TP x PP runs on A100, and says
-"any GPU"). A profile that is not a built-in (a calibrated file, cluster.* rate overrides), fp32, or a GPU
-with no published run at all (h200's profile is measured, not the datasheet one the runs hold) has no record:
-that is said, not guessed.
+"any GPU"). A profile that is not a built-in (a calibrated file, cluster.* rate overrides), fp32, a GPU
+with no published run at all (h200's profile is measured, not the datasheet one the runs hold) or a model far
+narrower or wider than any published one (recipe=tiny's 128) has no record: that is said, not guessed.
 
 No torch here (`launcher plan` runs on a laptop).
 """
@@ -42,12 +42,25 @@ def _summary(errors: list[float]) -> dict:
             "within_20pct": sum(x <= 0.20 for x in a) / len(a)}
 
 
-def similar(gpu: str, zero_stage: int, pipeline_degree: int, tensor_degree: int, seq_length: int,
-            runs: Optional[list] = None) -> Optional[dict]:
-    """The model's error on the published runs most like this layout (module docstring), or None where no
-    published run used this GPU."""
+def no_match(gpu: str, hidden_size: int, runs: Optional[list] = None) -> str:
+    """Why no published run speaks for this plan ("" where some do): none used its GPU, or none trained a model
+    within 2x of its width (GEMM sizes and the share of per-kernel costs change with the width)."""
     runs = load()["runs"] if runs is None else runs
     if not any(r["gpu"] == gpu for r in runs):
+        return f"no published run on {gpu} (bench/published/runs.yaml)"
+    widths = [r["hidden"] for r in runs]
+    if not any(hidden_size / 2 <= w <= hidden_size * 2 for w in widths):
+        return (f"no published run of a model this wide: hidden_size {hidden_size:,}, the published runs "
+                f"{min(widths):,}-{max(widths):,} (GEMM sizes and per-kernel costs change with the width)")
+    return ""
+
+
+def similar(gpu: str, zero_stage: int, pipeline_degree: int, tensor_degree: int, seq_length: int, hidden_size: int,
+            runs: Optional[list] = None) -> Optional[dict]:
+    """The model's error on the published runs most like this layout (module docstring), or None where no_match
+    says none speaks for it."""
+    runs = load()["runs"] if runs is None else runs
+    if no_match(gpu, hidden_size, runs):
         return None
     zero3 = zero_stage == 3
     criteria = [

@@ -37,9 +37,9 @@ def test_committed_track_record_is_the_models_error_today():
     assert compare.TRACK_PATH == track_record.PATH
 
 
-def _run(id_, gpu="a100-80gb", zero=0, tp=1, pp=1, seq=2048, error=0.0, kernel="launcher's"):
-    return {"id": id_, "gpu": gpu, "zero": zero, "tp": tp, "pp": pp, "seq": seq, "micro_batch": 1, "recompute": "none",
-            "attention_kernel": kernel, "error": error}
+def _run(id_, gpu="a100-80gb", zero=0, tp=1, pp=1, seq=2048, error=0.0, kernel="launcher's", hidden=4096):
+    return {"id": id_, "gpu": gpu, "zero": zero, "tp": tp, "pp": pp, "seq": seq, "hidden": hidden, "micro_batch": 1,
+            "recompute": "none", "attention_kernel": kernel, "error": error}
 
 
 def test_similar_keeps_the_layout_class_before_the_gpu_and_the_sequence():
@@ -49,22 +49,28 @@ def test_similar_keeps_the_layout_class_before_the_gpu_and_the_sequence():
             + [_run(f"ptdp-80-{i}", tp=8, pp=4, error=0.2) for i in range(2)]
             + [_run("h100", gpu="h100-80gb", zero=3)])
     # All five criteria hold for five runs.
-    rec = track_record.similar("a100-80gb", 3, 1, 1, 4096, runs)
+    rec = track_record.similar("a100-80gb", 3, 1, 1, 4096, 4096, runs)
     assert rec["matched_on"] == ["ZeRO-3", "no pipeline", "no TP", "a100-80gb", "seq 2,048-8,192"]
     assert rec["runs"] == 5 and rec["other_attention_kernel"] == 0
     assert rec["min_error"] == pytest.approx(0.01) and rec["max_error"] == pytest.approx(0.05)
     assert rec["median_abs_error"] == pytest.approx(0.03) and rec["within_10pct"] == 1.0
     # Long sequences: the five Triton runs.
-    rec = track_record.similar("a100-80gb", 3, 1, 1, 32768, runs)
+    rec = track_record.similar("a100-80gb", 3, 1, 1, 32768, 4096, runs)
     assert rec["runs"] == 5 and rec["other_attention_kernel"] == 5 and rec["within_20pct"] == 0.0
     # TP x PP on a100-80gb: two runs there, so the GPU and the sequence are dropped, the layout class kept: 5 runs.
-    rec = track_record.similar("a100-80gb", 1, 4, 8, 2048, runs)
+    rec = track_record.similar("a100-80gb", 1, 4, 8, 2048, 4096, runs)
     assert rec["matched_on"] == ["ZeRO 0-2", "a pipeline", "TP", "any GPU"]
     assert rec["runs"] == 5 and rec["min_error"] == pytest.approx(-0.1) and rec["max_error"] == pytest.approx(0.2)
     assert rec["within_10pct"] == pytest.approx(3 / 5)
     assert rec["all_runs"]["runs"] == len(runs)
-    # A GPU no published run used has no record.
-    assert track_record.similar("h200", 3, 1, 1, 2048, runs) is None
+    # A GPU no published run used, or a model more than 2x narrower or wider than every published one: no record.
+    assert track_record.similar("h200", 3, 1, 1, 2048, 4096, runs) is None
+    assert track_record.no_match("h200", 4096, runs).startswith("no published run on h200")
+    assert track_record.similar("a100-80gb", 3, 1, 1, 2048, 2048, runs) is not None       # 4,096 is 2x
+    assert track_record.similar("a100-80gb", 3, 1, 1, 2048, 2047, runs) is None
+    assert track_record.no_match("a100-80gb", 128, runs) == (
+        "no published run of a model this wide: hidden_size 128, the published runs 4,096-4,096 (GEMM sizes and "
+        "per-kernel costs change with the width)")
 
 
 def _summary(*overrides):
@@ -82,6 +88,7 @@ def test_plan_reports_the_record_for_built_in_gpu_profiles_only():
         ("recipe=bloom-176b", "cluster.inter_node_gbps=100"): "cluster.* rates override the built-in",
         ("recipe=llama-7b", "precision=fp32"): "fp32",
         ("recipe=tiny", f"cluster.profile={ROOT / 'bench' / 'steptime' / 'profile.yaml'}"): "CPU ranks",
+        (): "no published run of a model this wide",   # bare `launcher plan`: the tiny model on 8 A100s
     }
     for overrides, reason in why.items():
         s = _summary(*overrides)
@@ -97,7 +104,7 @@ def test_search_gives_every_ranked_layout_its_record():
     rows = search_rows(search_layouts(cfg)[0], 5)
     line = search_track_records(cfg, rows)
     for r in rows:
-        want = track_record.similar("a100-80gb", r["zero_stage"], r["pipeline_degree"], r["tensor_degree"], 2048)
+        want = track_record.similar("a100-80gb", r["zero_stage"], r["pipeline_degree"], r["tensor_degree"], 2048, 14336)
         assert want is not None and r["step_time_track_record"] == want
     assert line == "step time vs published runs, for #1: " + track_record.describe(rows[0]["step_time_track_record"], "")
 
