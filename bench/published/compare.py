@@ -171,8 +171,8 @@ def compare(records: list[dict], predict) -> dict:
             "layout": f"TP{r['tp']} PP{r['pp']} DP{layout.data_degree} Z{st.zero_stage} mb{st.micro_batch_size} "
                       f"gbs{r['global_batch']} s{layout.seq_length} {recompute}",
             "assumed": assumed, "measured_from": how, "attention_kernel": r.get("attention_kernel", "launcher's"),
-            "seq": layout.seq_length, "zero": st.zero_stage, "tp": r["tp"], "pp": r["pp"], "hidden": r["model"]["hidden"], "micro_batch": st.micro_batch_size,
-            "recompute": recompute,
+            "seq": layout.seq_length, "zero": st.zero_stage, "tp": r["tp"], "pp": r["pp"], "hidden": r["model"]["hidden"],
+            "micro_batch": st.micro_batch_size, "recompute": recompute,
             "measured_tokens_per_s_per_gpu": measured, "predicted_tokens_per_s_per_gpu": predicted,
             "measured_tflops_per_gpu": measured * f / 1e12, "predicted_tflops_per_gpu": predicted * f / 1e12,
             "error": predicted / measured - 1,

@@ -181,7 +181,7 @@ def performance_summary(cfg, layout: Layout) -> dict:
 
 def _no_track_record(cfg, hw, dtype: str) -> str:
     """Why the published runs say nothing about this plan's step time ("" where they do): they hold the built-in
-    GPU profiles as they stand, in 16-bit precision."""
+    GPU profiles as they stand, in 16-bit precision, on the GPUs and model widths they ran (track_record.no_match)."""
     if hw is None or hw.device != "cuda":
         return "CPU ranks: no published runs; bench/steptime/results.md holds the model to runs on this machine"
     if getattr(cfg.cluster, "profile", None):
@@ -190,34 +190,32 @@ def _no_track_record(cfg, hw, dtype: str) -> str:
         return f"cluster.* rates override the built-in {hw.name} profile: the published runs held it as built in"
     if dtype == "fp32":
         return "fp32 (TF32 GEMMs): every published run trained in 16-bit precision"
-    return ""
+    return no_match(hw.name, cfg.model.hidden_size)
 
 
 def track_record(cfg, layout: Layout, hw) -> dict:
     """How the step-time model fared on the published runs most like this layout (launcher/plan/track_record.py),
     where the plan uses a built-in GPU profile as it stands; else why there is no record."""
-    hidden = cfg.model.hidden_size
-    why = _no_track_record(cfg, hw, layout.dtype) or no_match(hw.name, hidden)
+    why = _no_track_record(cfg, hw, layout.dtype)
     rec = None if why else similar(hw.name, layout.zero_stage, layout.pipeline_degree, layout.tensor_degree,
-                                   layout.seq_length, hidden)
-    return {"step_time_track_record": rec, "step_time_track_record_note": describe(rec, why)}
+                                   layout.seq_length, cfg.model.hidden_size)
+    return {"step_time_track_record": rec, "step_time_track_record_note": why or describe(rec)}
 
 
 def search_track_records(cfg, rows: list[dict]) -> str:
     """Each ranked layout's published-run record (`step_time_track_record`, None where there is none), and one line
     for the table: the best layout's record, or why there is none."""
     hw = resolve_hardware(cfg.cluster, cfg.precision.dtype)
-    hidden = cfg.model.hidden_size
-    why = _no_track_record(cfg, hw, cfg.precision.dtype) or no_match(hw.name, hidden)
+    why = _no_track_record(cfg, hw, cfg.precision.dtype)
     for r in rows:
         r["step_time_track_record"] = None if why else similar(
-            hw.name, r["zero_stage"], r["pipeline_degree"], r["tensor_degree"], cfg.data.seq_length, hidden)
+            hw.name, r["zero_stage"], r["pipeline_degree"], r["tensor_degree"], cfg.data.seq_length,
+            cfg.model.hidden_size)
     if not rows:
         return ""
     if why:
         return "step time vs published runs: " + why
-    best = rows[0]["step_time_track_record"]
-    return "step time vs published runs, for #1: " + describe(best, "")
+    return "step time vs published runs, for #1: " + describe(rows[0]["step_time_track_record"])
 
 
 def _s(x: float) -> str:

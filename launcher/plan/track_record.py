@@ -81,10 +81,8 @@ def similar(gpu: str, zero_stage: int, pipeline_degree: int, tensor_degree: int,
             "all_runs": _summary([r["error"] for r in runs])}
 
 
-def describe(rec: Optional[dict], why_none: str) -> str:
+def describe(rec: dict) -> str:
     """One sentence for the plan's table."""
-    if rec is None:
-        return why_none
     kernel = (f"; {rec['other_attention_kernel']} of them ran another attention kernel (MosaicML's Triton)"
               if rec["other_attention_kernel"] else "")
     a = rec["all_runs"]

@@ -106,7 +106,7 @@ def test_search_gives_every_ranked_layout_its_record():
     for r in rows:
         want = track_record.similar("a100-80gb", r["zero_stage"], r["pipeline_degree"], r["tensor_degree"], 2048, 14336)
         assert want is not None and r["step_time_track_record"] == want
-    assert line == "step time vs published runs, for #1: " + track_record.describe(rows[0]["step_time_track_record"], "")
+    assert line == "step time vs published runs, for #1: " + track_record.describe(rows[0]["step_time_track_record"])
 
     cfg = compose(["recipe=tiny", f"cluster.profile={ROOT / 'bench' / 'steptime' / 'profile.yaml'}"])
     rows = search_rows(search_layouts(cfg)[0], 3)
