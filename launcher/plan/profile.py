@@ -32,6 +32,10 @@ A profile says how fast one accelerator (or one CPU rank) runs each kind of oper
                             step (gradient buckets flattened and copied, fp32 partitions, the clipping norm, ZeRO-3
                             gathers into flat buffers), measured by `launcher calibrate` with no collective in it
                             (each rank its own data-parallel group); {} where not measured (the built-ins)
+    straggler[g]            the wait of a group of g ranks at a synchronisation for its slowest rank: the expected
+                            slowest-minus-mean time of a segment of the same compute on every rank, as a fraction
+                            of the segment, by segment length ([[seconds, fraction], ...]), measured by `launcher
+                            calibrate` on groups of consecutive ranks; {} where not measured (the built-ins)
 
 The built-in GPU profiles cite every constant below. `launcher calibrate` writes the same fields,
 measured, to a YAML file (PROFILE_VERSION); `cluster.profile=PATH` selects it.
@@ -146,6 +150,18 @@ class Profile:
     # algorithms); None: the intra link.
     all_to_all: Optional[Link] = None
     nccl: Optional[NcclTuning] = None
+    straggler: dict = field(default_factory=dict)
+
+    def straggler_fraction(self, ranks: int, segment_s: float) -> float:
+        """The expected wait of a group of `ranks` ranks for its slowest one at a synchronisation, as a fraction
+        of the `segment_s` seconds of compute before it: the measured group size nearest below (a larger group
+        waits at least that long; above the largest measured, an under-charge), interpolated by segment length
+        (log-linear, clamped at the ends); 0 for one rank or a profile without the measurement."""
+        if ranks <= 1 or not self.straggler or segment_s <= 0:
+            return 0.0
+        sizes = sorted(self.straggler)
+        g = max([x for x in sizes if x <= ranks] or sizes[:1])
+        return interpolate(sorted((float(t), float(f)) for t, f in self.straggler[g]), segment_s)
 
     def gemm_table_for(self, dtype: str) -> Optional[list]:
         return _table(self.gemm_table, dtype)
@@ -381,12 +397,17 @@ def load_profile(path: str) -> Profile:
                         if doc.get("all_to_all") else None),
             nccl=(NcclTuning(**{str(k): float(v) for k, v in doc["nccl"].items()})
                   if doc.get("nccl") is not None else None),
+            straggler={int(g): [[float(t), float(f)] for t, f in rows]
+                       for g, rows in (doc.get("straggler") or {}).items()},
             source=f"{p} ({doc.get('source', 'launcher calibrate')})")
     except (TypeError, ValueError, KeyError, AttributeError) as err:
         raise ConfigError(key, path, f"has a malformed field ({type(err).__name__}: {err})", fix)
     prof = alone_rates(prof, (doc.get("measurements") or {}).get("world"))
     rates = [*prof.gemm_tflops.values(), *prof.attention_tflops.values(), prof.memory_gbps, prof.intra.bus_gbps,
              prof.inter.bus_gbps]
+    if any(g < 2 or not rows or any(t <= 0 or f < 0 for t, f in rows) for g, rows in prof.straggler.items()):
+        raise ConfigError(key, path, "has a straggler table that is not [[segment seconds > 0, fraction >= 0], ...] "
+                          "per group size >= 2", fix)
     if any(len(v) != 4 or any(x < 0 for x in v) for v in prof.engine_element_s.values()):
         raise ConfigError(key, path, "has an engine_element_s that is not 4 non-negative seconds (ZeRO stages 0-3) "
                           "per dtype", fix)
@@ -404,8 +425,8 @@ def alone_rates(prof: Profile, measured_ranks) -> Profile:
     had a slots/ranks share of a core and measured that share of its alone rate. The step-time model stretches
     compute by ranks / slots itself (steptime._compute_stretch), so the share is taken back out here: rates
     x ranks / slots, per-operation times / (ranks / slots). Without this a 4-rank profile planned a 4-rank layout
-    twice too slow (bench/parallel/results.md, the CP4 row). Collectives are left as measured: their cost under
-    sharing is what a step meets. `measured_ranks`: the profile's measurements.world; None (a profile written
+    twice too slow (bench/parallel/results.md, the CP4 row). Collectives and the straggler fractions are left as
+    measured: their cost under sharing is what a step meets. `measured_ranks`: the profile's measurements.world; None (a profile written
     by hand or a GPU profile): as written."""
     from dataclasses import replace
 

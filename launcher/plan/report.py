@@ -257,6 +257,7 @@ def _performance_rows(s: dict) -> list[tuple[str, str, str]]:
          f"optimizer {_s(bd['optimizer'])} + TP {_s(bd['tp_comm'])} + SP {_s(bd['sp_comm'])} + PP {_s(bd['pp_comm'])} + "
          f"bubble {_s(bd['bubble'])} + DP/ZeRO exposed {_s(bd['dp_comm_exposed'])}"
          + (f" + DeepSpeed engine {_s(bd['engine'])}" if bd.get("engine") else "")
+         + (f" + waits for the slowest rank {_s(bd['straggler'])}" if bd.get("straggler") else "")
          + (f" (recompute {_s(s['recompute_s'])} inside)" if s["recompute_s"] else "") + f"; rates: {s['profile']}"),
         ("step time vs published", _track_value(s["step_time_track_record"]), s["step_time_track_record_note"]),
         ("tokens / s", f"{s['tokens_per_s']:,.0f}", f"tokens per step / step time; {s['tokens_per_s'] / s['world_size']:,.0f} per GPU"),

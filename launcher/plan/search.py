@@ -214,7 +214,7 @@ def explain(c: Candidate, best: Candidate) -> str:
     t = c.time
     parts = []
     costs = {"bubble": t.bubble_s, "TP comm": t.tp_comm_s, "PP p2p": t.pp_comm_s, "DP comm": t.dp_comm_exposed_s,
-             "SP/CP comm": t.sp_comm_s}
+             "SP/CP comm": t.sp_comm_s, "stragglers": t.straggler_s}
     for name, sec in sorted(costs.items(), key=lambda kv: -kv[1]):
         if sec / t.step_time_s >= 0.01:
             parts.append(f"{name} {sec / t.step_time_s:.0%}")

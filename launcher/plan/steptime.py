@@ -87,6 +87,22 @@ One micro-batch on one rank (n = b s / sp tokens outside attention; t = TP, sp =
                             (ZeRO-1, 2), 4-12 (ZeRO-3) ns per fp32 element, 7-17 ms a step for recipe=tiny at
                             ZeRO 1-3 (bench/steptime/results.md); 0 in the built-in GPU profiles (not measured
                             there).
+    stragglers              every rank computes the same segment between two synchronisations of its group, yet
+                            not in the same time (other processes, the shared memory bus, a rank's own jitter):
+                            the group waits for its slowest rank. Per micro-batch a stage meets its TP
+                            collectives (4 a block, 6 with full recompute), Ulysses all-to-alls (8 a block, 12),
+                            ring CP exchanges (2 + c a block, 3 + c), ZeRO-3 gathers (2 a fetched module, plus
+                            the re-gathers under recompute, plus the gradient reduce), ZeRO-2's gradient reduce
+                            and its pipeline sends (2 a neighbour); the wait is the profile's measured straggler
+                            fraction at the mean segment (the stage's compute over those synchronisations) times
+                            the stage's compute, for the largest group among them. With none inside a micro-batch
+                            (ZeRO 0/1 without TP, SP or a pipeline) the step's one synchronisation, the gradient
+                            reduce over the ZeRO group, waits on the whole step's compute. The fraction is what
+                            `launcher calibrate` measures on this machine at its world size (expected slowest
+                            minus mean, Hoefler et al., SC 2010, on noise amplified at synchronisations); 0 in the
+                            built-in GPU profiles (not measured there). On this 2-core box calibrate measured 5-8% of
+                            a 5-150 ms segment for 2 ranks, and DP2 ZeRO-0's own loop waited 5-6% of its compute
+                            for the slower rank (bench/steptime/results.md, straggler.py).
     optimizer               AdamW over this rank's shard at memory bandwidth: fp32 master, m, v read and
                             written, the gradient read (and the norm's extra read), the low-precision weights
                             written: (4 + 4 + 4) x 2 + 4 + 4 (+ 2 for a 16-bit copy) bytes per parameter.
@@ -352,6 +368,7 @@ class StepTime:
     optimizer_s: float = 0.0
     engine_s: float = 0.0            # DeepSpeed's ZeRO-3 hooks (profile.zero3_module_s, zero3_param_s) and its
                                      # per-element work (profile.engine_element_s)
+    straggler_s: float = 0.0         # the waits for the slowest rank at synchronisations (profile.straggler)
     profile: str = ""
 
     def breakdown(self) -> dict:
@@ -359,7 +376,7 @@ class StepTime:
         return {"gemm": self.gemm_s, "attention": self.attention_s, "memory_bound": self.memory_bound_s,
                 "optimizer": self.optimizer_s, "tp_comm": self.tp_comm_s,
                 "sp_comm": self.sp_comm_s, "pp_comm": self.pp_comm_s, "bubble": self.bubble_s, "engine": self.engine_s,
-                "dp_comm_exposed": self.dp_comm_exposed_s}
+                "dp_comm_exposed": self.dp_comm_exposed_s, "straggler": self.straggler_s}
 
 
 def _links(st: Strategy, prof: Profile) -> dict:
@@ -439,8 +456,10 @@ def estimate_step_time(shape: ModelShape, st: Strategy, hw: Hardware, train_toke
     for stage, c in enumerate(costs):
         neighbours = (stage > 0) + (stage < p - 1)
         compute = c.compute * k
-        stages.append({"cost": c, "compute": compute, "pp": 2 * neighbours * p2p,
-                       "time": compute + c.tp + c.sp + hooks[stage] + 2 * neighbours * p2p,
+        syncs, group = _syncs_per_micro_batch(shape, st, stage)
+        wait = prof.straggler_fraction(group, (compute + hooks[stage]) / syncs) * (compute + hooks[stage]) if syncs else 0.0
+        stages.append({"cost": c, "compute": compute, "pp": 2 * neighbours * p2p, "wait": wait, "syncs": syncs,
+                       "time": compute + c.tp + c.sp + hooks[stage] + 2 * neighbours * p2p + wait,
                        "recompute": bf.compute * blocks_in_stage(shape, st, stage) * k if full else 0.0})
     slow = max(stages, key=lambda x: x["time"])
     pipeline_s = sum(x["time"] for x in stages) + (m - 1) * slow["time"]
@@ -486,8 +505,13 @@ def estimate_step_time(shape: ModelShape, st: Strategy, hw: Hardware, train_toke
         shard = params / (r if st.zero_stage >= 1 else 1)
         tensors = 1 if st.zero_stage in (1, 2) else 9 * max(1, blocks_in_stage(shape, st, stage)) + 3
         opt.append(_optimizer_s(shard, st, prof, tensors) * stretch)
-    tail = max(e + o + g for e, o, g in zip(dp_exposed, opt, engine_step))
-    i_tail = max(range(p), key=lambda i: dp_exposed[i] + opt[i] + engine_step[i])
+    # The step's one synchronisation where no micro-batch has one (ZeRO 0/1 data parallelism alone): the gradient
+    # reduce waits for the ZeRO group's slowest rank over the whole step's compute.
+    end_wait = [0.0 if x["syncs"] or r <= 1 else
+                prof.straggler_fraction(r, m * (x["compute"] + hk)) * m * (x["compute"] + hk)
+                for x, hk in zip(stages, hooks)]
+    tail = max(e + o + g + w_ for e, o, g, w_ in zip(dp_exposed, opt, engine_step, end_wait))
+    i_tail = max(range(p), key=lambda i: dp_exposed[i] + opt[i] + engine_step[i] + end_wait[i])
     step = pipeline_s + tail
 
     c = slow["cost"]
@@ -506,7 +530,32 @@ def estimate_step_time(shape: ModelShape, st: Strategy, hw: Hardware, train_toke
         train_tokens=tokens, train_days=tokens / tokens_per_s / 86400 if tokens else 0.0,
         gemm_s=m * c.gemm * k, attention_s=m * c.attention * k, memory_bound_s=m * c.memory * k,
         engine_s=m * hooks[stages.index(slow)] + engine_step[i_tail],
+        straggler_s=m * slow["wait"] + end_wait[i_tail],
         sp_comm_s=m * c.sp, recompute_s=m * slow["recompute"], optimizer_s=opt[i_tail], profile=prof.name)
+
+
+def _syncs_per_micro_batch(shape: ModelShape, st: Strategy, stage: int) -> tuple[int, int]:
+    """(synchronisations, the largest group among them) that one micro-batch meets on a pipeline stage: the
+    collectives and sends the module docstring's terms charge, counted the same way (stragglers)."""
+    blocks = blocks_in_stage(shape, st, stage)
+    full = st.recompute == "full"
+    t, usp, cp, p, r = st.tensor_degree, st.sequence_degree, st.context_degree, st.pipeline_degree, st.zero_partition_degree
+    syncs, group = 0, 1
+    if t > 1:
+        syncs, group = syncs + (6 if full else 4) * blocks, max(group, t)
+    if usp > 1:
+        syncs, group = syncs + (12 if full else 8) * blocks, max(group, usp)
+    if cp > 1:
+        syncs, group = syncs + (3 if full else 2) * blocks + cp * blocks, max(group, cp)
+    if r > 1 and st.zero_stage == 3:
+        modules = max(1, _fetched_modules(shape, st, blocks, stage, p))
+        again = blocks * _zero3_regathered_per_block(shape, st)[1] if full else 0
+        syncs, group = syncs + 2 * modules + again + 1, max(group, r)
+    elif r > 1 and st.zero_stage == 2:
+        syncs, group = syncs + 1, max(group, r)
+    if p > 1:
+        syncs, group = syncs + 2 * ((stage > 0) + (stage < p - 1)), max(group, 2)
+    return syncs, group
 
 
 def _block_matrices(shape: ModelShape) -> list:

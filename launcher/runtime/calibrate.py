@@ -20,6 +20,10 @@ memory bus and cores as they will in training, measures:
                        hide: on this 2-core box 0.4 ms bare against 1-5 ms between compute
                        (bench/steptime/results.md). Fitted to latency + 2 (r-1)/r B / bus bandwidth
                        (all-to-all: (r-1)/r B), least squares in B, the forms steptime.py charges
+    stragglers         every rank runs the same segment of block-like compute (two GEMMs, SiLU, a residual add on
+                       fresh outputs) of 5-150 ms (GPU: 0.5-50 ms), started together by an all-reduce, and times
+                       its own segment; for groups of 2, 4, ... consecutive ranks: (slowest - mean) / mean, the
+                       share of a segment a group waits at its next synchronisation (profile.straggler)
     ZeRO-3 hooks       a DeepSpeed ZeRO-3 engine over 8 and 40 small Linear modules (bare, then each in a
                        wrapper module) against the same modules plain, forward + backward: seconds per module
                        (zero3_module_s) and per parameter tensor (zero3_param_s)
@@ -55,6 +59,8 @@ ATTN_SEQS_CPU = (64, 128, 256, 512, 1024)
 ATTN_SEQS_GPU = (256, 512, 1024, 2048, 4096)
 ALLREDUCE_BYTES = (4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20)
 COMPUTE_ROUNDS = 3
+STRAGGLER_SEGMENTS_S = {"cpu": (0.005, 0.02, 0.06, 0.15), "cuda": (0.0005, 0.005, 0.05)}
+STRAGGLER_BUDGET_S = 1.5    # per segment length
 GEMM_POOL_BYTES = 64 << 20
 
 
@@ -98,18 +104,19 @@ def calibrate(cfg, out: str, console=None) -> Path:
         intra=link, inter=link, all_to_all=a2a, host_memory_gb=raw["host_memory_gb"],
         zero3_module_s=raw["zero3_module_s"], zero3_param_s=raw["zero3_param_s"],
         engine_element_s=raw["engine_element_s"],
+        straggler={int(g): rows for g, rows in raw["straggler"].items()},
         compute_slots=max(1, (raw["cores"] // threads)) if device == "cpu" else None,
         gemm_table={d: _median_by_size(points) for d, points in raw["gemm"].items()},
         attention_table={d: _median_by_size(points) for d, points in raw["attention"].items()},
         source=(f"launcher calibrate on {raw['hostname']}, {raw['world']} {device} ranks, {raw['backend']}, "
                 f"{threads} thread(s) per rank, torch {raw['torch']}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"))
     doc = profile_to_dict(prof, measured={k: raw[k] for k in ("gemm", "attention", "all_reduce", "all_reduce_after_compute",
-                                                              "all_to_all_after_compute", "zero3", "engine", "world",
+                                                              "all_to_all_after_compute", "straggler", "zero3", "engine", "world",
                                                               "backend",
                                                               "device_name", "cores", "seconds")})
     doc["measurements"]["note"] = ("gemm: [side, FLOP/s]; attention: [seq, causal FLOP/s fwd+bwd]; all_reduce (bare, "
                                    "back to back), *_after_compute (the fit's input): [bytes, seconds]; zero3: seconds "
-                                   "per forward + backward [unit, modules, zero-3 engine, plain]; engine: seconds per step [dtype, ZeRO stage, "
+                                   "per forward + backward [unit, modules, zero-3 engine, plain]; straggler: {group size: [mean segment seconds, (slowest - mean) / mean]}; engine: seconds per step [dtype, ZeRO stage, "
                                    "side d, Linear(d, d) layers, engine, plain]; inter = intra (one node measured)")
     assert doc["version"] == PROFILE_VERSION
     path = Path(out)
@@ -294,6 +301,7 @@ def _worker(raw_path: str, device: str, grad_clip: str) -> None:
             dist.all_reduce(tt, op=dist.ReduceOp.MAX)
             out[name].append([nbytes, float(tt.item())])
 
+    out["straggler"] = _straggler(dev, device, sync, dist)
     out["zero3"], out["zero3_module_s"], out["zero3_param_s"] = _zero3_hooks(dev, sync, agree, float(grad_clip))
     out["engine"], out["engine_element_s"] = _engine_per_element(dev, device, dtypes, sync, agree, float(grad_clip))
     out["host_memory_gb"] = _host_memory_gb()
@@ -302,6 +310,58 @@ def _worker(raw_path: str, device: str, grad_clip: str) -> None:
         Path(raw_path).write_text(json.dumps(out))
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _straggler(dev, device: str, sync, dist) -> dict:
+    """{group size: [[mean segment seconds, fraction], ...]}: the wait for the slowest rank at a synchronisation.
+
+    Two CPU ranks here, each computing the same 150 ms of a step's work between two collectives, finish 10-24 ms
+    apart (their own times alone vary by 13-38% from one segment to the next) while the gradient all-reduce itself,
+    once both arrive, takes what calibrate's all-reduce does (bench/steptime/results.md). The step pays the
+    slowest. So every rank runs the same segment of block-like compute, all starting once an all-reduce has
+    released them, and times its own segment (not the collective); the times are gathered, and for groups of g
+    consecutive ranks (g = 2, 4, ... and the world; TP and sequence groups are consecutive in the rank order) the
+    fraction is the mean over repeats and groups of (slowest - mean) / the mean segment. The same repeat count on
+    every rank (from the target length and the slowest rank's unit time), so none leaves the loop early."""
+    import torch
+    import torch.nn.functional as F
+
+    tokens, h = (512, 128) if device == "cpu" else (8192, 1024)
+    x = torch.randn(tokens, h, device=dev)
+    w1, w2 = torch.randn(4 * h, h, device=dev), torch.randn(h, 4 * h, device=dev)
+
+    def unit():
+        return F.linear(F.silu(F.linear(x, w1)), w2) + x
+    t = torch.tensor([_median_time(unit, sync, 20)], dtype=torch.float64, device=dev)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    unit_s = float(t.item())
+    world = dist.get_world_size()
+    sizes = sorted({g for g in (2, 4, 8, 16, 32, 64) if g <= world} | ({world} if world > 1 else set()))
+    go = torch.zeros(1, device=dev)
+    table: dict = {g: [] for g in sizes}
+    for target in STRAGGLER_SEGMENTS_S[device]:
+        units = max(1, round(target / unit_s))
+        repeats = max(8, min(100, round(STRAGGLER_BUDGET_S / target)))
+        times = []
+        for i in range(repeats + 1):        # the first is a warm-up
+            dist.all_reduce(go)
+            sync()
+            t0 = time.perf_counter()
+            for _ in range(units):
+                unit()
+            sync()
+            if i:
+                times.append(time.perf_counter() - t0)
+        mine = torch.tensor(times, dtype=torch.float64, device=dev)
+        every = [torch.zeros_like(mine) for _ in range(world)]
+        dist.all_gather(every, mine)
+        seg = torch.stack(every).cpu()     # [rank, repeat]
+        mean = float(seg.mean())
+        for g in sizes:
+            groups = seg[: world // g * g].reshape(world // g, g, repeats)
+            wait = float((groups.max(dim=1).values - groups.mean(dim=1)).mean())
+            table[g].append([mean, wait / mean])
+    return {str(g): rows for g, rows in table.items()}
 
 
 def _compute_sweep(dev, device, dtypes, sync, dist) -> dict:

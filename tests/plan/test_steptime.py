@@ -467,3 +467,82 @@ def test_builtin_attention_rates_are_flashattention2_figure_bars():
     f = math.log(3072 / 2048) / math.log(2)
     assert interpolate(a100, 3072) == pytest.approx((155 + f * (173 - 155)) * 1e12)
     assert interpolate(a100, 65536) == pytest.approx(189e12)   # clamped at the last bar (16k)
+
+
+def _compute(t) -> float:
+    return t.gemm_s + t.attention_s + t.memory_bound_s
+
+
+def test_straggler_wait_on_the_step_compute_at_the_one_gradient_sync():
+    # DP2 ZeRO-0 (and 1): no collective inside a micro-batch, so the one synchronisation is the gradient reduce after
+    # the last backward; the group waits for its slower rank over the whole step's compute (2 micro-batches here).
+    for stage in (0, 1):
+        _, shape, st = setup(f"parallel.zero_stage={stage}", "batch.global_batch_size=32")
+        assert st.grad_accum_steps == 2 and st.zero_partition_degree == 2
+        base = steptime.estimate_step_time(shape, st, hardware(ideal(), device="cpu"))
+        flat = {2: [[1e-6, 0.1], [1e3, 0.1]]}
+        late = steptime.estimate_step_time(shape, st, hardware(ideal(straggler=flat), device="cpu"))
+        assert late.straggler_s == pytest.approx(0.1 * _compute(base), rel=1e-9)
+        assert late.step_time_s - base.step_time_s == pytest.approx(0.1 * _compute(base), rel=1e-9)
+        assert sum(late.breakdown().values()) == pytest.approx(late.step_time_s, rel=1e-9)
+    # One rank waits for nobody.
+    _, shape, st = setup("cluster.gpus_per_node=1", "batch.global_batch_size=8")
+    assert steptime.estimate_step_time(shape, st, hardware(ideal(straggler=flat), device="cpu")).straggler_s == 0.0
+
+
+def test_straggler_wait_per_tp_collective_at_its_segment_length():
+    # TP2, 2 micro-batches: 4 blocks x 4 all-reduces (2 forward, 2 backward) per micro-batch split its compute into
+    # 16 segments; the fraction is read at that segment length, log-linear between the measured points.
+    import math
+
+    _, shape, st = setup("parallel.tensor_degree=2", "parallel.zero_stage=1")
+    assert st.grad_accum_steps == 2 and shape.num_layers == 4
+    base = steptime.estimate_step_time(shape, st, hardware(ideal(), device="cpu"))
+    per_mb = _compute(base) / 2
+    seg = per_mb / 16
+    lo, hi = (seg / 10, 0.2), (seg * 100, 0.05)
+    want = 0.2 + (math.log(seg) - math.log(lo[0])) / (math.log(hi[0]) - math.log(lo[0])) * (0.05 - 0.2)
+    late = steptime.estimate_step_time(shape, st, hardware(ideal(straggler={2: [list(lo), list(hi)]}), device="cpu"))
+    assert late.straggler_s == pytest.approx(2 * want * per_mb, rel=1e-9)
+    assert late.step_time_s - base.step_time_s == pytest.approx(2 * want * per_mb, rel=1e-9)
+    # Clamped outside the measured lengths.
+    short = steptime.estimate_step_time(shape, st, hardware(ideal(straggler={2: [[seg * 10, 0.3], [seg * 20, 0.01]]}),
+                                                            device="cpu"))
+    assert short.straggler_s == pytest.approx(2 * 0.3 * per_mb, rel=1e-9)
+
+
+def test_straggler_group_is_the_largest_synchronising_one():
+    # 4 ranks: TP2 x DP2 ZeRO-1 synchronises pairs inside a micro-batch (group 2); DP4 ZeRO-3's gathers span 4 ranks;
+    # a group larger than any measured takes the largest measured size (8 ranks here: the 4-rank figure).
+    table = {2: [[1.0, 0.1]], 4: [[1.0, 0.3]]}
+    prof = ideal(straggler=table)
+    assert prof.straggler_fraction(2, 0.5) == 0.1 and prof.straggler_fraction(3, 0.5) == 0.1
+    assert prof.straggler_fraction(8, 0.5) == 0.3 and prof.straggler_fraction(1, 0.5) == 0.0
+    _, shape, st = setup("cluster.gpus_per_node=4", "parallel.tensor_degree=2", "parallel.zero_stage=1")
+    assert steptime._syncs_per_micro_batch(shape, st, 0) == (16, 2)
+    _, shape, st = setup("cluster.gpus_per_node=4", "parallel.zero_stage=3", "batch.global_batch_size=32")
+    # ZeRO-3: per micro-batch a gather forward and backward of each fetched module (recipe=tiny: the embedding and
+    # the head; its block matrices stay whole below the persistence threshold) and the gradient reduce.
+    modules = steptime._fetched_modules(shape, st, shape.num_layers, 0, 1)
+    assert steptime._syncs_per_micro_batch(shape, st, 0) == (2 * modules + 1, 4)
+    base = steptime.estimate_step_time(shape, st, hardware(ideal(), device="cpu"))
+    late = steptime.estimate_step_time(shape, st, hardware(prof, device="cpu"))
+    assert late.straggler_s == pytest.approx(0.3 * _compute(base), rel=1e-9)
+    # A pipeline stage synchronises with each neighbour twice per micro-batch (activations forward, gradients back).
+    _, shape, st = setup("parallel.pipeline_degree=2", "parallel.zero_stage=1")
+    assert steptime._syncs_per_micro_batch(shape, st, 0) == (2, 2) == steptime._syncs_per_micro_batch(shape, st, 1)
+
+
+def test_straggler_table_in_profile_files_and_built_ins(tmp_path):
+    import yaml
+
+    path = tmp_path / "p.yaml"
+    prof = ideal(straggler={2: [[0.005, 0.1], [0.15, 0.05]]})
+    path.write_text(yaml.safe_dump(profile_to_dict(prof, measured={"world": 4})))
+    assert load_profile(str(path)).straggler == prof.straggler      # a fraction: kept as measured under sharing
+    for bad in ({1: [[0.005, 0.1]]}, {2: []}, {2: [[0.0, 0.1]]}, {2: [[0.005, -0.1]]}):
+        path.write_text(yaml.safe_dump(profile_to_dict(ideal(straggler=bad))))
+        with pytest.raises(ConfigError, match="straggler table"):
+            load_profile(str(path))
+    # Not measured on the built-in GPUs: no wait charged there, so the published-run comparison is unchanged.
+    assert all(not p.straggler for p in BUILTIN.values())

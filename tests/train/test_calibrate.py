@@ -38,6 +38,12 @@ def test_calibrate_two_cpu_ranks_then_plan(tmp_path, capsys):
     assert big[4] > big[5]
     assert set(prof.engine_element_s) == {"fp32", "bf16"} and all(len(v) == 4 for v in prof.engine_element_s.values())
     assert prof.engine_element("fp32", 1) > 0
+    # Stragglers: 2 ranks, one group size, every target segment length timed, longer segments longer, fractions >= 0
+    # (a slowest-minus-mean wait); the profile carries the table the plan reads.
+    assert set(raw["straggler"]) == {"2"} and prof.straggler == {2: raw["straggler"]["2"]}
+    rows = raw["straggler"]["2"]
+    assert len(rows) == 4 and [r[0] for r in rows] == sorted(r[0] for r in rows) and rows[0][0] > 0
+    assert all(f >= 0 for _, f in rows)
     capsys.readouterr()
 
     assert main(["plan", "recipe=tiny", f"cluster.profile={out}", "--json"]) == 0
