@@ -3,7 +3,8 @@
     flock /tmp/heavy.lock .venv/bin/python bench/steptime/layers.py [--profile bench/steptime/profile.yaml]
 
 Three loops over recipe=tiny's model (launcher's build_model, seeded) and batch shape (8 x 128 tokens per rank),
-on 2 CPU ranks at once, each timed per phase (forward, backward, step; median of 24 steps after 6):
+on 2 CPU ranks at once, each timed per phase (forward, backward, step; median of 24 steps after 6), with the main
+thread's CPU time beside the wall time (what the rank computed, apart from waiting in a collective or for a core):
   1. plain       the transformers model and torch AdamW, no communication: the compute the per-operator
                  model (launcher/plan/steptime.py) describes;
   2. deepspeed   the same model under deepspeed.initialize with the launcher's own DeepSpeed JSON for
@@ -18,9 +19,7 @@ and log-softmax forward + backward over 2,048-wide rows (the loss).
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -29,7 +28,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from run import LAUNCHER, MEASURE, REPO  # noqa: E402
+from run import LAUNCHER, MEASURE, REPO, diagnostic_args, on_two_ranks  # noqa: E402
 
 LAYOUT = ["recipe=tiny", "cluster.gpus_per_node=2", "parallel.zero_stage=0"]
 
@@ -38,20 +37,25 @@ def _phases(step_fns, n: int = 30, warm: int = 6) -> dict:
     """Median phase times; the ranks run freely, as in training (no barrier between steps: a barrier outside the
     timed span would hide the wait for the slower rank, which a step pays at its collectives)."""
     fwd, bwd, stp = step_fns
-    rows = []
+    rows, cpu = [], []
     for i in range(n):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         loss = fwd()
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), time.thread_time()
         bwd(loss)
-        t2 = time.perf_counter()
+        t2, c2 = time.perf_counter(), time.thread_time()
         stp()
-        t3 = time.perf_counter()
+        t3, c3 = time.perf_counter(), time.thread_time()
         if i >= warm:
             rows.append((t1 - t0, t2 - t1, t3 - t2))
+            cpu.append((c1 - c0, c2 - c1, c3 - c2))
     med = statistics.median
     return {"forward_ms": med(r[0] for r in rows) * 1e3, "backward_ms": med(r[1] for r in rows) * 1e3,
-            "step_ms": med(r[2] for r in rows) * 1e3, "total_ms": med(sum(r) for r in rows) * 1e3}
+            "step_ms": med(r[2] for r in rows) * 1e3, "total_ms": med(sum(r) for r in rows) * 1e3,
+            # the main thread's own CPU time: what it computed, apart from waiting (a collective, the other rank)
+            # and from being descheduled
+            "cpu_forward_ms": med(r[0] for r in cpu) * 1e3, "cpu_backward_ms": med(r[1] for r in cpu) * 1e3,
+            "cpu_step_ms": med(r[2] for r in cpu) * 1e3, "cpu_total_ms": med(sum(r) for r in cpu) * 1e3}
 
 
 def rank_side(out: str) -> None:
@@ -118,18 +122,11 @@ def elementwise_rates() -> list:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--profile", default="bench/steptime/profile.yaml")
-    ap.add_argument("--rank-side", default=None, help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    args = diagnostic_args()
     if args.rank_side:
         return rank_side(args.rank_side)
+    loops = on_two_ranks(__file__)
     with tempfile.TemporaryDirectory() as tmp:
-        raw = Path(tmp) / "layers.json"
-        subprocess.run([str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc_per_node", "2", __file__,
-                        "--rank-side", str(raw)], cwd=REPO, check=True, env={**os.environ, "PYTHONPATH": str(REPO)},
-                       capture_output=True)
-        loops = json.loads(raw.read_text())
         subprocess.run([LAUNCHER, "train", *LAYOUT, f"runs_dir={tmp}", "run_name=l", "train.steps=40", *MEASURE],
                        cwd=REPO, check=True, capture_output=True)
         records = [json.loads(line) for line in (Path(tmp) / "l" / "metrics.jsonl").read_text().splitlines()]
@@ -138,7 +135,8 @@ def main() -> None:
                                      check=True, capture_output=True, text=True).stdout)
     for name, r in loops.items():
         print(f"{name:10s} forward {r['forward_ms']:6.1f}  backward {r['backward_ms']:6.1f}  step {r['step_ms']:5.1f}  "
-              f"total {r['total_ms']:6.1f} ms")
+              f"total {r['total_ms']:6.1f} ms; main thread's CPU {r['cpu_forward_ms']:6.1f} / {r['cpu_backward_ms']:6.1f} / "
+              f"{r['cpu_step_ms']:5.1f} = {r['cpu_total_ms']:6.1f} ms")
     print(f"launcher   median step {summary['step_time_s'] * 1e3:6.1f} ms (40 steps)")
     bd = {k: round(v * 1e3, 1) for k, v in plan["step_time_breakdown_s"].items() if v}
     print(f"plan       {plan['step_time_s'] * 1e3:6.1f} ms {bd}")

@@ -46,6 +46,25 @@ MEASURE = ["scheduler.warmup_steps=2", "logging.log_every=1", "logging.progress_
            "checkpoint.save_every=0", "checkpoint.export_hf=false"]
 
 
+def on_two_ranks(script: str) -> object:
+    """Run `script --rank-side OUT` on 2 local CPU ranks (torchrun, the repository on PYTHONPATH) and return the JSON
+    its rank 0 wrote to OUT (layers.py, straggler.py)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        raw = Path(tmp) / "rank0.json"
+        subprocess.run([str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc_per_node", "2", script,
+                        "--rank-side", str(raw)], cwd=REPO, check=True, env={**os.environ, "PYTHONPATH": str(REPO)},
+                       capture_output=True)
+        return json.loads(raw.read_text())
+
+
+def diagnostic_args() -> argparse.Namespace:
+    """The command line of layers.py and straggler.py: --profile, and the hidden --rank-side OUT of on_two_ranks."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--profile", default="bench/steptime/profile.yaml")
+    ap.add_argument("--rank-side", default=None, help=argparse.SUPPRESS)
+    return ap.parse_args()
+
+
 def calibrate(ranks: int) -> Path:
     out = HERE / ("profile.yaml" if ranks == 2 else f"profile-{ranks}.yaml")
     subprocess.run([LAUNCHER, "calibrate", "cluster=cpu", f"cluster.gpus_per_node={ranks}", "--out", str(out)],
