@@ -326,6 +326,9 @@ def _straggler(dev, device: str, sync, dist) -> dict:
     import torch
     import torch.nn.functional as F
 
+    world = dist.get_world_size()
+    if world == 1:
+        return {}           # one rank waits for nobody (a one-GPU calibrate)
     tokens, h = (512, 128) if device == "cpu" else (8192, 1024)
     x = torch.randn(tokens, h, device=dev)
     w1, w2 = torch.randn(4 * h, h, device=dev), torch.randn(h, 4 * h, device=dev)
@@ -335,8 +338,7 @@ def _straggler(dev, device: str, sync, dist) -> dict:
     t = torch.tensor([_median_time(unit, sync, 20)], dtype=torch.float64, device=dev)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     unit_s = float(t.item())
-    world = dist.get_world_size()
-    sizes = sorted({g for g in (2, 4, 8, 16, 32, 64) if g <= world} | ({world} if world > 1 else set()))
+    sizes = sorted({g for g in (2, 4, 8, 16, 32, 64) if g <= world} | {world})
     go = torch.zeros(1, device=dev)
     table: dict = {g: [] for g in sizes}
     for target in STRAGGLER_SEGMENTS_S[device]:
