@@ -456,7 +456,7 @@ def estimate_step_time(shape: ModelShape, st: Strategy, hw: Hardware, train_toke
     for stage, c in enumerate(costs):
         neighbours = (stage > 0) + (stage < p - 1)
         compute = c.compute * k
-        syncs, group = _syncs_per_micro_batch(shape, st, stage)
+        syncs, group = _syncs_per_micro_batch(shape, st, stage) if prof.straggler else (0, 1)
         wait = prof.straggler_fraction(group, (compute + hooks[stage]) / syncs) * (compute + hooks[stage]) if syncs else 0.0
         stages.append({"cost": c, "compute": compute, "pp": 2 * neighbours * p2p, "wait": wait, "syncs": syncs,
                        "time": compute + c.tp + c.sp + hooks[stage] + 2 * neighbours * p2p + wait,
@@ -507,7 +507,7 @@ def estimate_step_time(shape: ModelShape, st: Strategy, hw: Hardware, train_toke
         opt.append(_optimizer_s(shard, st, prof, tensors) * stretch)
     # The step's one synchronisation where no micro-batch has one (ZeRO 0/1 data parallelism alone): the gradient
     # reduce waits for the ZeRO group's slowest rank over the whole step's compute.
-    end_wait = [0.0 if x["syncs"] or r <= 1 else
+    end_wait = [0.0 if x["syncs"] or r <= 1 or not prof.straggler else
                 prof.straggler_fraction(r, m * (x["compute"] + hk)) * m * (x["compute"] + hk)
                 for x, hk in zip(stages, hooks)]
     tail = max(e + o + g + w_ for e, o, g, w_ in zip(dp_exposed, opt, engine_step, end_wait))
