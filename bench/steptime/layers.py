@@ -49,13 +49,13 @@ def _phases(step_fns, n: int = 30, warm: int = 6) -> dict:
         if i >= warm:
             rows.append((t1 - t0, t2 - t1, t3 - t2))
             cpu.append((c1 - c0, c2 - c1, c3 - c2))
-    med = statistics.median
-    return {"forward_ms": med(r[0] for r in rows) * 1e3, "backward_ms": med(r[1] for r in rows) * 1e3,
-            "step_ms": med(r[2] for r in rows) * 1e3, "total_ms": med(sum(r) for r in rows) * 1e3,
-            # the main thread's own CPU time: what it computed, apart from waiting (a collective, the other rank)
-            # and from being descheduled
-            "cpu_forward_ms": med(r[0] for r in cpu) * 1e3, "cpu_backward_ms": med(r[1] for r in cpu) * 1e3,
-            "cpu_step_ms": med(r[2] for r in cpu) * 1e3, "cpu_total_ms": med(sum(r) for r in cpu) * 1e3}
+    def medians(prefix: str, table: list) -> dict:
+        med = statistics.median
+        return {f"{prefix}forward_ms": med(r[0] for r in table) * 1e3, f"{prefix}backward_ms": med(r[1] for r in table) * 1e3,
+                f"{prefix}step_ms": med(r[2] for r in table) * 1e3, f"{prefix}total_ms": med(sum(r) for r in table) * 1e3}
+    # cpu_*: the main thread's own CPU time, what it computed, apart from waiting (a collective, the other rank) and
+    # from being descheduled
+    return {**medians("", rows), **medians("cpu_", cpu)}
 
 
 def rank_side(out: str) -> None:

@@ -456,10 +456,12 @@ def estimate_step_time(shape: ModelShape, st: Strategy, hw: Hardware, train_toke
     for stage, c in enumerate(costs):
         neighbours = (stage > 0) + (stage < p - 1)
         compute = c.compute * k
+        busy = compute + hooks[stage]     # what a rank of the stage computes between its synchronisations
+        # counted only where there is a fraction to charge (the built-ins have none: --search's hot path)
         syncs, group = _syncs_per_micro_batch(shape, st, stage) if prof.straggler else (0, 1)
-        wait = prof.straggler_fraction(group, (compute + hooks[stage]) / syncs) * (compute + hooks[stage]) if syncs else 0.0
+        wait = prof.straggler_fraction(group, busy / syncs) * busy if syncs else 0.0
         stages.append({"cost": c, "compute": compute, "pp": 2 * neighbours * p2p, "wait": wait, "syncs": syncs,
-                       "time": compute + c.tp + c.sp + hooks[stage] + 2 * neighbours * p2p + wait,
+                       "busy": busy, "time": busy + c.tp + c.sp + 2 * neighbours * p2p + wait,
                        "recompute": bf.compute * blocks_in_stage(shape, st, stage) * k if full else 0.0})
     slow = max(stages, key=lambda x: x["time"])
     pipeline_s = sum(x["time"] for x in stages) + (m - 1) * slow["time"]
@@ -507,9 +509,7 @@ def estimate_step_time(shape: ModelShape, st: Strategy, hw: Hardware, train_toke
         opt.append(_optimizer_s(shard, st, prof, tensors) * stretch)
     # The step's one synchronisation where no micro-batch has one (ZeRO 0/1 data parallelism alone): the gradient
     # reduce waits for the ZeRO group's slowest rank over the whole step's compute.
-    end_wait = [0.0 if x["syncs"] or r <= 1 or not prof.straggler else
-                prof.straggler_fraction(r, m * (x["compute"] + hk)) * m * (x["compute"] + hk)
-                for x, hk in zip(stages, hooks)]
+    end_wait = [0.0 if x["syncs"] else prof.straggler_fraction(r, m * x["busy"]) * m * x["busy"] for x in stages]
     tail = max(e + o + g + w_ for e, o, g, w_ in zip(dp_exposed, opt, engine_step, end_wait))
     i_tail = max(range(p), key=lambda i: dp_exposed[i] + opt[i] + engine_step[i] + end_wait[i])
     step = pipeline_s + tail

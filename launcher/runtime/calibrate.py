@@ -315,7 +315,7 @@ def _worker(raw_path: str, device: str, grad_clip: str) -> None:
 def _straggler(dev, device: str, sync, dist) -> dict:
     """{group size: [[mean segment seconds, fraction], ...]}: the wait for the slowest rank at a synchronisation.
 
-    Two CPU ranks here, each computing the same 150 ms of a step's work between two collectives, finish 10-24 ms
+    Two CPU ranks here, each computing the same 150 ms of a step's work between two collectives, finish 12-24 ms
     apart (their own times alone vary by 13-38% from one segment to the next) while the gradient all-reduce itself,
     once both arrive, takes what calibrate's all-reduce does (bench/steptime/results.md). The step pays the
     slowest. So every rank runs the same segment of block-like compute, all starting once an all-reduce has
