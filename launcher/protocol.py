@@ -55,3 +55,13 @@ def remember_early_preemption() -> None:
 
 # A rank's exit status after stopping on a non-finite loss (launcher/train.py; launcher/runtime/launch.py reports it).
 EXIT_NONFINITE = 3
+
+
+# glibc malloc for CPU ranks (`launcher train`, `launcher calibrate` and the sbatch script set each unless the user
+# already has). ZeRO-3 all-gathers whole parameters and frees them again at every layer; with glibc's defaults (8 x
+# cores arenas, a dynamic mmap threshold that climbs to 32 MiB) the freed buffers stay in the ranks' heaps.
+# Measured (bench/build/results.md, "glibc"): the 0.8B LLaMA as ZeRO-3 x DP4 on 4 CPU ranks was OOM-killed by a
+# 14 GiB cgroup in its first step without these; with them each rank peaked at 2.57-2.64 GiB after that step.
+# Buffers above 4 MiB are mapped and unmapped on free; 2 arenas bound the rest. These hold while the engine is
+# built; the steps run with larger thresholds (launcher/runtime/cpualloc.py).
+CPU_MALLOC_ENV = {"MALLOC_ARENA_MAX": "2", "MALLOC_MMAP_THRESHOLD_": str(4 << 20)}

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Optional
 
 from launcher.config.errors import ConfigError
-from launcher.protocol import CONFIG_FILE, PREEMPTED_FILE, TORCHRUN_SIGNALS
+from launcher.protocol import CONFIG_FILE, CPU_MALLOC_ENV, PREEMPTED_FILE, TORCHRUN_SIGNALS
 
 # Package data (a wheel carries it); slurm/train.sbatch.tmpl in the checkout links here.
 TEMPLATE = Path(__file__).resolve().parent / "templates" / "train.sbatch.tmpl"
@@ -193,6 +193,8 @@ def job_values(cfg, layout, paths: JobPaths) -> dict[str, str]:
         "python": _q(paths.python),
         "preempted_file": _q(PREEMPTED_FILE),
         "setup": str(c.setup).rstrip("\n") if c.setup else "# (cluster.setup: none)",
+        "cpu_env": ("\n".join(f'export {k}="${{{k}:-{v}}}"' for k, v in CPU_MALLOC_ENV.items()) if not gpu_job
+                    else "# (GPU ranks: glibc's defaults)"),
         "master_port": str(c.master_port),
         "port_slots": str(PORT_SLOTS),
         "preflight": "1" if preflight_enabled(cfg, layout) else "0",

@@ -54,6 +54,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from launcher.protocol import CPU_MALLOC_ENV
+from launcher.runtime.cpualloc import recycle_step_buffers
+
 GEMM_SIDES = (32, 64, 128, 256, 512)
 ATTN_SEQS_CPU = (64, 128, 256, 512, 1024)
 ATTN_SEQS_GPU = (256, 512, 1024, 2048, 4096)
@@ -79,8 +82,11 @@ def calibrate(cfg, out: str, console=None) -> Path:
     with tempfile.TemporaryDirectory(prefix="launcher-calibrate-") as tmp:
         raw_path = Path(tmp) / "raw.json"
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        # What launcher/runtime/launch.py gives each rank: the cores split between the local ranks.
+        # What launcher/runtime/launch.py gives each rank: the cores split between the local ranks and, on CPU,
+        # its malloc settings, which _worker switches to a step's as the loop does (launcher/runtime/cpualloc.py).
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+        for key, value in (CPU_MALLOC_ENV.items() if device == "cpu" else ()):
+            env.setdefault(key, value)
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
                "-m", "launcher.runtime.calibrate", str(raw_path), device, str(float(cfg.optimizer.grad_clip))]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -244,6 +250,7 @@ def _worker(raw_path: str, device: str, grad_clip: str) -> None:
     if device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     dev = torch.device(device)
+    recycle_step_buffers(device, 0)  # what a step runs with, ZeRO-3's excepted (launcher/runtime/cpualloc.py)
     # Both training dtypes every time (a profile serves any precision=...): fp32 (TF32 matmuls on GPUs, as
     # inputs.py plans them) and bf16.
     dtypes = (("fp32", torch.float32), ("bf16", torch.bfloat16))

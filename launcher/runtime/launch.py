@@ -26,7 +26,7 @@ from typing import Optional
 from launcher.runtime.durable import write_atomic
 from launcher.runtime.runlock import LOCK_TOKEN_ENV
 
-from launcher.protocol import EXIT_NONFINITE, PREEMPTED_FILE, TORCHRUN_SIGNALS, torchrun_grace_flags
+from launcher.protocol import CPU_MALLOC_ENV, EXIT_NONFINITE, PREEMPTED_FILE, TORCHRUN_SIGNALS, torchrun_grace_flags
 # `launcher train` tells its ranks where to register (pid, rank) and record their exit status, so it can name a
 # dead rank and kill a stopped one (see RankWatch).
 RANKS_DIR_ENV = "LAUNCHER_RANKS_DIR"
@@ -54,14 +54,6 @@ def torchrun_command(config_path: Path, nproc: int, overrides=()) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
             f"--signals-to-handle={TORCHRUN_SIGNALS}", *torchrun_grace_flags(), "-m", "launcher", "train", "--config",
             str(config_path), *overrides]
-
-
-# glibc malloc for CPU ranks (a user's own settings win). ZeRO-3 all-gathers whole parameters and frees them again
-# at every layer; with glibc's defaults (8 x cores arenas, a dynamic mmap threshold that climbs to 32 MiB) the
-# freed buffers stay in the ranks' heaps. Measured (bench/build/results.md, "glibc"): the 0.8B LLaMA as ZeRO-3 x DP4
-# on 4 CPU ranks was OOM-killed by a 14 GiB cgroup in its first step without these; with them each rank peaked
-# at 2.57-2.64 GiB after that step. Buffers above 4 MiB are mapped and unmapped on free; 2 arenas bound the rest.
-CPU_MALLOC_ENV = {"MALLOC_ARENA_MAX": "2", "MALLOC_MMAP_THRESHOLD_": str(4 << 20)}
 
 
 def start_local_ranks(config_path: Path, nproc: int, run_dir: Path, overrides=(), extra_env: Optional[dict] = None,

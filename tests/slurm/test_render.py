@@ -123,6 +123,28 @@ def test_optional_lines_appear_only_when_set(resolve):
     assert full["--output"] == "/scratch/runs/demo/slurm-%j.out" and full["--open-mode"] == "append"
 
 
+def test_cpu_ranks_get_the_malloc_settings_of_a_local_run_and_the_site_hook_wins(resolve):
+    """A CPU job's script exports launcher/protocol.py CPU_MALLOC_ENV as `launcher train` gives its local ranks; a
+    value cluster.setup exported first stays; a GPU job's script sets none. Read back from bash running the lines."""
+    from launcher.protocol import CPU_MALLOC_ENV
+
+    def exported(script: str) -> dict:
+        lines = "\n".join(x for x in script.splitlines() if x.startswith("export MALLOC_"))
+        keys = " ".join(f'{k}="${k}"' for k in CPU_MALLOC_ENV)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+        out = subprocess.run(["bash", "-c", f"{lines}\nprintf '%s\\n' {keys}"], capture_output=True,
+                             text=True, env=env)
+        assert out.returncode == 0, out.stderr
+        return dict(x.split("=", 1) for x in out.stdout.split())
+
+    cpu = render(resolve, ["recipe=tiny"])
+    assert exported(cpu) == CPU_MALLOC_ENV
+    # the site hook's line comes first in the script, as bash runs them
+    site = render(resolve, ["recipe=tiny", "cluster.setup='export MALLOC_ARENA_MAX=1'"])
+    assert exported(site) == {**CPU_MALLOC_ENV, "MALLOC_ARENA_MAX": "1"}
+    assert exported(render(resolve, ["recipe=llama-7b"])) == {k: "" for k in CPU_MALLOC_ENV}
+
+
 # ----------------------------------------------------------------------------- quoting, checked by the parsers that read it
 
 HOSTILE = ["x; touch PWNED", "$(touch PWNED)", "`touch PWNED`", "it's \"quoted\" $HOME", "a&&b || c > d < e | f", "#not a comment"]
