@@ -4,7 +4,9 @@
 
 Runs `launcher train` for each named layout of run.py with bench/steptime/stepprof on PYTHONPATH: every rank
 times forward / backward / step over steps 4-7 and profiles step 8 with torch.profiler (CPU ops, self time).
-Prints per rank: the step's wall time, the phases, the sum of aten self times, and the top ops.
+Prints per rank: the step's wall time, the phases and the minor page faults of a step (minflt, steps 4-7's mean),
+the sum of aten self times, and the top ops. STEPPROF_SHAPES=1 splits the ops by input shape; STEPPROF_TOP=N
+prints N of them (18).
 """
 from __future__ import annotations
 
@@ -41,10 +43,10 @@ def main() -> None:
             for r in range(ranks):
                 ph = json.loads((out / f"rank{r}-phases.json").read_text())
                 st = json.loads(next(out.glob(f"rank{r}-step*.json")).read_text())
-                print(f"rank {r}: threads {st['threads']} phases(ms) " + " ".join(f"{k}={v*1e3:.1f}" for k, v in ph.items())
+                print(f"rank {r}: threads {st['threads']} phases(ms) " + " ".join((f"{k}={v:.0f}" if k == "minflt" else f"{k}={v*1e3:.1f}") for k, v in ph.items())
                       + f" | profiled step {st['wall_s']*1e3:.0f} ms, all-op self sum {sum(o['self_s'] for o in st['ops'])*1e3:.0f}")
-                for o in st["ops"][:18]:
-                    print(f"   {o['op'][:60]:60s} n={o['count']:5d} self={o['self_s']*1e3:7.2f} ms")
+                for o in st["ops"][:int(os.environ.get('STEPPROF_TOP', 18))]:
+                    print(f"   {o['op'][:110]:110s} n={o['count']:5d} self={o['self_s']*1e3:7.2f} ms")
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ import os
 
 if os.environ.get("STEPPROF_OUT") and os.environ.get("LOCAL_RANK") is not None:
     import json
+    import resource
     import time
 
     import launcher.train as T
@@ -34,24 +35,27 @@ if os.environ.get("STEPPROF_OUT") and os.environ.get("LOCAL_RANK") is not None:
                         timed(engine, name)
             i = calls["n"]
             if i != FROM + N:   # steps FROM..FROM+N-1: phase timers only; step FROM+N: under the profiler
-                t0 = time.perf_counter()
+                t0, f0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
                 out = step_fn(engine, *a, **k)
                 if FROM <= i:
                     phases["wall"] = phases.get("wall", 0.0) + time.perf_counter() - t0
+                    # minor page faults: first touches of memory the allocator took fresh from the kernel
+                    phases["minflt"] = phases.get("minflt", 0.0) + resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
                 calls["n"] += 1
                 if i == FROM + N - 1:
                     with open(f"{os.environ['STEPPROF_OUT']}/rank{os.environ['RANK']}-phases.json", "w") as f:
                         json.dump({k: v / N for k, v in phases.items()}, f)
                 return out
             t0 = time.perf_counter()
-            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as p:
+            shapes = bool(os.environ.get("STEPPROF_SHAPES"))
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=shapes) as p:
                 out = step_fn(engine, *a, **k)
             wall = time.perf_counter() - t0
             calls["n"] += 1
             rank = os.environ["RANK"]
             d = os.environ["STEPPROF_OUT"]
-            ka = p.key_averages()
-            rows = sorted(({"op": e.key, "count": e.count, "self_s": e.self_cpu_time_total / 1e6,
+            ka = p.key_averages(group_by_input_shape=shapes)
+            rows = sorted(({"op": e.key + (f" {e.input_shapes}" if shapes else ""), "count": e.count, "self_s": e.self_cpu_time_total / 1e6,
                             "total_s": e.cpu_time_total / 1e6} for e in ka), key=lambda r: -r["self_s"])
             with open(f"{d}/rank{rank}-step{i}.json", "w") as f:
                 json.dump({"wall_s": wall, "threads": torch.get_num_threads(), "ops": rows}, f)
