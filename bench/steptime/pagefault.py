@@ -34,4 +34,5 @@ if __name__ == "__main__":
     runs = [once() for _ in range(7)]
     costs = [c for c, _ in runs]
     print(f"{runs[0][1]} faults per 64 MiB fill ({(64 << 20) // PAGE} pages of {PAGE} B); "
-          f"cost per fault {statistics.median(costs) * 1e6:.2f} us median, {min(costs) * 1e6:.2f}-{max(costs) * 1e6:.2f} over 7")
+          f"cost per fault {statistics.median(costs) * 1e6:.2f} us median, "
+          f"{min(costs) * 1e6:.2f}-{max(costs) * 1e6:.2f} over 7")

@@ -9,8 +9,8 @@ before its first step that way, and at 3.2-3.55 GiB with the step settings below
 In the steps the same policy costs time: every use of a tensor above 4 MiB (the logits, their fp32 log-softmax and
 gradients: 8 MiB each for recipe=tiny) is mapped again and zero-filled by the kernel page by page, and glibc gives
 back (trims) the top of a heap whenever more than 128 KiB of it is free, so the next step faults those pages in
-again. Measured with the ranks' own minor page faults (bench/steptime/breakdown.py, 2026-11-27): TP2 28,000-29,500 a
-step, DP2 ZeRO-0 10,900-11,600, at 1.2-2.4 us each on this VM (a 64 MiB tensor's first fill against its second, bench/steptime/results.md).
+again. Measured with the ranks' own minor page faults (bench/steptime/breakdown.py, 2026-11-27): TP2 21,500-29,600 a
+step, DP2 ZeRO-0 10,900-11,600, at 2.0-2.1 us each on this VM (bench/steptime/pagefault.py), ~58 ms of TP2's step.
 So once the engine is built, the rank raises the mmap threshold to 32 MiB (glibc's largest, HEAP_MAX_SIZE / 2 on
 64-bit) and the trim threshold to 64 MiB: a step's buffers are reused from the heap the next step (500-1,600 faults
 a step; TP2's step 309 ms against 370, the mean of two runs each).
