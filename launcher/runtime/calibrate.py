@@ -54,8 +54,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from launcher.protocol import CPU_MALLOC_ENV
 from launcher.runtime.cpualloc import recycle_step_buffers
+from launcher.runtime.launch import rank_env
 
 GEMM_SIDES = (32, 64, 128, 256, 512)
 ATTN_SEQS_CPU = (64, 128, 256, 512, 1024)
@@ -81,12 +81,9 @@ def calibrate(cfg, out: str, console=None) -> Path:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="launcher-calibrate-") as tmp:
         raw_path = Path(tmp) / "raw.json"
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        # What launcher/runtime/launch.py gives each rank: the cores split between the local ranks and, on CPU,
-        # its malloc settings, which _worker switches to a step's as the loop does (launcher/runtime/cpualloc.py).
-        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
-        for key, value in (CPU_MALLOC_ENV.items() if device == "cpu" else ()):
-            env.setdefault(key, value)
+        # What `launcher train` gives each rank: the cores split between the local ranks and, on CPU, its malloc
+        # settings, which _worker switches to a step's as the loop does (launcher/runtime/cpualloc.py).
+        env = {**rank_env(nproc, device == "cpu"), "PYTHONUNBUFFERED": "1"}
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
                "-m", "launcher.runtime.calibrate", str(raw_path), device, str(float(cfg.optimizer.grad_clip))]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True)

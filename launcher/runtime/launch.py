@@ -56,6 +56,17 @@ def torchrun_command(config_path: Path, nproc: int, overrides=()) -> list[str]:
             str(config_path), *overrides]
 
 
+def rank_env(nproc: int, cpu: bool) -> dict:
+    """This process's environment plus what every local rank gets unless the user set it: one BLAS/OpenMP thread
+    per CPU core share (torchrun would set 1 and warn) and, on CPU, glibc's malloc settings (CPU_MALLOC_ENV).
+    `launcher calibrate` starts its ranks with the same."""
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    for key, value in (CPU_MALLOC_ENV.items() if cpu else ()):
+        env.setdefault(key, value)
+    return env
+
+
 def start_local_ranks(config_path: Path, nproc: int, run_dir: Path, overrides=(), extra_env: Optional[dict] = None,
                       lock_token: Optional[str] = None, cpu: bool = False) -> int:
     """Run torchrun in the foreground, passing our own termination signals on; 0 also when preempted cleanly.
@@ -66,11 +77,7 @@ def start_local_ranks(config_path: Path, nproc: int, run_dir: Path, overrides=()
     session (so a Ctrl-C reaches it only through us, as a forwarded SIGINT) and dies with us (PR_SET_PDEATHSIG):
     `kill -9` of `launcher train` leaves no orphaned ranks.
     """
-    env = dict(os.environ)
-    # One BLAS/OpenMP thread per CPU rank unless the user chose otherwise (torchrun would set 1 and warn).
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
-    for key, value in (CPU_MALLOC_ENV.items() if cpu else ()):
-        env.setdefault(key, value)
+    env = rank_env(nproc, cpu)
     ranks_dir = run_dir / RANKS_DIR
     if ranks_dir.exists():
         for old in ranks_dir.glob("rank-*.json"):
