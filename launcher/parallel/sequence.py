@@ -31,8 +31,15 @@ _STATE: dict = {}
 
 
 def _local_causal_attention(q, k, v, *args, **kwargs):
-    """(B, S, h, D) full-sequence tensors of this rank's heads -> (B, S, h, D) causal SDPA output."""
+    """(B, S, h, D) full-sequence tensors of this rank's heads -> (B, S, h, D) causal SDPA output.
+
+    Under grouped-query attention k and v may arrive with this rank's h_kv = kv/sp heads: the all-to-all
+    gave rank r query heads [r a/sp, (r+1) a/sp) and KV heads [r kv/sp, (r+1) kv/sp), and query head i reads
+    KV head i // (a/kv), so repeating each local KV head a/kv times lines them up."""
     q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+    if k.shape[1] != q.shape[1]:
+        rep = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
     out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=_STATE["scaling"])
     return out.transpose(1, 2)
 
@@ -40,7 +47,9 @@ def _local_causal_attention(q, k, v, *args, **kwargs):
 def ulysses_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
     """transformers attention function: q/k/v (B, H, S/sp, D) in, (B, S/sp, H, D) out (like sdpa_attention_forward)."""
     _STATE["scaling"] = scaling
-    if key.shape[1] != query.shape[1]:  # grouped-query attention: one k/v head per query head, as sdpa would
+    # Grouped-query attention: k and v cross the all-to-all with their own kv heads when sp divides them (a/kv
+    # times fewer bytes than q; _local_causal_attention repeats them after), else repeated to all heads first.
+    if key.shape[1] != query.shape[1] and key.shape[1] % _STATE["sp"]:
         rep = query.shape[1] // key.shape[1]
         key, value = key.repeat_interleave(rep, dim=1), value.repeat_interleave(rep, dim=1)
     q, k, v = (t.transpose(1, 2).contiguous() for t in (query, key, value))
@@ -55,6 +64,7 @@ def setup_sequence_parallel(sp: int):
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
     parallel_state_sp.initialize_sequence_parallel(sp)
+    _STATE["sp"] = sp
     # scatter heads (dim 2), gather the sequence (dim 1) on (B, S, H, D) tensors, batch dim 0.
     _STATE["dist_attn"] = DistributedAttention(_local_causal_attention, parallel_state_sp.get_sequence_parallel_group(),
                                                scatter_idx=2, gather_idx=1)

@@ -191,8 +191,9 @@ def ulysses_attention_bytes_per_token(m: ActivationShape, dtype: str) -> float:
     h, a, k, d = m.hidden_size, m.num_heads, m.num_kv_heads, m.head_dim
     w = dtype_bytes(dtype)
     # ULYSSES: SDPA keeps q, k, v after the first all-to-all (full sequence, a/u heads: per local token the
-    # same bytes as a/u heads x u tokens), with k, v already repeated to a heads for grouped-query attention
-    # (ulysses_attention's repeat_interleave), its output and fp32 logsumexp; o_proj's input is the second
+    # same bytes as a/u heads x u tokens), with k, v repeated to a heads for grouped-query attention (before
+    # the exchange or after it, launcher/parallel/sequence.py: SDPA saves the repeated tensors either way; the
+    # repeat itself saves nothing), its output and fp32 logsumexp; o_proj's input is the second
     # all-to-all's output, a storage of its own (w h).
     kv = 2 * h if k != a else 2 * k * d
     return w * (h + kv) + w * h + LOGSUMEXP_BYTES * a + w * h

@@ -41,7 +41,11 @@ One micro-batch on one rank (n = b s / sp tokens outside attention; t = TP, sp =
                             and a reduce-scatter of the same tensor: the same ring bytes, so the TP charge is
                             unchanged; the norms and residual adds run on n / t tokens.
     Ulysses SP              4 all-to-alls (q, k, v, output) forward and 4 backward per block, (sp-1)/sp of
-                            each tensor crosses the link (Jacobs et al. 2023, section 3.1).
+                            each tensor crosses the link (Jacobs et al. 2023, section 3.1); under grouped-query
+                            attention k and v cross with their kv heads when sp divides kv, else repeated to all
+                            a heads first (launcher/parallel/sequence.py). DeepSpeed copies each exchanged
+                            tensor twice (permute + contiguous, before and after): 16 copies a block, plus the
+                            k, v repeat under GQA.
     ring CP (c ranks)       a rank holds n = b s / c tokens; its causal attention is 1/c of the sequence's
                             (head-tail chunks balance it), charged at the whole sequence's rate. K/V go round the
                             ring as torch's kernel moves them (launcher/parallel/context.py): forward one
@@ -272,10 +276,23 @@ def block_costs(shape: ModelShape, st: Strategy, prof: Profile, links: dict) -> 
         gemm(n, (a + 2 * kv) * d / t, h)         # fused qkv (GPT c_attn, BLOOM query_key_value)
     if sp > 1:
         # Ulysses: q, k, v scattered by heads / gathered by sequence before attention, the output back after
-        # one all-to-all per tensor (DeepSpeed _SeqAllToAll: q, k, v, then the output), each paying the latency
-        a2a = 2 * gather_s(q_el * w, sp, links["sp"]) + 2 * gather_s(kv_el * w, sp, links["sp"])
+        # one all-to-all per tensor (DeepSpeed _SeqAllToAll: q, k, v, then the output), each paying the latency.
+        # Under grouped-query attention launcher/parallel/sequence.py sends k and v with their kv heads when sp
+        # divides kv, else repeats them to all a heads first (ulysses_attention).
+        kv_sent = kv_el if kv % sp == 0 else q_el
+        a2a = 2 * gather_s(q_el * w, sp, links["sp"]) + 2 * gather_s(kv_sent * w, sp, links["sp"])
         fwd.sp += a2a
         bwd.sp += a2a
+        # DeepSpeed's single_all_to_all copies every tensor twice, a permute().contiguous() before the exchange
+        # and another after (forward; the backward's all-to-alls copy the gradients alike): 16 copies a block per
+        # micro-batch, 8 forward + 8 backward (a profiled SP2 step of recipe=tiny runs 128 in its 8 block passes).
+        copies = memory_s(2 * 2 * (2 * q_el + 2 * kv_sent) * w, 8, prof)
+        fwd.memory += copies
+        bwd.memory += copies
+        if kv != a:   # repeat_interleave of k and v (read kv, write a heads); backward sums the repeats back
+            rep = memory_s(2 * (kv_el + q_el) * w, 2, prof)
+            fwd.memory += rep
+            bwd.memory += rep
     heads = a / (t * sp * cp)        # CP: 1/cp of the causal work, expressed as a share of the heads
     if shape.flash_attention:
         af, ab = attention_s(b, s, heads, d, prof, prof.attention_table_for(st.dtype) or prof.attention_rate(st.dtype))

@@ -71,6 +71,10 @@ LAUNCHES = {
         f"sp2-z3-sgd:ulysses:{SP},{Z3},{SGD}",
         # A reduce bucket (4096) smaller than the embedding (V x H = 16,384): the generated config must raise it.
         f"sp2-z3-large-param:ulysses:{SP},{Z3},bucket=4096",
+        # Grouped-query attention: 2 KV heads cross the all-to-all as they are (sp divides them), 1 KV head is
+        # repeated to all 4 heads first (launcher/parallel/sequence.py).
+        f"sp2-gqa:ulysses:{SP},{SGD},model.num_key_value_heads=2",
+        f"sp2-mqa-z3:ulysses:{SP},{Z3},model.num_key_value_heads=1",
     ],
     4: [
         f"pp2-dp2-tied:pipe:{PP},model.tie_word_embeddings=true,{SGD}",
@@ -366,3 +370,18 @@ def test_ulysses_sp2_matches_one_rank(request, launch, name):
         assert info["params"] == FULL  # SP replicates the weights
     if name == "sp2-z3-large-param":
         assert r["reduce_scatter"] is False and r["reduce_bucket_size"] == V * H
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,kv", [("sp2-gqa", 2), ("sp2-mqa-z3", 1)])
+def test_ulysses_grouped_query_attention_matches_one_rank(ranks2, name, kv):
+    """Ulysses with fewer KV heads than query heads: the 1-rank trajectory (SGD, so a gradient-scale error
+    shows in the loss; ZeRO-3 with its reported norm), whether k and v cross the all-to-all with their own 2
+    heads, each rank then repeating its 1 KV head for its 2 query heads, or are repeated to all 4 first."""
+    r = ranks2[name]
+    _assert_matches_one_rank(r)
+    head_dim = H // 4
+    for info in r["per_rank"]:
+        assert info["tokens_per_rank"] == [16]
+        assert info["attn_implementation"] == "launcher_ulysses"
+        assert info["params"] == FULL - L * 2 * H * (4 - kv) * head_dim   # k_proj, v_proj: kv heads of 16

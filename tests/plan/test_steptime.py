@@ -413,6 +413,37 @@ def test_ulysses_four_all_to_alls_each_way():
     assert t.sp_comm_s == pytest.approx(4 * 8 * a2a, rel=1e-9)
 
 
+def test_ulysses_grouped_query_exchange_and_deepspeeds_copies():
+    # Against DP2 at micro-batch 4 (the same 4 x 128 = 512 tokens a rank, the same element-wise work outside
+    # attention), SP2 adds per block and micro-batch DeepSpeed's 2 copies of each of the 4 exchanged tensors
+    # forward and the same backward (read + write, fp32). Under grouped-query attention our Ulysses attention
+    # (launcher/parallel/sequence.py) sends k, v with their kv heads when sp divides kv (2 KV heads of 4), else
+    # repeats them to all heads first (1 KV head); the repeat (kv heads read, a written) runs forward and back.
+    lat, bus, gbps = 1e-4, 1.0, 1.0
+    prof = ideal(intra=Link(lat, bus), memory_gbps=gbps)
+    common = ("cluster.gpus_per_node=2", "batch.global_batch_size=8", "parallel.zero_stage=0")
+    sp2 = (*common, "parallel.sequence_degree=2")
+    mha = steptime.estimate_step_time(*setup(*sp2)[1:], hardware(prof))
+    gqa = steptime.estimate_step_time(*setup(*sp2, "model.num_key_value_heads=2")[1:], hardware(prof))
+    mqa = steptime.estimate_step_time(*setup(*sp2, "model.num_key_value_heads=1")[1:], hardware(prof))
+    dp = steptime.estimate_step_time(*setup(*common, "batch.micro_batch_size=4")[1:], hardware(prof))
+    n, a, d, layers = 512, 4, 32, 4
+    el = n * d * 4                                              # bytes of one head's n tokens, fp32
+    a2a = lambda heads: lat + 0.5 * heads * el / (bus * 1e9)    # noqa: E731
+    assert mha.sp_comm_s == pytest.approx(layers * 2 * 4 * a2a(a), rel=1e-9)
+    assert gqa.sp_comm_s == pytest.approx(layers * 2 * (2 * a2a(a) + 2 * a2a(2)), rel=1e-9)
+    assert mqa.sp_comm_s == pytest.approx(mha.sp_comm_s, rel=1e-9)
+    gb = gbps * 1e9
+    assert mha.memory_bound_s - dp.memory_bound_s == pytest.approx(layers * 2 * 2 * 2 * 4 * a * el / gb, rel=1e-9)
+    for got, kv, sent in ((gqa, 2, 2), (mqa, 1, a)):
+        copies = 2 * 2 * 2 * (2 * a + 2 * sent) * el / gb
+        repeat = 2 * 2 * (kv + a) * el / gb
+        rotary = 3 * 9 * (a + kv) * el / gb                     # q and k rotated, forward + twice the bytes back
+        mha_rotary = 3 * 9 * 2 * a * el / gb
+        assert got.memory_bound_s - dp.memory_bound_s == pytest.approx(
+            layers * (copies + repeat + rotary - mha_rotary), rel=1e-9)
+
+
 def test_context_parallel_ring_passes_and_halved_tokens():
     # CP2 on 2 ranks, one micro-batch of 8 x 128 tokens: each rank holds n = 8 x 128 / 2 tokens (GEMMs at n). With
     # attention free, nothing hides the ring: per block forward one all-gather of both ranks' k, v (repeated to the
