@@ -6,7 +6,8 @@ Runs `launcher train` for each named layout of run.py with bench/steptime/steppr
 times forward / backward / step over steps 4-7 and profiles step 8 with torch.profiler (CPU ops, self time).
 Prints per rank: the step's wall time, the phases and the minor page faults of a step (minflt, steps 4-7's mean),
 the sum of aten self times, and the top ops. STEPPROF_SHAPES=1 splits the ops by input shape; STEPPROF_TOP=N
-prints N of them (18).
+prints N of them (18). STEPPROF_COLL=1 times every collective of steps 4-7 on every rank and splits the time
+inside them into the wait for the last rank and the rest (the transfer).
 """
 from __future__ import annotations
 
@@ -47,6 +48,31 @@ def main() -> None:
                       + f" | profiled step {st['wall_s']*1e3:.0f} ms, all-op self sum {sum(o['self_s'] for o in st['ops'])*1e3:.0f}")
                 for o in st["ops"][:int(os.environ.get('STEPPROF_TOP', 18))]:
                     print(f"   {o['op'][:110]:110s} n={o['count']:5d} self={o['self_s']*1e3:7.2f} ms")
+            if os.environ.get("STEPPROF_COLL"):
+                collectives(out, ranks, int(os.environ.get("STEPPROF_STEPS", 4)))
+
+
+def collectives(out: Path, ranks: int, steps: int) -> None:
+    """STEPPROF_COLL=1: per collective kind, per step, the time inside it split into waiting for the last rank to
+    arrive and what is left once all have (the transfer). Calls are paired by their order on each rank, which
+    holds where every rank of the world calls the same collectives in turn (SP2, DP2, TP2)."""
+    calls = [json.loads((out / f"rank{r}-colls.json").read_text()) for r in range(ranks)]
+    if len({len(c) for c in calls}) != 1:
+        print("   collectives: the ranks made different numbers of calls; not paired")
+        return
+    kinds: dict = {}
+    for per_rank in zip(*calls):
+        name, nbytes = per_rank[0][0], per_rank[0][3]
+        last = max(c[1] for c in per_rank)
+        k = kinds.setdefault((name, nbytes), {"n": 0, "inside": 0.0, "wait": 0.0, "after": 0.0})
+        k["n"] += 1
+        k["inside"] += sum(c[2] - c[1] for c in per_rank) / ranks / 1e9
+        k["wait"] += sum(last - c[1] for c in per_rank) / ranks / 1e9
+        k["after"] += sum(c[2] - last for c in per_rank) / ranks / 1e9
+    for (name, nbytes), k in sorted(kinds.items(), key=lambda kv: -kv[1]["inside"]):
+        print(f"   {name} {nbytes} B: {k['n'] / steps:.0f} a step, inside {k['inside'] / steps * 1e3:.1f} ms a step "
+              f"(waiting for the last rank {k['wait'] / steps * 1e3:.1f}, after it arrived {k['after'] / steps * 1e3:.1f}; "
+              f"{k['after'] / k['n'] * 1e6:.0f} us a call)")
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ if os.environ.get("STEPPROF_OUT") and os.environ.get("LOCAL_RANK") is not None:
     FROM, N = int(os.environ.get("STEPPROF_FROM", 4)), int(os.environ.get("STEPPROF_STEPS", 4))
     calls = {"n": 0}
     phases: dict = {}
+    colls: list = []
 
     def timed(obj, name):
         fn = getattr(obj, name)
@@ -45,6 +46,9 @@ if os.environ.get("STEPPROF_OUT") and os.environ.get("LOCAL_RANK") is not None:
                 if i == FROM + N - 1:
                     with open(f"{os.environ['STEPPROF_OUT']}/rank{os.environ['RANK']}-phases.json", "w") as f:
                         json.dump({k: v / N for k, v in phases.items()}, f)
+                    if colls:
+                        with open(f"{os.environ['STEPPROF_OUT']}/rank{os.environ['RANK']}-colls.json", "w") as f:
+                            json.dump(colls, f)
                 return out
             t0 = time.perf_counter()
             shapes = bool(os.environ.get("STEPPROF_SHAPES"))
@@ -61,6 +65,29 @@ if os.environ.get("STEPPROF_OUT") and os.environ.get("LOCAL_RANK") is not None:
                 json.dump({"wall_s": wall, "threads": torch.get_num_threads(), "ops": rows}, f)
             return out
         return prof_step
+
+    if os.environ.get("STEPPROF_COLL"):
+        # Every collective of steps FROM..FROM+N-1 with its entry and exit on CLOCK_MONOTONIC (one clock for all
+        # the ranks of a host): breakdown.py pairs the ranks' calls to split each wait from the transfer.
+        import torch.distributed as dist
+
+        def timed_coll(name):
+            fn = getattr(dist, name)
+
+            def wrapper(*a, **k):
+                t0 = time.monotonic_ns()
+                try:
+                    return fn(*a, **k)
+                finally:
+                    if FROM <= calls["n"] < FROM + N:
+                        t = a[0] if a else next(iter(k.values()))
+                        colls.append([name, t0, time.monotonic_ns(), t.numel() * t.element_size()
+                                      if hasattr(t, "numel") else 0])
+            setattr(dist, name, wrapper)
+        for _name in ("all_to_all_single", "all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor",
+                      "broadcast", "send", "recv"):
+            if hasattr(dist, _name):
+                timed_coll(_name)
 
     T.train_step = wrap(T.train_step)
     T.train_step_pipeline = wrap(T.train_step_pipeline)
