@@ -15,17 +15,21 @@ if os.environ.get("STEPPROF_OUT") and os.environ.get("LOCAL_RANK") is not None:
     phases: dict = {}
     colls: list = []
 
-    def timed(obj, name):
+    def timed(obj, name, record):
+        """Wrap obj.name; record(name, entry ns, exit ns, args) for the calls of steps FROM..FROM+N-1."""
         fn = getattr(obj, name)
 
         def wrapper(*a, **k):
-            t0 = time.perf_counter()
+            t0 = time.monotonic_ns()
             try:
                 return fn(*a, **k)
             finally:
                 if FROM <= calls["n"] < FROM + N:
-                    phases[name] = phases.get(name, 0.0) + time.perf_counter() - t0
+                    record(name, t0, time.monotonic_ns(), a or tuple(k.values()))
         setattr(obj, name, wrapper)
+
+    def phase(name, t0, t1, args):
+        phases[name] = phases.get(name, 0.0) + (t1 - t0) / 1e9
 
     def wrap(step_fn):
         def prof_step(engine, *a, **k):
@@ -33,7 +37,7 @@ if os.environ.get("STEPPROF_OUT") and os.environ.get("LOCAL_RANK") is not None:
             if calls["n"] == 0:
                 for name in ("forward", "backward", "step", "train_batch"):
                     if hasattr(engine, name):
-                        timed(engine, name)
+                        timed(engine, name, phase)
             i = calls["n"]
             if i != FROM + N:   # steps FROM..FROM+N-1: phase timers only; step FROM+N: under the profiler
                 t0, f0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -71,23 +75,13 @@ if os.environ.get("STEPPROF_OUT") and os.environ.get("LOCAL_RANK") is not None:
         # the ranks of a host): breakdown.py pairs the ranks' calls to split each wait from the transfer.
         import torch.distributed as dist
 
-        def timed_coll(name):
-            fn = getattr(dist, name)
-
-            def wrapper(*a, **k):
-                t0 = time.monotonic_ns()
-                try:
-                    return fn(*a, **k)
-                finally:
-                    if FROM <= calls["n"] < FROM + N:
-                        t = a[0] if a else next(iter(k.values()))
-                        colls.append([name, t0, time.monotonic_ns(), t.numel() * t.element_size()
-                                      if hasattr(t, "numel") else 0])
-            setattr(dist, name, wrapper)
+        def collective(name, t0, t1, args):
+            t = args[0] if args else None
+            colls.append([name, t0, t1, t.numel() * t.element_size() if hasattr(t, "numel") else 0])
         for _name in ("all_to_all_single", "all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor",
                       "broadcast", "send", "recv"):
             if hasattr(dist, _name):
-                timed_coll(_name)
+                timed(dist, _name, collective)
 
     T.train_step = wrap(T.train_step)
     T.train_step_pipeline = wrap(T.train_step_pipeline)
