@@ -32,6 +32,14 @@ A profile says how fast one accelerator (or one CPU rank) runs each kind of oper
                             step (gradient buckets flattened and copied, fp32 partitions, the clipping norm, ZeRO-3
                             gathers into flat buffers), measured by `launcher calibrate` with no collective in it
                             (each rank its own data-parallel group); {} where not measured (the built-ins)
+    framework_s[arch][dt]   [block forward, block backward, model] seconds per micro-batch that the operator terms
+                            do not count: the PyTorch dispatch, autograd and transformers module Python of the
+                            runtime's own model classes (views, reshapes, casts, masks: ~2,400 operators a
+                            micro-batch for recipe=tiny's 4 blocks where the terms count ~250 kernels),
+                            measured by `launcher calibrate` on a near-zero-compute model of the architecture
+                            (steptime.FRAMEWORK_PROBE) less what the step-time model charges for that same model
+                            (steptime.framework_residual); {} where not measured (the built-ins: on a GPU the
+                            Python runs ahead of the kernels)
     straggler[g]            the wait of a group of g ranks at a synchronisation for its slowest rank: the expected
                             slowest-minus-mean time of a segment of the same compute on every rank, as a fraction
                             of the segment, by segment length ([[seconds, fraction], ...]), measured by `launcher
@@ -52,6 +60,9 @@ from typing import Optional
 from launcher.config.errors import ConfigError
 
 PROFILE_VERSION = 1
+# Architectures that run llama's transformers code path (RMSNorm, SwiGLU, rotary): what calibrate measured for
+# llama stands for them.
+ARCH_FAMILY = {"mistral": "llama", "qwen2": "llama"}
 
 
 @dataclass(frozen=True)
@@ -151,6 +162,16 @@ class Profile:
     all_to_all: Optional[Link] = None
     nccl: Optional[NcclTuning] = None
     straggler: dict = field(default_factory=dict)
+    framework_s: dict = field(default_factory=dict)
+
+    def framework(self, arch: str, dtype: str) -> tuple[float, float, float]:
+        """(block forward, block backward, model) seconds per micro-batch beyond the operator terms for `arch` in
+        `dtype` (the llama family shares llama's; fp16 takes bf16's); zeros where the profile has none."""
+        by_dtype = self.framework_s.get(arch) or self.framework_s.get(ARCH_FAMILY.get(arch, arch)) or {}
+        for d in (dtype, "bf16" if dtype == "fp16" else None):
+            if d and by_dtype.get(d):
+                return tuple(float(x) for x in by_dtype[d])
+        return (0.0, 0.0, 0.0)
 
     def straggler_fraction(self, ranks: int, segment_s: float) -> float:
         """The expected wait of a group of `ranks` ranks for its slowest one at a synchronisation, as a fraction
@@ -399,6 +420,8 @@ def load_profile(path: str) -> Profile:
                   if doc.get("nccl") is not None else None),
             straggler={int(g): [[float(t), float(f)] for t, f in rows]
                        for g, rows in (doc.get("straggler") or {}).items()},
+            framework_s={str(a): {str(d): [float(x) for x in v] for d, v in by_dtype.items()}
+                         for a, by_dtype in (doc.get("framework_s") or {}).items()},
             source=f"{p} ({doc.get('source', 'launcher calibrate')})")
     except (TypeError, ValueError, KeyError, AttributeError) as err:
         raise ConfigError(key, path, f"has a malformed field ({type(err).__name__}: {err})", fix)
@@ -411,6 +434,9 @@ def load_profile(path: str) -> Profile:
     if any(len(v) != 4 or any(x < 0 for x in v) for v in prof.engine_element_s.values()):
         raise ConfigError(key, path, "has an engine_element_s that is not 4 non-negative seconds (ZeRO stages 0-3) "
                           "per dtype", fix)
+    if any(len(v) != 3 or any(x < 0 for x in v) for by_dtype in prof.framework_s.values() for v in by_dtype.values()):
+        raise ConfigError(key, path, "has a framework_s that is not 3 non-negative seconds (block forward, block "
+                          "backward, model) per architecture and dtype", fix)
     if not prof.gemm_tflops or not prof.attention_tflops or any(not (r > 0) for r in rates) \
             or any(v < 0 for v in (*prof.gemm_half_dim.values(), *prof.attention_half_seq.values())):
         raise ConfigError(key, path, "has a rate that is not positive (every TFLOP/s and GB/s must be > 0)", fix)
@@ -443,4 +469,5 @@ def alone_rates(prof: Profile, measured_ranks) -> Profile:
                    gemm_table=table(prof.gemm_table), attention_table=table(prof.attention_table),
                    memory_gbps=prof.memory_gbps * f, kernel_overhead_s=prof.kernel_overhead_s / f,
                    zero3_module_s=prof.zero3_module_s / f, zero3_param_s=prof.zero3_param_s / f,
-                   engine_element_s={d: [x / f for x in v] for d, v in prof.engine_element_s.items()})
+                   engine_element_s={d: [x / f for x in v] for d, v in prof.engine_element_s.items()},
+                   framework_s={a: {d: [x / f for x in v] for d, v in by.items()} for a, by in prof.framework_s.items()})

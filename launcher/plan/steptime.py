@@ -91,6 +91,17 @@ One micro-batch on one rank (n = b s / sp tokens outside attention; t = TP, sp =
                             (ZeRO-1, 2), 4-12 (ZeRO-3) ns per fp32 element, 7-17 ms a step for recipe=tiny at
                             ZeRO 1-3 (bench/steptime/results.md); 0 in the built-in GPU profiles (not measured
                             there).
+    framework               what a micro-batch pays beyond its operators' arithmetic and the per-kernel cost the
+                            terms above count: PyTorch dispatch and autograd for every view, reshape, cast and
+                            small op, and the transformers modules' Python (recipe=tiny's 4 blocks run ~2,400
+                            operators a micro-batch; the terms count ~250 kernels). Measured by `launcher
+                            calibrate` per architecture and dtype on the runtime's own model classes at near-zero
+                            compute (FRAMEWORK_PROBE), less what these terms charge for that model
+                            (framework_residual): per block forward and backward, and per model, charged every
+                            micro-batch (the block forward again under full recompute). On a 2-core CPU box ~1.5-2
+                            ms a llama block and ~2 ms a model, forward + backward (bench/steptime/results.md); 0
+                            in the built-in GPU profiles (not measured there: a GPU's Python runs ahead of its
+                            kernels unless the kernels are as short as the Python).
     stragglers              every rank computes the same segment between two synchronisations of its group, yet
                             not in the same time (other processes, the shared memory bus, a rank's own jitter):
                             the group waits for its slowest rank. Per micro-batch a stage meets its TP
@@ -214,20 +225,22 @@ class Cost:
     memory: float = 0.0
     tp: float = 0.0
     sp: float = 0.0
+    framework: float = 0.0          # dispatch, autograd and module Python beyond the operator terms (profile.framework)
 
     @property
     def compute(self) -> float:
-        return self.gemm + self.attention + self.memory
+        return self.gemm + self.attention + self.memory + self.framework
 
     @property
     def total(self) -> float:
         return self.compute + self.tp + self.sp
 
     def __add__(self, o: "Cost") -> "Cost":
-        return Cost(self.gemm + o.gemm, self.attention + o.attention, self.memory + o.memory, self.tp + o.tp, self.sp + o.sp)
+        return Cost(self.gemm + o.gemm, self.attention + o.attention, self.memory + o.memory, self.tp + o.tp, self.sp + o.sp,
+                    self.framework + o.framework)
 
     def __mul__(self, k: float) -> "Cost":
-        return Cost(self.gemm * k, self.attention * k, self.memory * k, self.tp * k, self.sp * k)
+        return Cost(self.gemm * k, self.attention * k, self.memory * k, self.tp * k, self.sp * k, self.framework * k)
 
 
 def _norm_bytes(x: float, arch: str, w: int) -> tuple[float, int]:
@@ -332,6 +345,9 @@ def block_costs(shape: ModelShape, st: Strategy, prof: Profile, links: dict) -> 
         ar = all_reduce_s(x * w, t, links["tp"])
         fwd.tp += 2 * ar
         bwd.tp += 2 * ar
+    fb, bb, _ = prof.framework(shape.arch, st.dtype)
+    fwd.framework += fb
+    bwd.framework += bb
     return fwd, bwd
 
 
@@ -356,7 +372,48 @@ def end_costs(shape: ModelShape, st: Strategy, prof: Profile, links: dict) -> tu
     # backward reads and writes the fp32 logits and casts back
     logits = n * v
     last.memory += memory_s(logits * (w + F32 * 5), 5, prof) + memory_s(logits * (F32 * 3 + w), 4, prof)
+    # The model's own per-micro-batch Python beyond its blocks (embedding, masks and rotary tables, final norm, head,
+    # loss; profile.framework), measured whole: half to each end stage (one stage without a pipeline).
+    model = prof.framework(shape.arch, st.dtype)[2]
+    first.framework += model / 2
+    last.framework += model / 2
     return first, last
+
+
+# The near-zero-compute model `launcher calibrate` runs to measure profile.framework_s (launcher/runtime/calibrate.py
+# builds it with the runtime's own model classes; framework_residual charges it with this module's terms): a micro-
+# batch of one 8-token sample through `layers` blocks of width 32, 2 heads, MLP 64, vocabulary 64. Its operators
+# cost microseconds of arithmetic, so its time is what every micro-batch pays whatever its size.
+FRAMEWORK_PROBE = {"hidden_size": 32, "num_heads": 2, "intermediate_size": 64, "vocab_size": 64, "seq_length": 8,
+                   "layers": (1, 3)}
+
+
+def framework_residual(arch: str, dtype: str, measured: dict, prof: Profile) -> list:
+    """[block forward, block backward, model] seconds per micro-batch (profile.framework_s): the probe model's
+    measured forward and backward seconds at FRAMEWORK_PROBE's two block counts, {layers: (fwd, bwd)}, split into a
+    per-block and a whole-model part (the difference over the blocks added, and what is left at one block), less
+    what block_costs and end_costs charge for the same model on `prof` without this term. Clipped at 0: where the
+    terms already charge more than the probe took, nothing is added."""
+    from dataclasses import replace
+
+    from launcher.plan.params import ParamCount
+
+    lo, hi = FRAMEWORK_PROBE["layers"]
+    h, a, f, v, s = (FRAMEWORK_PROBE[k] for k in ("hidden_size", "num_heads", "intermediate_size", "vocab_size",
+                                                   "seq_length"))
+    shape = ModelShape(arch=arch, hidden_size=h, num_layers=lo, num_heads=a, num_kv_heads=a, intermediate_size=f,
+                       vocab_size=v, tied_embeddings=False, params=ParamCount(0, 0, 0, 0, 0))
+    st = Strategy(tensor_degree=1, pipeline_degree=1, sequence_degree=1, data_degree=1, zero_stage=0,
+                  micro_batch_size=1, grad_accum_steps=1, global_batch_size=1, seq_length=s, padded_vocab_size=v,
+                  gpus_per_node=1, dtype=dtype, grad_accum_fp32=False, recompute="none")
+    bare = replace(prof, framework_s={})
+    bf, bb = block_costs(shape, st, bare, _links(st, bare))
+    first, last = end_costs(shape, st, bare, _links(st, bare))
+    (f_lo, b_lo), (f_hi, b_hi) = measured[lo], measured[hi]
+    block_f, block_b = (f_hi - f_lo) / (hi - lo), (b_hi - b_lo) / (hi - lo)
+    model = (f_lo - lo * block_f) + (b_lo - lo * block_b)
+    return [max(0.0, block_f - bf.compute), max(0.0, block_b - bb.compute),
+            max(0.0, model - first.compute - last.compute)]
 
 
 # ---- the step -----------------------------------------------------------------------------------------------------
@@ -364,7 +421,7 @@ def end_costs(shape: ModelShape, st: Strategy, prof: Profile, links: dict) -> tu
 @dataclass(frozen=True)
 class StepTime:
     step_time_s: float
-    compute_s: float        # GEMMs + attention + element-wise + optimizer of the slowest stage, m micro-batches
+    compute_s: float        # GEMMs + attention + element-wise + framework + optimizer of the slowest stage, m micro-batches
     bubble_s: float         # pipeline fill and drain: the step's pipeline time minus m x the slowest stage
     tp_comm_s: float
     pp_comm_s: float
@@ -383,6 +440,7 @@ class StepTime:
     sp_comm_s: float = 0.0
     recompute_s: float = 0.0
     optimizer_s: float = 0.0
+    framework_s: float = 0.0         # dispatch, autograd and module Python per micro-batch (profile.framework_s)
     engine_s: float = 0.0            # DeepSpeed's ZeRO-3 hooks (profile.zero3_module_s, zero3_param_s) and its
                                      # per-element work (profile.engine_element_s)
     straggler_s: float = 0.0         # the waits for the slowest rank at synchronisations (profile.straggler)
@@ -392,6 +450,7 @@ class StepTime:
         """Seconds per step by term; they add up to step_time_s (recompute is inside gemm/attention/memory_bound)."""
         return {"gemm": self.gemm_s, "attention": self.attention_s, "memory_bound": self.memory_bound_s,
                 "optimizer": self.optimizer_s, "tp_comm": self.tp_comm_s,
+                "framework": self.framework_s,
                 "sp_comm": self.sp_comm_s, "pp_comm": self.pp_comm_s, "bubble": self.bubble_s, "engine": self.engine_s,
                 "dp_comm_exposed": self.dp_comm_exposed_s, "straggler": self.straggler_s}
 
@@ -546,6 +605,7 @@ def estimate_step_time(shape: ModelShape, st: Strategy, hw: Hardware, train_toke
         tflops_per_gpu=tflops, hardware_tflops_per_gpu=hw_tflops, mfu=tflops / hw.peak_tflops if hw.peak_tflops else 0.0,
         train_tokens=tokens, train_days=tokens / tokens_per_s / 86400 if tokens else 0.0,
         gemm_s=m * c.gemm * k, attention_s=m * c.attention * k, memory_bound_s=m * c.memory * k,
+        framework_s=m * c.framework * k,
         engine_s=m * hooks[stages.index(slow)] + engine_step[i_tail],
         straggler_s=m * slow["wait"] + end_wait[i_tail],
         sp_comm_s=m * c.sp, recompute_s=m * slow["recompute"], optimizer_s=opt[i_tail], profile=prof.name)

@@ -33,6 +33,11 @@ memory bus and cores as they will in training, measures:
                        above ZeRO-3's persistence threshold, so gathered): seconds per parameter element and step
                        (engine_element_s), the difference of the two sizes' per-layer costs over that of their
                        elements (the per-module and per-tensor costs cancel)
+    framework          CPU ranks: one micro-batch through the runtime's own llama, gpt and bloom models at a
+                       near-zero-compute shape (launcher/plan/steptime.py FRAMEWORK_PROBE) with 1 and 3 blocks,
+                       fp32 and bf16, forward and backward timed apart: what every micro-batch pays in dispatch,
+                       autograd and module Python, less what the step-time model charges for that model
+                       (framework_s: per block forward, backward, and per model)
     host memory        /proc/meminfo MemTotal; compute slots: cores / threads per rank (CPU ranks)
 
 The compute rates (GEMM, attention, memory, kernel overhead) are the median of COMPUTE_ROUNDS sweeps: one sweep
@@ -71,10 +76,13 @@ GEMM_POOL_BYTES = 64 << 20
 
 def calibrate(cfg, out: str, console=None) -> Path:
     """Run the measurement on cluster.gpus_per_node local ranks and write the profile YAML to `out`."""
+    from dataclasses import replace
+
     import yaml
 
     from launcher.config import hardware
     from launcher.plan.profile import PROFILE_VERSION, Link, Profile, profile_to_dict
+    from launcher.plan.steptime import framework_residual
 
     nproc = int(cfg.cluster.gpus_per_node)
     device = "cpu" if cfg.cluster.gpu.lower() == hardware.CPU else "cuda"
@@ -113,14 +121,21 @@ def calibrate(cfg, out: str, console=None) -> Path:
         attention_table={d: _median_by_size(points) for d, points in raw["attention"].items()},
         source=(f"launcher calibrate on {raw['hostname']}, {raw['world']} {device} ranks, {raw['backend']}, "
                 f"{threads} thread(s) per rank, torch {raw['torch']}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"))
+    # What a micro-batch pays beyond the operator terms: the probe's measured times less what the step-time model
+    # charges for the same model on the rates just fitted (launcher/plan/steptime.py framework_residual).
+    prof = replace(prof, framework_s={
+        arch: {d: framework_residual(arch, d, {int(k): v for k, v in by_layers.items()}, prof)
+               for d, by_layers in by_dtype.items()} for arch, by_dtype in raw["framework"].items()})
     doc = profile_to_dict(prof, measured={k: raw[k] for k in ("gemm", "attention", "all_reduce", "all_reduce_after_compute",
-                                                              "all_to_all_after_compute", "straggler", "zero3", "engine", "world",
+                                                              "all_to_all_after_compute", "straggler", "zero3", "engine", "framework", "world",
                                                               "backend",
                                                               "device_name", "cores", "seconds")})
     doc["measurements"]["note"] = ("gemm: [side, FLOP/s]; attention: [seq, causal FLOP/s fwd+bwd]; all_reduce (bare, "
                                    "back to back), *_after_compute (the fit's input): [bytes, seconds]; zero3: seconds "
                                    "per forward + backward [unit, modules, zero-3 engine, plain]; straggler: {group size: [mean segment seconds, (slowest - mean) / mean]}; engine: seconds per step [dtype, ZeRO stage, "
-                                   "side d, Linear(d, d) layers, engine, plain]; inter = intra (one node measured)")
+                                   "side d, Linear(d, d) layers, engine, plain]; framework: {arch: {dtype: {blocks: "
+                                   "[forward s, backward s]}} of the near-zero-compute probe model "
+                                   "(steptime.FRAMEWORK_PROBE); inter = intra (one node measured)")
     assert doc["version"] == PROFILE_VERSION
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -308,6 +323,7 @@ def _worker(raw_path: str, device: str, grad_clip: str) -> None:
     out["straggler"] = _straggler(dev, device, sync, dist)
     out["zero3"], out["zero3_module_s"], out["zero3_param_s"] = _zero3_hooks(dev, sync, agree, float(grad_clip))
     out["engine"], out["engine_element_s"] = _engine_per_element(dev, device, dtypes, sync, agree, float(grad_clip))
+    out["framework"] = _framework(dev, device, dtypes, sync)
     out["host_memory_gb"] = _host_memory_gb()
     out["seconds"] = time.perf_counter() - started
     if rank == 0:
@@ -485,7 +501,7 @@ def _zero3_hooks(dev, sync, agree, grad_clip: float) -> tuple[list, float, float
 
 
 def engine_cost_per_unit(unit, width: int, dev, sync, agree=None, budget_s: float = 0.5, stage: int = 3,
-                         dtype=None, mpu=None, *, grad_clip: float) -> tuple[list, float]:
+                         dtype=None, mpu=None, micro_batches: int = 1, *, grad_clip: float) -> tuple[list, float]:
     """([[K, engine step s, plain step s], ...], seconds per unit) of a DeepSpeed engine at ZeRO `stage` over K units
     `unit()` (each taking and giving `width` features) less the same units plain, each a forward + backward + SGD
     step on a micro-batch of 4, at K = 8 and 40: the difference of the differences over 32, so the constant costs
@@ -509,19 +525,21 @@ def engine_cost_per_unit(unit, width: int, dev, sync, agree=None, budget_s: floa
         x = torch.randn(4, width, device=dev, dtype=dtype)
 
         def step():
-            plain(x).float().sum().backward()
+            for _ in range(micro_batches):
+                plain(x).float().sum().backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
         t_plain = _median_time(step, sync, 20, budget_s)
         model = nn.Sequential(*[unit() for _ in range(k)])
         engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=1e-3), mpu=mpu, config={
-            "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1, "gradient_clipping": grad_clip,
-            "bf16": {"enabled": dtype == torch.bfloat16}, "zero_optimization": zero_optimization_base(stage, torch.device(dev).type),
-            "zero_allow_untested_optimizer": True})
+            "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": micro_batches,
+            "gradient_clipping": grad_clip, "bf16": {"enabled": dtype == torch.bfloat16},
+            "zero_optimization": zero_optimization_base(stage, torch.device(dev).type), "zero_allow_untested_optimizer": True})
 
         def run():
-            engine.backward(engine(x).float().sum())
-            engine.step()
+            for _ in range(micro_batches):     # as launcher/train.py drives it: engine.step() after every micro-batch
+                engine.backward(engine(x).float().sum())
+                engine.step()
         t_engine = _median_time(run, sync, 20, budget_s, agree=agree)   # the ranks stop together (collectives)
         rows.append([k, t_engine, t_plain])
         extra.append(t_engine - t_plain)
@@ -598,6 +616,58 @@ def _engine_per_element(dev, device: str, dtypes, sync, agree, grad_clip: float)
                 rows += [[dname, stage, d, *row] for row in measured]
             out[dname].append(max(0.0, per_unit[large] - per_unit[small]) / (large * large - small * small))
     return rows, out
+
+
+# The architectures whose transformers code paths the framework probe measures (mistral and qwen2 run llama's:
+# profile.ARCH_FAMILY).
+FRAMEWORK_ARCHS = ("llama", "gpt", "bloom")
+FRAMEWORK_ROUNDS = 30
+
+
+def _framework(dev, device: str, dtypes, sync) -> dict:
+    """{arch: {dtype: {blocks: [forward s, backward s]}}}: one micro-batch through the runtime's own model (launcher/
+    runtime/model.py build_model) at steptime.FRAMEWORK_PROBE's near-zero shape, with its two block counts, forward
+    (the loss) and backward timed apart, medians of FRAMEWORK_ROUNDS rounds that alternate the two models (so that
+    the machine's drift falls on both alike). No collective: every rank runs its own, all at once, as in training.
+    CPU ranks only: a GPU's Python runs ahead of its kernels, so there it would be charged on top of the kernels it
+    overlaps ({} on a GPU; the built-in GPU profiles have none either)."""
+    import torch
+    from omegaconf import OmegaConf
+
+    from launcher.config.compose import compose
+    from launcher.plan.steptime import FRAMEWORK_PROBE as P
+    from launcher.runtime.model import build_model
+
+    if device != "cpu":
+        return {}
+    base = compose(["model=tiny"]).model
+    out: dict = {}
+    for arch in FRAMEWORK_ARCHS:
+        out[arch] = {}
+        for dname, tdtype in dtypes:
+            models = {}
+            for layers in P["layers"]:
+                cfg = OmegaConf.merge(base, {"arch": arch, "hidden_size": P["hidden_size"], "num_hidden_layers": layers,
+                                             "num_attention_heads": P["num_heads"], "num_key_value_heads": P["num_heads"],
+                                             "intermediate_size": P["intermediate_size"], "vocab_size": P["vocab_size"]})
+                models[layers] = build_model(cfg, seed=0, vocab_size=P["vocab_size"]).to(dev, tdtype)
+            x = torch.randint(0, P["vocab_size"], (1, P["seq_length"]), device=dev)
+            times: dict = {layers: ([], []) for layers in models}
+            for rnd in range(FRAMEWORK_ROUNDS + 2):
+                for layers, model in (models.items() if rnd % 2 else reversed(models.items())):
+                    t0 = time.perf_counter()
+                    loss = model(input_ids=x, labels=x).loss
+                    sync()
+                    t1 = time.perf_counter()
+                    loss.backward()
+                    sync()
+                    t2 = time.perf_counter()
+                    model.zero_grad(set_to_none=True)
+                    if rnd >= 2:     # the first two rounds warm up
+                        times[layers][0].append(t1 - t0)
+                        times[layers][1].append(t2 - t1)
+            out[arch][dname] = {layers: [statistics.median(f), statistics.median(b)] for layers, (f, b) in times.items()}
+    return out
 
 
 def _host_memory_gb() -> float:

@@ -400,6 +400,66 @@ def test_engine_per_element_in_profile_files(tmp_path):
             load_profile(str(path))
 
 
+def test_framework_cost_per_block_and_model_every_micro_batch():
+    # profile.framework_s[arch][dtype] = [block forward, block backward, model]: every micro-batch pays L blocks'
+    # forward + backward and the model's share once; full recompute runs each block's forward again. recipe=tiny:
+    # 4 llama blocks, fp32, 2 micro-batches at global batch 32 on 2 ranks.
+    fb, bb, model = 3e-3, 1e-3, 5e-3
+    fw = {"llama": {"fp32": [fb, bb, model]}}
+    for recompute, per_block in (("false", fb + bb), ("true", 2 * fb + bb)):
+        _, shape, st = setup("batch.global_batch_size=32", f"model.activation_checkpointing={recompute}")
+        assert st.grad_accum_steps == 2 and shape.num_layers == 4
+        base = steptime.estimate_step_time(shape, st, hardware(ideal(), device="cpu"))
+        charged = steptime.estimate_step_time(shape, st, hardware(ideal(framework_s=fw), device="cpu"))
+        assert charged.step_time_s - base.step_time_s == pytest.approx(2 * (4 * per_block + model), rel=1e-9)
+        assert charged.framework_s == pytest.approx(2 * (4 * per_block + model), rel=1e-9)
+        assert sum(charged.breakdown().values()) == pytest.approx(charged.step_time_s, rel=1e-9)
+    # Mistral runs llama's code path and takes llama's figure; another dtype's or architecture's row is not used.
+    assert ideal(framework_s=fw).framework("mistral", "fp32") == (fb, bb, model)
+    assert ideal(framework_s=fw).framework("llama", "bf16") == (0.0, 0.0, 0.0)
+    assert ideal(framework_s=fw).framework("gpt", "fp32") == (0.0, 0.0, 0.0)
+
+
+def test_framework_residual_is_the_probe_beyond_the_charged_terms():
+    # A profile where every operator costs something (GEMMs at 0.1 TFLOP/s, 10 GB/s, 5 us a kernel). The probe's
+    # "measured" times are what the model charges for its 1- and 3-block models plus a known extra: 2 ms a block
+    # forward, 1 ms a block backward, 4 ms a model (split 3 forward + 1 backward). The residual is those extras.
+    prof = ideal(gemm_tflops={"any": 0.1}, memory_gbps=10.0, kernel_overhead_s=5e-6, attention_tflops={"any": 0.05})
+    P_ = steptime.FRAMEWORK_PROBE
+    measured = {}
+    for layers in P_["layers"]:
+        shape = dataclasses.replace(model_shape(compose(["recipe=tiny"]).model), hidden_size=P_["hidden_size"],
+                                    num_layers=layers, num_heads=P_["num_heads"], num_kv_heads=P_["num_heads"],
+                                    intermediate_size=P_["intermediate_size"], vocab_size=P_["vocab_size"])
+        st = dataclasses.replace(setup("cluster.gpus_per_node=1", "batch.global_batch_size=8")[2], micro_batch_size=1,
+                                 global_batch_size=1, seq_length=P_["seq_length"], padded_vocab_size=P_["vocab_size"])
+        links = steptime._links(st, prof)
+        bf, bb = steptime.block_costs(shape, st, prof, links)
+        first, last = steptime.end_costs(shape, st, prof, links)
+        measured[layers] = (layers * (bf.compute + 2e-3) + first.compute + 3e-3,
+                            layers * (bb.compute + 1e-3) + last.compute + 1e-3)
+    assert steptime.framework_residual("llama", "fp32", measured, prof) == pytest.approx([2e-3, 1e-3, 4e-3], rel=1e-6)
+    # Where the terms already charge more than the probe took, nothing is added (never a negative cost).
+    fast = {k: (f / 10, b / 10) for k, (f, b) in measured.items()}
+    assert min(steptime.framework_residual("llama", "fp32", fast, prof)) == 0.0
+
+
+def test_framework_in_profile_files(tmp_path):
+    import yaml
+
+    path = tmp_path / "p.yaml"
+    prof = ideal(framework_s={"llama": {"fp32": [2e-3, 1e-3, 4e-3]}}, compute_slots=2)
+    path.write_text(yaml.safe_dump(profile_to_dict(prof)))
+    assert load_profile(str(path)).framework_s == prof.framework_s
+    # Measured by 4 ranks on 2 cores: one rank alone on its core pays half (alone_rates).
+    path.write_text(yaml.safe_dump(profile_to_dict(prof, measured={"world": 4})))
+    assert load_profile(str(path)).framework("llama", "fp32") == pytest.approx((1e-3, 0.5e-3, 2e-3))
+    for bad in ([1e-3, 1e-3], [1e-3, -1e-3, 1e-3]):
+        path.write_text(yaml.safe_dump(profile_to_dict(ideal(framework_s={"llama": {"fp32": bad}}))))
+        with pytest.raises(ConfigError, match="framework_s.*block forward"):
+            load_profile(str(path))
+
+
 def test_ulysses_four_all_to_alls_each_way():
     # SP2, one micro-batch: per block q, k, v and the output each cross by their own all-to-all forward and again
     # backward (DeepSpeed _SeqAllToAll), each tensor n/sp tokens x a d: 8 all-to-alls of L + 1/2 x bytes / B.

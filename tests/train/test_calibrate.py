@@ -38,6 +38,17 @@ def test_calibrate_two_cpu_ranks_then_plan(tmp_path, capsys):
     assert big[4] > big[5]
     assert set(prof.engine_element_s) == {"fp32", "bf16"} and all(len(v) == 4 for v in prof.engine_element_s.values())
     assert prof.engine_element("fp32", 1) > 0
+    # The framework probe: every architecture and dtype timed at both block counts, forward and backward; three
+    # blocks take longer than one (each block is ~100 more operators forward); the residual is what the profile
+    # carries, and for llama's many small operators it is positive (~1-2 ms a block on this box).
+    fw = raw["framework"]
+    assert set(fw) == {"llama", "gpt", "bloom"} and all(set(by) == {"fp32", "bf16"} for by in fw.values())
+    for by in fw.values():
+        for t in by.values():
+            assert set(t) == {"1", "3"} and all(x > 0 for x in t["1"] + t["3"]) and t["3"][0] > t["1"][0]
+    assert set(prof.framework_s) == {"llama", "gpt", "bloom"}
+    assert all(len(v) == 3 and min(v) >= 0 for by in prof.framework_s.values() for v in by.values())
+    assert prof.framework("llama", "fp32")[0] > 0
     # Stragglers: 2 ranks, one group size, every target segment length timed, longer segments longer, fractions >= 0
     # (a slowest-minus-mean wait); the profile carries the table the plan reads.
     assert set(raw["straggler"]) == {"2"} and prof.straggler == {2: raw["straggler"]["2"]}
