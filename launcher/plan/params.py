@@ -119,8 +119,10 @@ def param_decays(model_cfg) -> tuple[bool, ...]:
     built models). The optimizer's two parameter groups are the True tensors, then the False ones."""
     m = model_cfg
     head = () if m.tie_word_embeddings else (True,)
-    if m.arch == "llama":
-        layer = (True,) * 7 + (False, False)  # q k v o gate up down; the two RMSNorm weights
+    if m.arch in ("llama", "mistral", "qwen2"):
+        # q k v o gate up down (Qwen2: q, k and v each followed by its bias); the two RMSNorm weights
+        attn = (True, False) * 3 + (True,) if m.arch == "qwen2" else (True,) * 4
+        layer = attn + (True,) * 3 + (False, False)
         return (True,) + layer * m.num_hidden_layers + (False,) + head
     # GPT-2 and BLOOM blocks: (ln w, ln b, qkv w, qkv b, proj w, proj b, ln w, ln b, fc w, fc b, proj w, proj b)
     layer = (False, False, True, False, True, False, False, False, True, False, True, False)

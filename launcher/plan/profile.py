@@ -58,11 +58,9 @@ from pathlib import Path
 from typing import Optional
 
 from launcher.config.errors import ConfigError
+from launcher.config.supported import LLAMA_FAMILY
 
 PROFILE_VERSION = 1
-# Architectures that run llama's transformers code path (RMSNorm, SwiGLU, rotary): what calibrate measured for
-# llama stands for them.
-ARCH_FAMILY = {"mistral": "llama", "qwen2": "llama"}
 
 
 @dataclass(frozen=True)
@@ -167,7 +165,7 @@ class Profile:
     def framework(self, arch: str, dtype: str) -> tuple[float, float, float]:
         """(block forward, block backward, model) seconds per micro-batch beyond the operator terms for `arch` in
         `dtype` (the llama family shares llama's; fp16 takes bf16's); zeros where the profile has none."""
-        by_dtype = self.framework_s.get(arch) or self.framework_s.get(ARCH_FAMILY.get(arch, arch)) or {}
+        by_dtype = self.framework_s.get(arch) or self.framework_s.get("llama" if arch in LLAMA_FAMILY else arch) or {}
         for d in (dtype, "bf16" if dtype == "fp16" else None):
             if d and by_dtype.get(d):
                 return tuple(float(x) for x in by_dtype[d])

@@ -155,7 +155,7 @@ def search_layouts(cfg) -> tuple[list[Candidate], dict]:
     gbs = plain.batch.global_batch_size
     heads, layers, arch = plain.model.num_attention_heads, plain.model.num_hidden_layers, plain.model.arch
     seq = plain.data.seq_length
-    sps = [k for k in _divisors(heads) if k <= gpn and seq % k == 0] if arch == "llama" else [1]
+    sps = [k for k in _divisors(heads) if k <= gpn and seq % k == 0] if arch in LLAMA_FAMILY else [1]
     cps = [k for k in _divisors(world) if k > 1 and seq % (2 * k) == 0] if arch in LLAMA_FAMILY else []
     # (Ulysses, CP) pairs: one of them 1; TP and PP without Ulysses (what train runs: config/layout.py).
     splits = [(sp, 1) for sp in sps] + [(1, cp) for cp in cps]

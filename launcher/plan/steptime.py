@@ -133,6 +133,7 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
+from launcher.config.supported import LLAMA_FAMILY
 from launcher.plan.flops import flops_per_token, recompute_flops_per_token
 from launcher.plan.inputs import Hardware, ModelShape, Strategy
 from launcher.plan.memory import (PARAM_PERSISTENCE_THRESHOLD, REDUCE_BUCKET_ELEMENTS, blocks_in_stage, stage_params,
@@ -249,7 +250,7 @@ def _norm_bytes(x: float, arch: str, w: int) -> tuple[float, int]:
     LLaMA's RMSNorm runs in fp32 in eager ops (transformers LlamaRMSNorm: to(fp32), pow, mean, + eps, rsqrt, mul,
     to(dtype), mul weight: each kernel reads and writes its tensor); LayerNorm (GPT, BLOOM) is one fused kernel
     reading and writing x."""
-    if arch == "llama":
+    if arch in LLAMA_FAMILY:
         casts = 0 if w == F32 else 2
         return x * (F32 * 8 + w * (2 + 2 * casts)), 6 + casts
     return 2 * x * w, 1
@@ -280,7 +281,7 @@ def block_costs(shape: ModelShape, st: Strategy, prof: Profile, links: dict) -> 
     q_el, kv_el = n * a * d / t, n * kv * d / t
     # attention block
     mem(norm_b, norm_k)
-    if shape.arch == "llama":
+    if shape.arch in LLAMA_FAMILY:
         gemm(n, a * d / t, h)                    # q_proj
         gemm(n, kv * d / t, h)                   # k_proj
         gemm(n, kv * d / t, h)                   # v_proj
@@ -328,7 +329,7 @@ def block_costs(shape: ModelShape, st: Strategy, prof: Profile, links: dict) -> 
     mem(3 * x_out * w, 1)                         # residual add
     # MLP
     mem(norm_b, norm_k)
-    if shape.arch == "llama":
+    if shape.arch in LLAMA_FAMILY:
         gemm(n, f / t, h)                         # gate_proj
         gemm(n, f / t, h)                         # up_proj
         mem(5 * n * f / t * w, 2)                 # silu(gate) * up
@@ -639,7 +640,7 @@ def _block_matrices(shape: ModelShape) -> list:
     """Weight elements of a block's linears in forward order: LLaMA's q, k, v, o, gate, up, down; GPT's and
     BLOOM's qkv, dense, fc, proj (norms and biases are far below ZeRO-3's persistence threshold)."""
     h, a, kv, d, f = shape.hidden_size, shape.num_heads, shape.num_kv_heads, shape.head_dim, shape.intermediate_size
-    if shape.arch == "llama":
+    if shape.arch in LLAMA_FAMILY:
         return [h * a * d, h * kv * d, h * kv * d, a * d * h, h * f, h * f, f * h]
     return [h * (a + 2 * kv) * d, a * d * h, h * f, f * h]
 
@@ -710,14 +711,15 @@ def _zero3_hooks_s(shape: ModelShape, st: Strategy, prof: Profile, costs: list) 
 
 def _parameter_tensors(shape: ModelShape, blocks: int, stage: int, p: int) -> int:
     """Parameter tensors on a stage, each of which ZeRO-3 tracks with its own hooks (profile.zero3_param_s).
-    Per block, LLaMA: 7 linear weights + 2 RMSNorm weights (9); BLOOM and GPT-2: 4 linears and 2 LayerNorms, each
+    Per block, LLaMA and Mistral: 7 linear weights + 2 RMSNorm weights (9); Qwen2: the same + q, k, v biases (12);
+    BLOOM and GPT-2: 4 linears and 2 LayerNorms, each
     a weight and a bias (12). Outside the blocks, LLaMA: embedding, final norm (+ the head unless tied); BLOOM: the
     embedding, its LayerNorm's 2, ln_f's 2 (+ head); GPT-2: wte, wpe, ln_f's 2 (+ head). recipe=tiny's
     LlamaForCausalLM: 4 x 9 + 3 = 39 (transformers' named_parameters()). A pipeline stage counts its blocks and
     the embedding (first) or final norm and head (last)."""
-    per_block = 9 if shape.arch == "llama" else 12
-    embed = {"llama": 1, "bloom": 3, "gpt": 2}.get(shape.arch, 1)
-    final_norm = 1 if shape.arch == "llama" else 2
+    per_block = {"qwen2": 12, "bloom": 12, "gpt": 12}.get(shape.arch, 9)
+    embed = {"bloom": 3, "gpt": 2}.get(shape.arch, 1)
+    final_norm = 1 if shape.arch in LLAMA_FAMILY else 2
     head = 0 if shape.tied_embeddings and p == 1 else 1
     if p == 1:
         return blocks * per_block + embed + final_norm + head

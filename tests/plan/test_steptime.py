@@ -362,6 +362,32 @@ def test_zero3_parameter_hooks_cost_per_parameter_tensor():
         == pytest.approx(2 * 38 * 1e-4)
 
 
+def test_mistral_and_qwen2_are_planned_as_the_llama_blocks_they_run():
+    # Mistral and Qwen2 run transformers' llama code path (separate q, k, v with rotary, RMSNorm in fp32, SwiGLU with
+    # gate and up): every operator term is llama's for the same shape, under a profile where element-wise work and
+    # kernels cost, with recompute, with TP. Qwen2 differs only in its q, k, v biases: the same operators, 3 more
+    # parameter tensors a block for ZeRO-3's hooks (4 x 12 + 3 = 51 for a 4-block model with an untied head), and
+    # their elements in the optimizer and the data-parallel traffic.
+    prof = ideal(gemm_half_dim={"any": 64.0}, memory_gbps=10.0, kernel_overhead_s=5e-6, attention_tflops={"any": 0.05})
+    for extra in ([], ["model.activation_checkpointing=true"], ["parallel.tensor_degree=2"],
+                  ["parallel.zero_stage=3"], ["precision=bf16", "parallel.pipeline_degree=2", "parallel.zero_stage=1"]):
+        by_arch = {}
+        for arch in ("llama", "mistral", "qwen2"):
+            _, shape, st = setup(f"model.arch={arch}", "model.num_key_value_heads=2", "batch.global_batch_size=32", *extra)
+            by_arch[arch] = steptime.estimate_step_time(shape, st, hardware(prof, device="cpu")).breakdown()
+        assert by_arch["mistral"] == by_arch["llama"], extra
+        ops = ("gemm", "attention", "memory_bound", "framework", "tp_comm", "sp_comm")
+        assert {k: by_arch["qwen2"][k] for k in ops} == {k: by_arch["llama"][k] for k in ops}, extra
+    _, shape, st = setup("model.arch=qwen2", "parallel.zero_stage=3", "batch.global_batch_size=32")
+    assert steptime.estimate_step_time(shape, st, hardware(ideal(zero3_param_s=1e-4), device="cpu")).engine_s \
+        == pytest.approx(2 * 51 * 1e-4)
+    # The count is the model transformers builds (meta device: shapes only).
+    from launcher.runtime.model import build_model
+
+    cfg = compose(["recipe=tiny", "model.arch=qwen2"])
+    assert len(list(build_model(cfg.model, 0, device="meta").parameters())) == 51
+
+
 def test_engine_per_element_work_per_step_or_per_micro_batch():
     # engine_element_s[dtype][stage] x the rank's parameters (recipe=tiny, no TP or PP: all N of them). ZeRO 0/1
     # reduce once after the last backward: once per step; ZeRO 2/3 in every micro-batch's backward: m times.

@@ -53,7 +53,8 @@ def test_gpt_biases_and_layernorms_get_no_decay():
     assert "transformer.wpe.weight" not in names and "transformer.wte.weight" not in names
 
 
-@pytest.mark.parametrize("overrides", [SMALL, GPT, BLOOM], ids=["llama", "gpt", "bloom"])
+@pytest.mark.parametrize("overrides", [SMALL, SMALL + ["model.arch=mistral"], SMALL + ["model.arch=qwen2"], GPT, BLOOM],
+                         ids=["llama", "mistral", "qwen2", "gpt", "bloom"])
 def test_planner_groups_match_the_built_model(overrides):
     """The planner's exact memory ledger (no torch) sizes the same two groups the engine gets."""
     from launcher.plan.params import param_decays, param_group_numels
