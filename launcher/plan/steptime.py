@@ -98,8 +98,8 @@ One micro-batch on one rank (n = b s / sp tokens outside attention; t = TP, sp =
                             calibrate` per architecture and dtype on the runtime's own model classes at near-zero
                             compute (FRAMEWORK_PROBE), less what these terms charge for that model
                             (framework_residual): per block forward and backward, and per model, charged every
-                            micro-batch (the block forward again under full recompute). On a 2-core CPU box ~1.5-2
-                            ms a llama block and ~2 ms a model, forward + backward (bench/steptime/results.md); 0
+                            micro-batch (the block forward again under full recompute). On a 2-core CPU box 2.7-3.1
+                            ms a llama block and 2.5-3.2 ms a model, forward + backward (bench/steptime/results.md); 0
                             in the built-in GPU profiles (not measured there: a GPU's Python runs ahead of its
                             kernels unless the kernels are as short as the Python).
     stragglers              every rank computes the same segment between two synchronisations of its group, yet

@@ -501,7 +501,7 @@ def _zero3_hooks(dev, sync, agree, grad_clip: float) -> tuple[list, float, float
 
 
 def engine_cost_per_unit(unit, width: int, dev, sync, agree=None, budget_s: float = 0.5, stage: int = 3,
-                         dtype=None, mpu=None, micro_batches: int = 1, *, grad_clip: float) -> tuple[list, float]:
+                         dtype=None, mpu=None, *, grad_clip: float) -> tuple[list, float]:
     """([[K, engine step s, plain step s], ...], seconds per unit) of a DeepSpeed engine at ZeRO `stage` over K units
     `unit()` (each taking and giving `width` features) less the same units plain, each a forward + backward + SGD
     step on a micro-batch of 4, at K = 8 and 40: the difference of the differences over 32, so the constant costs
@@ -525,21 +525,19 @@ def engine_cost_per_unit(unit, width: int, dev, sync, agree=None, budget_s: floa
         x = torch.randn(4, width, device=dev, dtype=dtype)
 
         def step():
-            for _ in range(micro_batches):
-                plain(x).float().sum().backward()
+            plain(x).float().sum().backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
         t_plain = _median_time(step, sync, 20, budget_s)
         model = nn.Sequential(*[unit() for _ in range(k)])
         engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=1e-3), mpu=mpu, config={
-            "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": micro_batches,
-            "gradient_clipping": grad_clip, "bf16": {"enabled": dtype == torch.bfloat16},
-            "zero_optimization": zero_optimization_base(stage, torch.device(dev).type), "zero_allow_untested_optimizer": True})
+            "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1, "gradient_clipping": grad_clip,
+            "bf16": {"enabled": dtype == torch.bfloat16}, "zero_optimization": zero_optimization_base(stage, torch.device(dev).type),
+            "zero_allow_untested_optimizer": True})
 
         def run():
-            for _ in range(micro_batches):     # as launcher/train.py drives it: engine.step() after every micro-batch
-                engine.backward(engine(x).float().sum())
-                engine.step()
+            engine.backward(engine(x).float().sum())
+            engine.step()
         t_engine = _median_time(run, sync, 20, budget_s, agree=agree)   # the ranks stop together (collectives)
         rows.append([k, t_engine, t_plain])
         extra.append(t_engine - t_plain)
