@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from launcher.config.supported import LLAMA_FAMILY
+
 
 @dataclass(frozen=True)
 class ParamCount:
@@ -87,7 +89,7 @@ def param_numels(model_cfg, vocab_size: int | None = None) -> tuple[int, ...]:
     m = model_cfg
     h, v = m.hidden_size, vocab_size or m.vocab_size
     head = () if m.tie_word_embeddings else (v * h,)
-    if m.arch in ("llama", "mistral", "qwen2"):
+    if m.arch in LLAMA_FAMILY:
         # LlamaForCausalLM: embed_tokens; per layer q, k, v, o, gate, up, down, input/post-attention RMSNorm; norm; lm_head.
         # Qwen2: each of q, k, v followed by its bias.
         kv = (m.num_key_value_heads or m.num_attention_heads) * (h // m.num_attention_heads)
@@ -119,7 +121,7 @@ def param_decays(model_cfg) -> tuple[bool, ...]:
     built models). The optimizer's two parameter groups are the True tensors, then the False ones."""
     m = model_cfg
     head = () if m.tie_word_embeddings else (True,)
-    if m.arch in ("llama", "mistral", "qwen2"):
+    if m.arch in LLAMA_FAMILY:
         # q k v o gate up down (Qwen2: q, k and v each followed by its bias); the two RMSNorm weights
         attn = (True, False) * 3 + (True,) if m.arch == "qwen2" else (True,) * 4
         layer = attn + (True,) * 3 + (False, False)

@@ -408,8 +408,9 @@ def framework_residual(arch: str, dtype: str, measured: dict, prof: Profile) -> 
                   micro_batch_size=1, grad_accum_steps=1, global_batch_size=1, seq_length=s, padded_vocab_size=v,
                   gpus_per_node=1, dtype=dtype, grad_accum_fp32=False, recompute="none")
     bare = replace(prof, framework_s={})
-    bf, bb = block_costs(shape, st, bare, _links(st, bare))
-    first, last = end_costs(shape, st, bare, _links(st, bare))
+    links = _links(st, bare)
+    bf, bb = block_costs(shape, st, bare, links)
+    first, last = end_costs(shape, st, bare, links)
     (f_lo, b_lo), (f_hi, b_hi) = measured[lo], measured[hi]
     block_f, block_b = (f_hi - f_lo) / (hi - lo), (b_hi - b_lo) / (hi - lo)
     model = (f_lo - lo * block_f) + (b_lo - lo * block_b)
@@ -717,7 +718,7 @@ def _parameter_tensors(shape: ModelShape, blocks: int, stage: int, p: int) -> in
     embedding, its LayerNorm's 2, ln_f's 2 (+ head); GPT-2: wte, wpe, ln_f's 2 (+ head). recipe=tiny's
     LlamaForCausalLM: 4 x 9 + 3 = 39 (transformers' named_parameters()). A pipeline stage counts its blocks and
     the embedding (first) or final norm and head (last)."""
-    per_block = {"qwen2": 12, "bloom": 12, "gpt": 12}.get(shape.arch, 9)
+    per_block = (12 if shape.arch == "qwen2" else 9) if shape.arch in LLAMA_FAMILY else 12
     embed = {"bloom": 3, "gpt": 2}.get(shape.arch, 1)
     final_norm = 1 if shape.arch in LLAMA_FAMILY else 2
     head = 0 if shape.tied_embeddings and p == 1 else 1

@@ -323,7 +323,7 @@ def _worker(raw_path: str, device: str, grad_clip: str) -> None:
     out["straggler"] = _straggler(dev, device, sync, dist)
     out["zero3"], out["zero3_module_s"], out["zero3_param_s"] = _zero3_hooks(dev, sync, agree, float(grad_clip))
     out["engine"], out["engine_element_s"] = _engine_per_element(dev, device, dtypes, sync, agree, float(grad_clip))
-    out["framework"] = _framework(dev, device, dtypes, sync)
+    out["framework"] = _framework(dev, device, dtypes)
     out["host_memory_gb"] = _host_memory_gb()
     out["seconds"] = time.perf_counter() - started
     if rank == 0:
@@ -617,12 +617,12 @@ def _engine_per_element(dev, device: str, dtypes, sync, agree, grad_clip: float)
 
 
 # The architectures whose transformers code paths the framework probe measures (mistral and qwen2 run llama's:
-# profile.ARCH_FAMILY).
+# launcher/config/supported.py LLAMA_FAMILY, which profile.framework maps to llama).
 FRAMEWORK_ARCHS = ("llama", "gpt", "bloom")
 FRAMEWORK_ROUNDS = 30
 
 
-def _framework(dev, device: str, dtypes, sync) -> dict:
+def _framework(dev, device: str, dtypes) -> dict:
     """{arch: {dtype: {blocks: [forward s, backward s]}}}: one micro-batch through the runtime's own model (launcher/
     runtime/model.py build_model) at steptime.FRAMEWORK_PROBE's near-zero shape, with its two block counts, forward
     (the loss) and backward timed apart, medians of FRAMEWORK_ROUNDS rounds that alternate the two models (so that
@@ -655,10 +655,8 @@ def _framework(dev, device: str, dtypes, sync) -> dict:
                 for layers, model in (models.items() if rnd % 2 else reversed(models.items())):
                     t0 = time.perf_counter()
                     loss = model(input_ids=x, labels=x).loss
-                    sync()
                     t1 = time.perf_counter()
                     loss.backward()
-                    sync()
                     t2 = time.perf_counter()
                     model.zero_grad(set_to_none=True)
                     if rnd >= 2:     # the first two rounds warm up
