@@ -308,6 +308,11 @@ def _gpu(name, peak_bf16, gemm_frac, attn, hbm_gbps, intra_bus, inter_bus, host_
 # ZeRO-3's hooks on a Linear stack (per module and per parameter tensor). Against the 1B runs on the same GPU
 # (bench/gpu/results.md) these predicted the step 1.05-1.07x of measured where the datasheet constants said
 # 0.85-0.91x (and ZeRO-3 0.81x against 0.42x). Links are not measured (one GPU): the H100's below.
+# Caveat (2026-11-27, one H100, bench/gpu/results.md): calibrate then timed one call per synchronisation, which on
+# the H100 read the copy bandwidth 28% low, small GEMMs and attention low, and charged the host's per-operator cost
+# on top of each kernel; its profile planned the H100's runs 1.37x long. calibrate now queues its calls as a step
+# does. The 1.05 above is then partly two errors cancelling (the plan's missing element-wise bytes); these figures
+# stay until an H200 is calibrated again.
 _H200_GEMM = {"bf16": [[256, 78.7], [512, 252], [1024, 514], [2048, 716], [4096, 771], [8192, 695]],
               "fp32": [[256, 66.0], [512, 143], [1024, 269], [2048, 313], [4096, 333], [8192, 342]]}
 _H200_SDPA = {"bf16": [[256, 5.46], [512, 21.3], [1024, 91.1], [2048, 183], [4096, 285]],

@@ -11,8 +11,10 @@ memory bus and cores as they will in training, measures:
                        and bf16, operands rotated through 64 MiB (read from beyond the cache, as in a step);
                        the table by d, and a fit to rate = P d / (d + d_half) (1/rate = 1/P + (d_half / P) / d)
     attention rate     causal SDPA forward + backward, head dim 64, sequence 64..1024 (GPU: to 4096); same fit
-    memory bandwidth   a 64 MiB copy (read + write)
-    kernel overhead    a chain of tiny autograd ops, forward + backward, seconds per op
+    memory bandwidth   a 64 MiB copy (read + write; GPU: 256 MiB)
+    kernel overhead    a chain of tiny autograd ops, forward + backward, seconds per op (GPU: the device's gap
+                       between kernels, 200 tiny kernels replayed from a CUDA graph; the host's chain kept beside)
+    (GPU: every compute rate with 20 calls queued between two synchronisations, as a step queues its kernels)
     collectives        all-reduce and all-to-all of 4 KiB .. 16 MiB over all ranks, each right after a ~1 ms
                        GEMM on every rank, as in a training step (its cost: the pair's mean time minus the
                        GEMM's alone, means since a step's total is count x mean). A collective that follows
@@ -37,7 +39,8 @@ memory bus and cores as they will in training, measures:
                        near-zero-compute shape (launcher/plan/steptime.py FRAMEWORK_PROBE) with 1 and 3 blocks,
                        fp32 and bf16, forward and backward timed apart: what every micro-batch pays in dispatch,
                        autograd and module Python, less what the step-time model charges for that model
-                       (framework_s: per block forward, backward, and per model)
+                       (framework_s: per block forward, backward, and per model). On a GPU the same probe
+                       times the host's issue time per micro-batch, recorded (measurements) and not charged
     host memory        /proc/meminfo MemTotal; compute slots: cores / threads per rank (CPU ranks)
 
 The compute rates (GEMM, attention, memory, kernel overhead) are the median of COMPUTE_ROUNDS sweeps: one sweep
@@ -121,15 +124,17 @@ def calibrate(cfg, out: str, console=None) -> Path:
         attention_table={d: _median_by_size(points) for d, points in raw["attention"].items()},
         source=(f"launcher calibrate on {raw['hostname']}, {raw['world']} {device} ranks, {raw['backend']}, "
                 f"{threads} thread(s) per rank, torch {raw['torch']}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"))
-    # What a micro-batch pays beyond the operator terms: the probe's measured times less what the step-time model
-    # charges for the same model on the rates just fitted (launcher/plan/steptime.py framework_residual).
-    prof = replace(prof, framework_s={
-        arch: {d: framework_residual(arch, d, {int(k): v for k, v in by_layers.items()}, prof)
-               for d, by_layers in by_dtype.items()} for arch, by_dtype in raw["framework"].items()})
+    # What a micro-batch pays beyond the operator terms (CPU ranks): the probe's measured times less what the
+    # step-time model charges for the same model on the rates just fitted (launcher/plan/steptime.py
+    # framework_residual). On a GPU the probe's times are the host's issue time, kept in the measurements only.
+    if device == "cpu":
+        prof = replace(prof, framework_s={
+            arch: {d: framework_residual(arch, d, {int(k): v for k, v in by_layers.items()}, prof)
+                   for d, by_layers in by_dtype.items()} for arch, by_dtype in raw["framework"].items()})
     doc = profile_to_dict(prof, measured={k: raw[k] for k in ("gemm", "attention", "all_reduce", "all_reduce_after_compute",
                                                               "all_to_all_after_compute", "straggler", "zero3", "engine", "framework", "world",
                                                               "backend",
-                                                              "device_name", "cores", "seconds")})
+                                                              "device_name", "cores", "seconds", "kernel_host_s") if k in raw})
     doc["measurements"]["note"] = ("gemm: [side, FLOP/s]; attention: [seq, causal FLOP/s fwd+bwd]; all_reduce (bare, "
                                    "back to back), *_after_compute (the fit's input): [bytes, seconds]; zero3: seconds "
                                    "per forward + backward [unit, modules, zero-3 engine, plain]; straggler: {group size: [mean segment seconds, (slowest - mean) / mean]}; engine: seconds per step [dtype, ZeRO stage, "
@@ -225,9 +230,16 @@ def _timer(device):
     return sync
 
 
-def _median_time(fn, sync, repeats: int, budget_s: float = 0.5, agree=None, center=statistics.median) -> float:
+def _median_time(fn, sync, repeats: int, budget_s: float = 0.5, agree=None, center=statistics.median,
+                 calls: int = 1) -> float:
     """Median seconds of `fn` over up to `repeats` runs, stopping early once `budget_s` is spent (3 runs at least).
     `center=statistics.mean` for a cost that a step pays many times over (its sum is count x the mean).
+
+    `calls`: `fn` is called that many times back to back within one timed run, which counts as one run of its
+    per-call mean. On a GPU a training step queues its kernels ahead of the device; one call between two
+    synchronisations adds the host's launch, dispatch and synchronisation to every kernel instead. On an H100
+    (bench/gpu/results.md, 2026-11-27, bench/gpu/sync_probe.py), one call per synchronisation against 20 back to
+    back: a 64 MiB copy 2,091 against 2,739 GB/s, a bf16 GEMM on 16,384 x 1,024 tokens 414 against 645 TFLOP/s.
 
     `agree(done) -> bool` (for an `fn` that issues a collective): every rank must run `fn` the same number of times,
     or one rank leaves the loop while the others wait in the collective's next call (a deadlock seen in CI: rank 0
@@ -239,9 +251,10 @@ def _median_time(fn, sync, repeats: int, budget_s: float = 0.5, agree=None, cent
     deadline = time.perf_counter() + budget_s
     for _ in range(repeats):
         t0 = time.perf_counter()
-        fn()
+        for _ in range(calls):
+            fn()
         sync()
-        times.append(time.perf_counter() - t0)
+        times.append((time.perf_counter() - t0) / calls)
         done = time.perf_counter() > deadline and len(times) >= 3
         if agree is not None:
             done = agree(done)
@@ -392,6 +405,8 @@ def _compute_sweep(dev, device, dtypes, sync, dist) -> dict:
     import torch.nn.functional as F
 
     out: dict = {}
+    # Calls queued between two synchronisations (_median_time): on CPU ranks every call is synchronous anyway.
+    queued = 1 if device == "cpu" else 20
     # GEMMs: every rank at once (a barrier before each shape), as the ranks of a training step share the node, and
     # as autograd issues them for a Linear(d, d) on `tokens` tokens: the forward X W^T (F.linear), the input
     # gradient dY W and the weight gradient dY^T X, transposed operands as views. The operands rotate through a
@@ -414,28 +429,32 @@ def _compute_sweep(dev, device, dtypes, sync, dist) -> dict:
                          lambda x, w, g: torch.mm(g, w),         # input gradient
                          lambda x, w, g: torch.mm(g.t(), x)):    # weight gradient
                 dist.barrier()
-                t = _median_time(lambda: gemm(*pool[next(turn) % len(pool)]), sync, 20)
+                t = _median_time(lambda: gemm(*pool[next(turn) % len(pool)]), sync, 20, calls=queued)
                 out["gemm"][dname].append([d, 2.0 * tokens * d * d / t])
 
         # Causal SDPA forward + backward, counted in causal FLOPs (launcher/plan/steptime.py attention_fwd_flops).
-        heads, hd = (4, 64) if device == "cpu" else (16, 128)
+        # On a GPU 4 sequences: one has too few (heads x query tiles) blocks for 132 SMs at the shorter lengths
+        # (H100, s 2,048, back to back: 215 TFLOP/s at batch 1, 317 at batch 4, sync_probe.py).
+        heads, hd, batch = (4, 64, 1) if device == "cpu" else (16, 128, 4)
         out["attention"][dname] = []
         for s in ATTN_SEQS_CPU if device == "cpu" else ATTN_SEQS_GPU:
-            q, k, v = (torch.randn(1, heads, s, hd, device=dev, dtype=tdtype, requires_grad=True) for _ in range(3))
-            g = torch.randn(1, heads, s, hd, device=dev, dtype=tdtype)
+            q, k, v = (torch.randn(batch, heads, s, hd, device=dev, dtype=tdtype, requires_grad=True) for _ in range(3))
+            g = torch.randn(batch, heads, s, hd, device=dev, dtype=tdtype)
 
             def step():
                 F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(g)
             dist.barrier()
-            t = _median_time(step, sync, 10)
-            out["attention"][dname].append([s, 4.0 * s * s * heads * hd / 2 * 3.5 / t])
+            t = _median_time(step, sync, 10, calls=queued)
+            out["attention"][dname].append([s, batch * 4.0 * s * s * heads * hd / 2 * 3.5 / t])
 
-    # Memory bandwidth: a 64 MiB copy reads and writes 64 MiB each.
-    n = (64 << 20) // 4
+    # Memory bandwidth: a copy reads and writes its size each; 64 MiB on CPU ranks, 256 MiB on a GPU (a 1B model's
+    # element-wise operands are 32-88 MiB; queued, an H100 copies 64 MiB at 2,739 GB/s, 256 MiB at 2,942, 1 GiB at
+    # 2,976; silu(a) * b on [4, 2048, 5632] bf16 moves 2,871: sync_probe.py).
+    n = ((64 if device == "cpu" else 256) << 20) // 4
     src = torch.ones(n, device=dev, dtype=torch.float32)
     dst = torch.empty_like(src)
     dist.barrier()
-    t = _median_time(lambda: dst.copy_(src), sync, 10)
+    t = _median_time(lambda: dst.copy_(src), sync, 10, calls=queued)
     out["memory_gbps"] = 2 * n * 4 / t / 1e9
 
     # Per-operator overhead: 100 tiny ops forward and their 100 backward nodes.
@@ -447,7 +466,27 @@ def _compute_sweep(dev, device, dtypes, sync, dist) -> dict:
             y = y * 1.0001
         y.sum().backward()
     dist.barrier()
-    out["kernel_overhead_s"] = _median_time(chain, sync, 10) / 200
+    host_per_op = _median_time(chain, sync, 10) / 200
+    if device == "cpu":
+        out["kernel_overhead_s"] = host_per_op
+        return out
+    # On a GPU the host's cost per operator (H100: 15.5 us) runs ahead of the kernels a step has queued (the ~1B
+    # LLaMA's micro-batch: 2,457 kernels, GPU busy 138 of 142 ms wall, sync_probe.py), so what each kernel adds to
+    # the step is the device's own gap between kernels: the same 200 tiny kernels replayed from a CUDA graph (no host
+    # work; H100: 1.0 us). The host's figure is kept beside it (kernel_host_s in the raw measurements).
+    out["kernel_host_s"] = host_per_op
+    z = torch.ones(8, device=dev)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):       # warm up off the default stream, as CUDA graph capture requires
+        for _ in range(3):
+            z.mul_(1.0001)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(200):
+            z.mul_(1.0001)
+    out["kernel_overhead_s"] = _median_time(graph.replay, sync, 10, calls=queued) / 200
     return out
 
 
@@ -459,6 +498,8 @@ def _median_of(sweeps: list) -> dict:
     med = statistics.median
     out = {"kernel_overhead_s": med(x["kernel_overhead_s"] for x in sweeps),
            "memory_gbps": med(x["memory_gbps"] for x in sweeps)}
+    if "kernel_host_s" in sweeps[0]:    # GPU: the host's cost per operator, kept beside the device's gap
+        out["kernel_host_s"] = med(x["kernel_host_s"] for x in sweeps)
     for key in ("gemm", "attention"):
         out[key] = {d: [[row[0], med(x[key][d][i][1] for x in sweeps)] for i, row in enumerate(rows)]
                     for d, rows in sweeps[0][key].items()}
@@ -627,8 +668,12 @@ def _framework(dev, device: str, dtypes) -> dict:
     runtime/model.py build_model) at steptime.FRAMEWORK_PROBE's near-zero shape, with its two block counts, forward
     (the loss) and backward timed apart, medians of FRAMEWORK_ROUNDS rounds that alternate the two models (so that
     the machine's drift falls on both alike). No collective: every rank runs its own, all at once, as in training.
-    CPU ranks only: a GPU's Python runs ahead of its kernels, so there it would be charged on top of the kernels it
-    overlaps ({} on a GPU; the built-in GPU profiles have none either)."""
+    On a GPU the same probe times what the host takes to issue a micro-batch (its kernels are tiny and queued; the
+    device is synchronised after each round, outside the timed spans). That is not added to the kernels: the host
+    runs ahead of them. It bounds a micro-batch from below instead, and where the device's work is shorter the
+    step is host-bound: the ~1B LLaMA on one H100 at micro-batch 2 took 94 ms a micro-batch where its kernels need
+    ~70 (bench/gpu/results.md, 2026-11-27). calibrate records it (measurements.framework); the plan does not use
+    it yet (framework_s stays {} on a GPU)."""
     import torch
     from omegaconf import OmegaConf
 
@@ -636,8 +681,6 @@ def _framework(dev, device: str, dtypes) -> dict:
     from launcher.plan.steptime import FRAMEWORK_PROBE as P
     from launcher.runtime.model import build_model
 
-    if device != "cpu":
-        return {}
     base = compose(["model=tiny"]).model
     out: dict = {}
     for arch in FRAMEWORK_ARCHS:
@@ -659,6 +702,8 @@ def _framework(dev, device: str, dtypes) -> dict:
                     loss.backward()
                     t2 = time.perf_counter()
                     model.zero_grad(set_to_none=True)
+                    if device != "cpu":
+                        torch.cuda.synchronize()    # the next round starts on an idle device
                     if rnd >= 2:     # the first two rounds warm up
                         times[layers][0].append(t1 - t0)
                         times[layers][1].append(t2 - t1)

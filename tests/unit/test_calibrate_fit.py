@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.runtime.calibrate import _median_of, fit_alpha_beta, fit_saturation
+from launcher.runtime.calibrate import _median_of, _median_time, fit_alpha_beta, fit_saturation
 
 
 def _sweep(scale: float, overhead: float, gbps: float) -> dict:
@@ -27,6 +27,23 @@ def test_median_of_is_per_item_not_per_sweep():
     a["gemm"]["fp32"][0][1] = 0.25     # sweep a slow at side 32 only
     b["gemm"]["fp32"][1][1] = 0.5      # sweep b slow at side 64 only
     assert _median_of([a, b, c])["gemm"]["fp32"] == [[32, 1.0], [64, 2.0]]
+
+
+def test_median_of_keeps_the_gpu_host_cost_per_operator():
+    sweeps = [{**_sweep(1.0, 1e-6, 10.0), "kernel_host_s": h} for h in (15e-6, 20e-6, 14e-6)]
+    assert _median_of(sweeps)["kernel_host_s"] == 15e-6
+    assert "kernel_host_s" not in _median_of([_sweep(1.0, 3e-6, 10.0)])    # CPU sweeps have none
+
+
+def test_median_time_queues_calls_between_synchronisations():
+    # On a GPU calibrate times `calls` calls queued back to back per synchronisation, as a step queues its kernels:
+    # each timed run is `calls` calls and one sync, and the result is per call.
+    calls, syncs = [], []
+    _median_time(lambda: calls.append(1), lambda: syncs.append(1), repeats=3, budget_s=0.0, calls=4)
+    assert len(calls) == 1 + 3 * 4 and len(syncs) == 1 + 3      # one warm-up call, then 3 runs of 4
+    # Per call: 4 calls of a 20 ms sleep time as one 20 ms call, not 80 ms.
+    import time
+    assert 0.015 < _median_time(lambda: time.sleep(0.02), lambda: None, repeats=3, budget_s=0.0, calls=4) < 0.07
 
 
 def test_fit_saturation_recovers_plateau_and_half():
