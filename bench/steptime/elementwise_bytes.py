@@ -1,0 +1,133 @@
+"""The step-time model's memory-bound bytes against the bytes the runtime's own model moves outside its GEMMs and
+attention: every aten operator of one micro-batch forward + backward (loss included) that is not a matmul, not
+SDPA and not a view, counted as the bytes of its tensor inputs plus its outputs (what an eager kernel reads and
+writes), on CPU ranks' real tensors at a small shape, with 1 and 2 blocks (the difference is one block).
+
+The plan's side: launcher/plan/steptime.py at that shape with a profile of 1 GB/s and no per-kernel cost, so that its
+memory-bound seconds are bytes (x 1e9).
+
+    .venv/bin/python bench/steptime/elementwise_bytes.py [arch ...]      # default: llama gpt bloom, fp32 and bf16
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+import yaml  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+
+from launcher.config.compose import compose  # noqa: E402
+from launcher.config.layout import resolve_layout  # noqa: E402
+from launcher.plan.profile import BUILTIN, profile_to_dict  # noqa: E402
+from launcher.plan.report import plan_summary  # noqa: E402
+from launcher.runtime.model import build_model  # noqa: E402
+
+GEMM = {"mm", "addmm", "bmm", "baddbmm", "matmul", "linear"}
+SHAPE = {"hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 4, "intermediate_size": 704,
+         "vocab_size": 1024}
+BATCH, SEQ = 2, 256
+
+
+class Bytes(TorchDispatchMode):
+    """Sum of input + output tensor bytes of every non-view, non-GEMM, non-attention aten op; by op name too."""
+
+    def __init__(self):
+        super().__init__()
+        self.total, self.by_op, self.kernels = 0, {}, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = func.overloadpacket.__name__
+        schema = func._schema
+        view = any(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns)
+        if view or name in GEMM or "scaled_dot_product" in name or name.startswith("empty") or name in (
+                "detach", "lift_fresh", "set_", "resize_", "_unsafe_view"):
+            return out
+        seen, nbytes = set(), 0
+        for t in _tensors(args) + _tensors(kwargs) + _tensors(out):
+            key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
+            if key not in seen:
+                seen.add(key)
+                nbytes += t.numel() * t.element_size()
+        if name == "nll_loss_forward":       # reads the target and one log-probability per token, not all of them
+            target = args[1]
+            nbytes = target.numel() * (target.element_size() + args[0].element_size()) + sum(
+                t.numel() * t.element_size() for t in _tensors(out))
+        elif name == "nll_loss_backward":    # writes the dense gradient; reads the target
+            nbytes = sum(t.numel() * t.element_size() for t in _tensors(out)) + args[2].numel() * args[2].element_size()
+        elif name in ("zero_", "fill_", "zeros", "zeros_like", "ones", "ones_like", "full", "new_zeros", "scalar_tensor"):
+            nbytes = sum(t.numel() * t.element_size() for t in _tensors(out))   # written, not read
+        self.total += nbytes
+        self.kernels += 1
+        self.by_op[name] = self.by_op.get(name, 0) + nbytes
+        return out
+
+
+def _tensors(x) -> list:
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, (list, tuple)):
+        return [t for y in x for t in _tensors(y)]
+    if isinstance(x, dict):
+        return [t for y in x.values() for t in _tensors(y)]
+    return []
+
+
+def overrides(arch: str, layers: int, dtype: str) -> list[str]:
+    return ["model=tiny", f"model.arch={arch}", f"model.num_hidden_layers={layers}", f"data.seq_length={SEQ}",
+            f"model.max_position_embeddings={SEQ}", f"precision={dtype}", "cluster=h100-80gb", "cluster.nodes=1",
+            "cluster.gpus_per_node=1", f"batch.micro_batch_size={BATCH}", f"batch.global_batch_size={BATCH}",
+            "parallel.zero_stage=0"] + [f"model.{k}={v}" for k, v in SHAPE.items()
+                                        if not (k == "intermediate_size" and arch in ("gpt", "bloom"))] + (
+        ["model.intermediate_size=null"] if arch in ("gpt", "bloom") else [])
+
+
+def counted(arch: str, layers: int, dtype: str) -> tuple[int, int, dict]:
+    cfg = compose(overrides(arch, layers, dtype))
+    model = build_model(cfg.model, seed=0, vocab_size=SHAPE["vocab_size"]).to(
+        torch.bfloat16 if dtype == "bf16" else torch.float32)
+    ids = torch.randint(0, SHAPE["vocab_size"], (BATCH, SEQ))
+    model(input_ids=ids, labels=ids).loss.backward()       # warm-up (lazy buffers, caches)
+    model.zero_grad(set_to_none=True)
+    with Bytes() as m:
+        model(input_ids=ids, labels=ids).loss.backward()
+    return m.total, m.kernels, m.by_op
+
+
+def planned(arch: str, layers: int, dtype: str, profile: str) -> float:
+    cfg = compose(overrides(arch, layers, dtype) + [f"cluster.profile={profile}"])
+    return plan_summary(cfg, resolve_layout(cfg))["step_time_breakdown_s"]["memory_bound"] * 1e9
+
+
+def main(archs: list[str]) -> None:
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as tmp:
+        prof = Path(tmp) / "bytes.yaml"
+        prof.write_text(yaml.safe_dump(profile_to_dict(replace(BUILTIN["h100-80gb"], memory_gbps=1.0,
+                                                               kernel_overhead_s=0.0))))
+        print(f"shape {SHAPE}, micro-batch {BATCH} x {SEQ}; MB = 1e6 bytes, forward + backward + loss")
+        print("| arch | dtype | per block: counted / planned (MB), planned / counted | ends: counted / planned (MB) | kernels a block |")
+        print("|---|---|---|---|---|")
+        for arch in archs:
+            for dtype in ("fp32", "bf16"):
+                (c1, k1, _), (c2, k2, by2) = counted(arch, 1, dtype), counted(arch, 2, dtype)
+                p1, p2 = planned(arch, 1, dtype, str(prof)), planned(arch, 2, dtype, str(prof))
+                blk_c, blk_p = c2 - c1, p2 - p1
+                print(f"| {arch} | {dtype} | {blk_c / 1e6:.1f} / {blk_p / 1e6:.1f}, **{blk_p / blk_c:.2f}** | "
+                      f"{(c1 - blk_c) / 1e6:.1f} / {(p1 - blk_p) / 1e6:.1f}, **{(p1 - blk_p) / (c1 - blk_c):.2f}** | {k2 - k1} |")
+                if "-v" in sys.argv:
+                    _, _, by1 = counted(arch, 1, dtype)
+                    for op in sorted(by2, key=lambda o: -(by2[o] - by1.get(o, 0))):
+                        print(f"    {op}: {(by2[op] - by1.get(op, 0)) / 1e6:.2f} MB a block")
+
+
+if __name__ == "__main__":
+    main([a for a in sys.argv[1:] if not a.startswith("-")] or ["llama", "gpt", "bloom"])
