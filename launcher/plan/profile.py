@@ -32,6 +32,11 @@ A profile says how fast one accelerator (or one CPU rank) runs each kind of oper
                             step (gradient buckets flattened and copied, fp32 partitions, the clipping norm, ZeRO-3
                             gathers into flat buffers), measured by `launcher calibrate` with no collective in it
                             (each rank its own data-parallel group); {} where not measured (the built-ins)
+    engine_tensor_s[dtype]  the same engine's work per parameter tensor and step, by ZeRO stage 0..3, whatever the
+                            tensor's size (per-tensor gradient hooks, bucket bookkeeping, fp32 copies launched one
+                            tensor at a time): the probe's cost of its smallest Linear less that Linear's elements
+                            x engine_element_s; stage 3 is 0 (ZeRO-3's per-tensor cost is zero3_param_s); {} where
+                            not measured (the built-ins)
     framework_s[arch][dt]   [block forward, block backward, model] seconds per micro-batch that the operator terms
                             do not count: the PyTorch dispatch, autograd and transformers module Python of the
                             runtime's own model classes (views, reshapes, casts, masks: ~2,400 operators a
@@ -155,6 +160,7 @@ class Profile:
     zero3_module_s: float = 0.0
     zero3_param_s: float = 0.0
     engine_element_s: dict = field(default_factory=dict)
+    engine_tensor_s: dict = field(default_factory=dict)
     # All-to-all (Ulysses) inside a node where measured apart from the all-reduce (gloo runs them by different
     # algorithms); None: the intra link.
     all_to_all: Optional[Link] = None
@@ -191,10 +197,12 @@ class Profile:
     def engine_element(self, dtype: str, zero_stage: int) -> float:
         """Seconds per parameter element and step of DeepSpeed's engine at `zero_stage` in `dtype` (fp16 takes
         bf16's figure: the same 16-bit paths); 0 where the profile has none."""
-        for d in (dtype, "bf16" if dtype == "fp16" else None):
-            if d and self.engine_element_s.get(d):
-                return float(self.engine_element_s[d][zero_stage])
-        return 0.0
+        return _by_stage(self.engine_element_s, dtype, zero_stage)
+
+    def engine_tensor(self, dtype: str, zero_stage: int) -> float:
+        """Seconds per parameter tensor and step of DeepSpeed's engine at `zero_stage` in `dtype` (as
+        engine_element); 0 where the profile has none."""
+        return _by_stage(self.engine_tensor_s, dtype, zero_stage)
 
     def gemm_rate(self, dtype: str) -> tuple[float, float]:
         """(plateau FLOP/s, half-rate dimension) of GEMMs in `dtype`."""
@@ -371,6 +379,14 @@ _REQUIRED = ("name", "gemm_tflops", "gemm_half_dim", "attention_tflops", "attent
              "kernel_overhead_s", "intra", "inter")
 
 
+def _by_stage(table: dict, dtype: str, zero_stage: int) -> float:
+    """table[dtype][zero_stage], fp16 taking bf16's row (the same 16-bit paths); 0 without a row."""
+    for d in (dtype, "bf16" if dtype == "fp16" else None):
+        if d and table.get(d):
+            return float(table[d][zero_stage])
+    return 0.0
+
+
 def profile_to_dict(p: Profile, measured: Optional[dict] = None) -> dict:
     """The YAML document of a profile: version first, the fitted rates, then the raw measurements."""
     out = {"version": PROFILE_VERSION, **asdict(p)}
@@ -417,6 +433,7 @@ def load_profile(path: str) -> Profile:
             zero3_module_s=float(doc.get("zero3_module_s") or 0.0),
             zero3_param_s=float(doc.get("zero3_param_s") or 0.0),
             engine_element_s={str(k): [float(x) for x in v] for k, v in (doc.get("engine_element_s") or {}).items()},
+            engine_tensor_s={str(k): [float(x) for x in v] for k, v in (doc.get("engine_tensor_s") or {}).items()},
             all_to_all=(Link(float(doc["all_to_all"]["latency_s"]), float(doc["all_to_all"]["bus_gbps"]))
                         if doc.get("all_to_all") else None),
             nccl=(NcclTuning(**{str(k): float(v) for k, v in doc["nccl"].items()})
@@ -434,9 +451,10 @@ def load_profile(path: str) -> Profile:
     if any(g < 2 or not rows or any(t <= 0 or f < 0 for t, f in rows) for g, rows in prof.straggler.items()):
         raise ConfigError(key, path, "has a straggler table that is not [[segment seconds > 0, fraction >= 0], ...] "
                           "per group size >= 2", fix)
-    if any(len(v) != 4 or any(x < 0 for x in v) for v in prof.engine_element_s.values()):
-        raise ConfigError(key, path, "has an engine_element_s that is not 4 non-negative seconds (ZeRO stages 0-3) "
-                          "per dtype", fix)
+    for name, table in (("engine_element_s", prof.engine_element_s), ("engine_tensor_s", prof.engine_tensor_s)):
+        if any(len(v) != 4 or any(x < 0 for x in v) for v in table.values()):
+            raise ConfigError(key, path, f"has an {name} that is not 4 non-negative seconds (ZeRO stages 0-3) "
+                              "per dtype", fix)
     if any(len(v) != 3 or any(x < 0 for x in v) for by_dtype in prof.framework_s.values() for v in by_dtype.values()):
         raise ConfigError(key, path, "has a framework_s that is not 3 non-negative seconds (block forward, block "
                           "backward, model) per architecture and dtype", fix)
@@ -473,4 +491,5 @@ def alone_rates(prof: Profile, measured_ranks) -> Profile:
                    memory_gbps=prof.memory_gbps * f, kernel_overhead_s=prof.kernel_overhead_s / f,
                    zero3_module_s=prof.zero3_module_s / f, zero3_param_s=prof.zero3_param_s / f,
                    engine_element_s={d: [x / f for x in v] for d, v in prof.engine_element_s.items()},
+                   engine_tensor_s={d: [x / f for x in v] for d, v in prof.engine_tensor_s.items()},
                    framework_s={a: {d: [x / f for x in v] for d, v in by.items()} for a, by in prof.framework_s.items()})

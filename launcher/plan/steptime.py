@@ -90,7 +90,12 @@ One micro-batch on one rank (n = b s / sp tokens outside attention; t = TP, sp =
                             runs at r = 1), an over-charge at r > 1. On a 2-core CPU box: 0.6-2 (ZeRO-0), 10-15
                             (ZeRO-1, 2), 4-12 (ZeRO-3) ns per fp32 element, 7-17 ms a step for recipe=tiny at
                             ZeRO 1-3 (bench/steptime/results.md); 0 in the built-in GPU profiles (not measured
-                            there).
+                            there). Plus its work per parameter tensor, whatever the size (per-tensor gradient
+                            hooks and bucket bookkeeping): the stage's parameter tensors x engine_tensor_s, charged
+                            as the per-element part (ZeRO-3's is zero3_param_s). On the 2-core box, fp32, 0.09
+                            (ZeRO-0), 0.26 (ZeRO-1) and 0.19 (ZeRO-2) ms a tensor; the ZeRO-2 figure is what
+                            recipe=tiny's near-zero-width model paid per extra micro-batch over ZeRO-0 (39 tensors,
+                            +5.9 ms: 0.15 ms a tensor, bench/steptime/results.md).
     framework               what a micro-batch pays beyond its operators' arithmetic and the per-kernel cost the
                             terms above count: PyTorch dispatch and autograd for every view, reshape, cast and
                             small op, and the transformers modules' Python (recipe=tiny's 4 blocks run ~2,400
@@ -522,9 +527,13 @@ def estimate_step_time(shape: ModelShape, st: Strategy, hw: Hardware, train_toke
             c = c + last
         costs.append(c)
     hooks = _zero3_hooks_s(shape, st, prof, costs)
-    # DeepSpeed's per-element work (module docstring): per micro-batch under ZeRO 2/3, per step under ZeRO 0/1.
+    # DeepSpeed's per-element and per-tensor work (module docstring): per micro-batch under ZeRO 2/3, per step
+    # under ZeRO 0/1.
     per_element = prof.engine_element(st.dtype, st.zero_stage)
-    element = [stage_params(shape, st, stage) * per_element if per_element else 0.0 for stage in range(p)]
+    per_tensor = prof.engine_tensor(st.dtype, st.zero_stage)
+    element = [(stage_params(shape, st, stage) * per_element if per_element else 0.0)
+               + (_parameter_tensors(shape, blocks_in_stage(shape, st, stage), stage, p) * per_tensor if per_tensor else 0.0)
+               for stage in range(p)]
     per_mb = st.zero_stage >= 2
     hooks = [hk + (e if per_mb else 0.0) for hk, e in zip(hooks, element)]
     engine_step = [0.0 if per_mb else e for e in element]

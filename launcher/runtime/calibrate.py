@@ -34,7 +34,8 @@ memory bus and cores as they will in training, measures:
                        group (no collective: the plan charges traffic apart), at d = 32 and d = 384 (GPU: 2,048;
                        above ZeRO-3's persistence threshold, so gathered): seconds per parameter element and step
                        (engine_element_s), the difference of the two sizes' per-layer costs over that of their
-                       elements (the per-module and per-tensor costs cancel)
+                       elements (the per-module and per-tensor costs cancel); and per parameter tensor
+                       (engine_tensor_s), the small layer's cost less its elements at that rate
     framework          CPU ranks: one micro-batch through the runtime's own llama, gpt and bloom models at a
                        near-zero-compute shape (launcher/plan/steptime.py FRAMEWORK_PROBE) with 1 and 3 blocks,
                        fp32 and bf16, forward and backward timed apart: what every micro-batch pays in dispatch,
@@ -117,7 +118,7 @@ def calibrate(cfg, out: str, console=None) -> Path:
         # One node measured: the inter-node link is unknown here, so it is taken equal to the local one (stated).
         intra=link, inter=link, all_to_all=a2a, host_memory_gb=raw["host_memory_gb"],
         zero3_module_s=raw["zero3_module_s"], zero3_param_s=raw["zero3_param_s"],
-        engine_element_s=raw["engine_element_s"],
+        engine_element_s=raw["engine_element_s"], engine_tensor_s=raw["engine_tensor_s"],
         straggler={int(g): rows for g, rows in raw["straggler"].items()},
         compute_slots=max(1, (raw["cores"] // threads)) if device == "cpu" else None,
         gemm_table={d: _median_by_size(points) for d, points in raw["gemm"].items()},
@@ -335,7 +336,7 @@ def _worker(raw_path: str, device: str, grad_clip: str) -> None:
 
     out["straggler"] = _straggler(dev, device, sync, dist)
     out["zero3"], out["zero3_module_s"], out["zero3_param_s"] = _zero3_hooks(dev, sync, agree, float(grad_clip))
-    out["engine"], out["engine_element_s"] = _engine_per_element(dev, device, dtypes, sync, agree, float(grad_clip))
+    out["engine"], out["engine_element_s"], out["engine_tensor_s"] = _engine_per_element(dev, device, dtypes, sync, agree, float(grad_clip))
     out["framework"] = _framework(dev, device, dtypes)
     out["host_memory_gb"] = _host_memory_gb()
     out["seconds"] = time.perf_counter() - started
@@ -625,12 +626,15 @@ class _AloneGroups:
 ENGINE_UNIT_SIDES = {"cpu": (32, 384), "cuda": (32, 2048)}
 
 
-def _engine_per_element(dev, device: str, dtypes, sync, agree, grad_clip: float) -> tuple[list, dict]:
-    """(rows, {dtype: [seconds per parameter element and step at ZeRO stage 0, 1, 2, 3]}): engine_cost_per_unit per
-    stage and dtype on Linear(d, d) units at a small and a large d, each rank alone in its groups: (large unit's cost
-    - small unit's) / (large d^2 - small d^2), so what a layer costs whatever its size (hooks, per-tensor Python)
-    cancels; ZeRO-3's is charged by zero3_module_s / zero3_param_s. Clipped at 0 (a difference of medians can come
-    out below it). On a 2-core box, fp32: ZeRO-0 0.6-2, ZeRO-1/2 10-15, ZeRO-3 4-12 ns (bench/steptime/results.md)."""
+def _engine_per_element(dev, device: str, dtypes, sync, agree, grad_clip: float) -> tuple[list, dict, dict]:
+    """(rows, {dtype: [seconds per parameter element and step at ZeRO stage 0, 1, 2, 3]}, {dtype: [seconds per
+    parameter tensor and step, the same stages]}): engine_cost_per_unit per stage and dtype on Linear(d, d) units (one
+    weight tensor each) at a small and a large d, each rank alone in its groups. Per element: (large unit's cost -
+    small unit's) / (large d^2 - small d^2), so what a layer costs whatever its size (hooks, per-tensor Python)
+    cancels. Per tensor: that size-free part, the small unit's cost less its d^2 elements at the per-element figure;
+    at ZeRO-3 it is 0 here, since zero3_module_s / zero3_param_s charge it. Both clipped at 0 (a difference of
+    medians can come out below it). On a 2-core box, fp32: ZeRO-0 0.6-2, ZeRO-1/2 10-15, ZeRO-3 4-12 ns an element
+    (bench/steptime/results.md); 0.09 (ZeRO-0), 0.26 (ZeRO-1), 0.19 (ZeRO-2) ms a tensor (14:36 profile)."""
     import importlib.util
     import logging
 
@@ -638,23 +642,25 @@ def _engine_per_element(dev, device: str, dtypes, sync, agree, grad_clip: float)
     from torch import nn
 
     if importlib.util.find_spec("deepspeed") is None:
-        return [], {}
+        return [], {}, {}
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
     rank = dist.get_rank()
     groups = [dist.new_group([r]) for r in range(dist.get_world_size())]    # every rank creates every group
     mpu = _AloneGroups(groups[rank], rank)
     small, large = ENGINE_UNIT_SIDES[device]
-    rows, out = [], {}
+    rows, out, tensor = [], {}, {}
     for dname, tdtype in dtypes:
-        out[dname] = []
+        out[dname], tensor[dname] = [], []
         for stage in range(4):
             per_unit = {}
             for d in (small, large):
                 measured, per_unit[d] = engine_cost_per_unit(lambda: nn.Linear(d, d, bias=False), d, dev, sync, agree,
                                                              stage=stage, dtype=tdtype, mpu=mpu, grad_clip=grad_clip)
                 rows += [[dname, stage, d, *row] for row in measured]
-            out[dname].append(max(0.0, per_unit[large] - per_unit[small]) / (large * large - small * small))
-    return rows, out
+            element = max(0.0, per_unit[large] - per_unit[small]) / (large * large - small * small)
+            out[dname].append(element)
+            tensor[dname].append(0.0 if stage == 3 else max(0.0, per_unit[small] - small * small * element))
+    return rows, out, tensor
 
 
 # The architectures whose transformers code paths the framework probe measures (mistral and qwen2 run llama's:

@@ -410,6 +410,36 @@ def test_engine_per_element_work_per_step_or_per_micro_batch():
     assert both.engine_element("fp16", 1) == 5e-9
 
 
+def test_engine_per_tensor_work_by_the_stage_s_parameter_tensors():
+    # engine_tensor_s[dtype][stage] x the stage's parameter tensors, charged like the per-element part: once a step
+    # at ZeRO 0/1, every micro-batch at ZeRO 2. recipe=tiny's LlamaForCausalLM has 4 x 9 + 3 = 39 tensors (counted on
+    # the model itself below); under PP2 stage 0 holds 2 blocks and the embedding (19), stage 1 2 blocks, the final
+    # norm and the head (20), and the step pays the slower stage's.
+    from launcher.runtime.model import build_model
+
+    cfg = compose(["recipe=tiny"])
+    assert len(list(build_model(cfg.model, 0, device="meta").parameters())) == 39
+    per = {"fp32": [1e-4, 2e-4, 3e-4, 0.0]}
+    for stage, times in ((0, 1), (1, 1), (2, 2)):
+        _, shape, st = setup(f"parallel.zero_stage={stage}", "batch.global_batch_size=32")
+        assert st.grad_accum_steps == 2
+        charged = steptime.estimate_step_time(shape, st, hardware(ideal(engine_tensor_s=per), device="cpu"))
+        assert charged.engine_s == pytest.approx(times * per["fp32"][stage] * 39, rel=1e-9)
+        assert sum(charged.breakdown().values()) == pytest.approx(charged.step_time_s, rel=1e-9)
+    # Both parts together add up.
+    _, shape, st = setup("parallel.zero_stage=1")
+    N = count_params(compose(["recipe=tiny"]).model).total
+    both = steptime.estimate_step_time(shape, st, hardware(ideal(engine_tensor_s=per, engine_element_s={
+        "fp32": [0.0, 1e-9, 0.0, 0.0]}), device="cpu"))
+    assert both.engine_s == pytest.approx(2e-4 * 39 + 1e-9 * N, rel=1e-9)
+    # bf16 runs take the bf16 row: none here, so nothing is charged.
+    _, shape, st = setup("parallel.zero_stage=1", "precision=bf16")
+    assert steptime.estimate_step_time(shape, st, hardware(ideal(engine_tensor_s=per), device="cpu")).engine_s == 0.0
+    # PP2: each stage's own tensors.
+    _, shape, st = setup("parallel.zero_stage=1", "parallel.pipeline_degree=2")
+    assert [steptime._parameter_tensors(shape, 2, s, 2) for s in (0, 1)] == [19, 20]
+
+
 def test_engine_per_element_in_profile_files(tmp_path):
     import yaml
 
@@ -424,6 +454,12 @@ def test_engine_per_element_in_profile_files(tmp_path):
         path.write_text(yaml.safe_dump(profile_to_dict(ideal(engine_element_s={"fp32": bad}))))
         with pytest.raises(ConfigError, match="engine_element_s.*ZeRO stages 0-3"):
             load_profile(str(path))
+    prof = ideal(engine_tensor_s={"fp32": [1e-4, 2e-4, 3e-4, 0.0]}, compute_slots=2)
+    path.write_text(yaml.safe_dump(profile_to_dict(prof, measured={"world": 4})))
+    assert load_profile(str(path)).engine_tensor_s == {"fp32": [0.5e-4, 1e-4, 1.5e-4, 0.0]}
+    path.write_text(yaml.safe_dump(profile_to_dict(ideal(engine_tensor_s={"fp32": [1e-4, -1e-4, 0.0, 0.0]}))))
+    with pytest.raises(ConfigError, match="engine_tensor_s.*ZeRO stages 0-3"):
+        load_profile(str(path))
 
 
 def test_framework_cost_per_block_and_model_every_micro_batch():
