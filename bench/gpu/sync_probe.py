@@ -117,27 +117,14 @@ def main() -> None:
 
     # Per-operator cost: calibrate's chain (100 tiny ops and their backward, synchronised once) against the same
     # 200 tiny kernels replayed from a CUDA graph (the GPU's own gap between kernels, no host work).
-    t8 = torch.ones(8, device=dev, requires_grad=True)
+    import sys
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from launcher.runtime.calibrate import tiny_kernel_graph, tiny_op_chain   # standard library only at import
 
-    def chain():
-        yy = t8
-        for _ in range(100):
-            yy = yy * 1.0001
-        yy.sum().backward()
+    chain = tiny_op_chain(dev, 100)
     res["chain_per_op_us"] = per_call(chain, 1, 11) / 200 * 1e6
     res["chain_per_op_calls10_us"] = per_call(chain, 10, 5) / 200 * 1e6
-    z = torch.ones(8, device=dev)
-    s_ = torch.cuda.Stream()
-    s_.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s_):
-        for _ in range(3):
-            z.mul_(1.0001)
-    torch.cuda.current_stream().wait_stream(s_)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(200):
-            z.mul_(1.0001)
-    res["graph_per_kernel_us"] = per_call(graph.replay, 10) / 200 * 1e6
+    res["graph_per_kernel_us"] = per_call(tiny_kernel_graph(dev, 200).replay, 10) / 200 * 1e6
     save()
 
     # The ~1B LLaMA of bench/gpu/train_1b.py: one micro-batch (4 x 2048) forward + backward, wall against GPU busy.

@@ -459,15 +459,8 @@ def _compute_sweep(dev, device, dtypes, sync, dist) -> dict:
     out["memory_gbps"] = 2 * n * 4 / t / 1e9
 
     # Per-operator overhead: 100 tiny ops forward and their 100 backward nodes.
-    x = torch.ones(8, device=dev, requires_grad=True)
-
-    def chain():
-        y = x
-        for _ in range(100):
-            y = y * 1.0001
-        y.sum().backward()
     dist.barrier()
-    host_per_op = _median_time(chain, sync, 10) / 200
+    host_per_op = _median_time(tiny_op_chain(dev, 100), sync, 10) / 200
     if device == "cpu":
         out["kernel_overhead_s"] = host_per_op
         return out
@@ -476,6 +469,30 @@ def _compute_sweep(dev, device, dtypes, sync, dist) -> dict:
     # the step is the device's own gap between kernels: the same 200 tiny kernels replayed from a CUDA graph (no host
     # work; H100: 1.0 us). The host's figure is kept beside it (kernel_host_s in the raw measurements).
     out["kernel_host_s"] = host_per_op
+    out["kernel_overhead_s"] = _median_time(tiny_kernel_graph(dev, 200).replay, sync, 10, calls=queued) / 200
+    return out
+
+
+def tiny_op_chain(dev, ops: int):
+    """`ops` tiny autograd multiplications and their backward: what the host spends per operator (dispatch,
+    autograd), the arithmetic being nil (also bench/gpu/sync_probe.py)."""
+    import torch
+
+    x = torch.ones(8, device=dev, requires_grad=True)
+
+    def chain():
+        y = x
+        for _ in range(ops):
+            y = y * 1.0001
+        y.sum().backward()
+    return chain
+
+
+def tiny_kernel_graph(dev, kernels: int):
+    """A CUDA graph of `kernels` tiny element-wise kernels: its replay costs the device's own gap between kernels,
+    with no host work in it (also bench/gpu/sync_probe.py, which imports only this module's standard library)."""
+    import torch
+
     z = torch.ones(8, device=dev)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -485,10 +502,10 @@ def _compute_sweep(dev, device, dtypes, sync, dist) -> dict:
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        for _ in range(200):
+        for _ in range(kernels):
             z.mul_(1.0001)
-    out["kernel_overhead_s"] = _median_time(graph.replay, sync, 10, calls=queued) / 200
-    return out
+    graph.keep = z          # the graph's operand lives as long as the graph
+    return graph
 
 
 def _median_of(sweeps: list) -> dict:
