@@ -50,20 +50,21 @@ class Bytes(TorchDispatchMode):
         if view or name in GEMM or "scaled_dot_product" in name or name.startswith("empty") or name in (
                 "detach", "lift_fresh", "set_", "resize_", "_unsafe_view"):
             return out
-        seen, nbytes = set(), 0
-        for t in _tensors(args) + _tensors(kwargs) + _tensors(out):
-            key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
-            if key not in seen:
-                seen.add(key)
-                nbytes += t.numel() * t.element_size()
+        written = sum(t.numel() * t.element_size() for t in _tensors(out))
         if name == "nll_loss_forward":       # reads the target and one log-probability per token, not all of them
             target = args[1]
-            nbytes = target.numel() * (target.element_size() + args[0].element_size()) + sum(
-                t.numel() * t.element_size() for t in _tensors(out))
+            nbytes = target.numel() * (target.element_size() + args[0].element_size()) + written
         elif name == "nll_loss_backward":    # writes the dense gradient; reads the target
-            nbytes = sum(t.numel() * t.element_size() for t in _tensors(out)) + args[2].numel() * args[2].element_size()
+            nbytes = written + args[2].numel() * args[2].element_size()
         elif name in ("zero_", "fill_", "zeros", "zeros_like", "ones", "ones_like", "full", "new_zeros", "scalar_tensor"):
-            nbytes = sum(t.numel() * t.element_size() for t in _tensors(out))   # written, not read
+            nbytes = written                 # written, not read
+        else:                                # every distinct tensor read or written, once
+            seen, nbytes = set(), 0
+            for t in _tensors(args) + _tensors(kwargs) + _tensors(out):
+                key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
+                if key not in seen:
+                    seen.add(key)
+                    nbytes += t.numel() * t.element_size()
         self.total += nbytes
         self.kernels += 1
         self.by_op[name] = self.by_op.get(name, 0) + nbytes
@@ -118,13 +119,12 @@ def main(archs: list[str]) -> None:
         print("|---|---|---|---|---|")
         for arch in archs:
             for dtype in ("fp32", "bf16"):
-                (c1, k1, _), (c2, k2, by2) = counted(arch, 1, dtype), counted(arch, 2, dtype)
+                (c1, k1, by1), (c2, k2, by2) = counted(arch, 1, dtype), counted(arch, 2, dtype)
                 p1, p2 = planned(arch, 1, dtype, str(prof)), planned(arch, 2, dtype, str(prof))
                 blk_c, blk_p = c2 - c1, p2 - p1
                 print(f"| {arch} | {dtype} | {blk_c / 1e6:.1f} / {blk_p / 1e6:.1f}, **{blk_p / blk_c:.2f}** | "
                       f"{(c1 - blk_c) / 1e6:.1f} / {(p1 - blk_p) / 1e6:.1f}, **{(p1 - blk_p) / (c1 - blk_c):.2f}** | {k2 - k1} |")
                 if "-v" in sys.argv:
-                    _, _, by1 = counted(arch, 1, dtype)
                     for op in sorted(by2, key=lambda o: -(by2[o] - by1.get(o, 0))):
                         print(f"    {op}: {(by2[op] - by1.get(op, 0)) / 1e6:.2f} MB a block")
 

@@ -135,7 +135,8 @@ def calibrate(cfg, out: str, console=None) -> Path:
     doc = profile_to_dict(prof, measured={k: raw[k] for k in ("gemm", "attention", "all_reduce", "all_reduce_after_compute",
                                                               "all_to_all_after_compute", "straggler", "zero3", "engine", "framework", "world",
                                                               "backend",
-                                                              "device_name", "cores", "seconds", "kernel_host_s") if k in raw})
+                                                              "device_name", "cores", "seconds")}
+                                         | ({"kernel_host_s": raw["kernel_host_s"]} if device != "cpu" else {}))
     doc["measurements"]["note"] = ("gemm: [side, FLOP/s]; attention: [seq, causal FLOP/s fwd+bwd]; all_reduce (bare, "
                                    "back to back), *_after_compute (the fit's input): [bytes, seconds]; zero3: seconds "
                                    "per forward + backward [unit, modules, zero-3 engine, plain]; straggler: {group size: [mean segment seconds, (slowest - mean) / mean]}; engine: seconds per step [dtype, ZeRO stage, "

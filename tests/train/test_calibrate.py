@@ -38,9 +38,9 @@ def test_calibrate_two_cpu_ranks_then_plan(tmp_path, capsys):
     assert big[4] > big[5]
     assert set(prof.engine_element_s) == {"fp32", "bf16"} and all(len(v) == 4 for v in prof.engine_element_s.values())
     assert prof.engine_element("fp32", 1) > 0
-    # Per parameter tensor: the d = 32 layer's cost less its 1,024 elements at the per-element figure, recomputed here
-    # from the raw rows (means over the two layer counts' difference, as engine_cost_per_unit takes it); ZeRO-3's is
-    # 0 (zero3_param_s charges it). ZeRO-1's engine does per-tensor work at d = 32 (~0.26 ms a tensor here).
+    # Per parameter tensor: the d = 32 layer's cost less its 1,024 elements at the per-element figure, for every dtype
+    # and stage; ZeRO-3's is 0 (zero3_param_s charges it). ZeRO-1's engine does per-tensor work at d = 32 (~0.26 ms a
+    # tensor here).
     assert set(prof.engine_tensor_s) == {"fp32", "bf16"} and all(len(v) == 4 and v[3] == 0.0 for v in prof.engine_tensor_s.values())
     assert all(x >= 0 for v in prof.engine_tensor_s.values() for x in v)
     assert prof.engine_tensor("fp32", 1) > 0
