@@ -202,7 +202,17 @@ def summary(rows: list[dict]) -> dict:
 
 # Written by hand after the runs of 2026-11-26 21:10 UTC, 2026-11-26 18:00 UTC and 2026-11-25 05:10 UTC (re-read it when the table is
 # regenerated).
-READING = """Finding (2026-11-26 evening, not a model change): the fit of the gpt-architecture rows leans on a GELU they
+READING = """Reading (2026-11-27 evening, BLOOM's element-wise operators counted). One row moved: bloom-176b-tr11
+-12.7% -> -15.0% (within 10% 50% -> 50%, within 20% 75% -> 75%, median 10.0%, worst 73.9%; the gpt rows' learned-
+position terms and the fp32 loss moved nothing beyond 0.1 point). The model's BLOOM block now charges what the
+runtime's transformers BloomAttention / BloomGelu run, counted per operator (bench/steptime/elementwise_bytes.py,
+held by tests/plan/test_elementwise_bytes.py): the q, k, v reshape copies and their select_backward sums, the mask
+add and fp32 softmax with its casts, bloom_gelu's 9 forward and 18 backward eager kernels (21 + 43 ffn-wide tensors,
+not 16 + 32). Planned/counted bytes a block 0.73-0.80 -> 1.00. The tr11 run itself used Megatron-DeepSpeed's fused
+scale-mask-softmax and bias-GELU kernels, which our runtime does not have: the row now says what `launcher train`
+would do with that layout, further from what Megatron-DeepSpeed did.
+
+Finding (2026-11-26 evening, not a model change): the fit of the gpt-architecture rows leans on a GELU they
 did not run. The model charges the launcher's own runtime, whose gpt blocks are HF GPT-2 with `gelu_new`: tanh
 GELU in ~8 eager element-wise kernels (launcher/plan/steptime.py block_costs, 8 x 2 n f/t x w bytes forward).
 MPT runs one fused `nn.GELU(approximate='none')` (llm-foundry MPTMLP) and Megatron a fused bias-GELU. Charged as

@@ -107,24 +107,39 @@ def planned(arch: str, layers: int, dtype: str, profile: str) -> float:
     return plan_summary(cfg, resolve_layout(cfg))["step_time_breakdown_s"]["memory_bound"] * 1e9
 
 
+def bytes_profile(directory: str) -> str:
+    """A profile file under `directory` whose memory-bound seconds are bytes / 1e9: 1 GB/s, no per-kernel cost."""
+    prof = Path(directory) / "bytes.yaml"
+    prof.write_text(yaml.safe_dump(profile_to_dict(replace(BUILTIN["h100-80gb"], memory_gbps=1.0,
+                                                           kernel_overhead_s=0.0))))
+    return str(prof)
+
+
+def compare(arch: str, dtype: str, profile: str) -> dict:
+    """One block and the ends (embedding, final norm, head, loss): bytes counted on the runtime's model and planned
+    (1 and 2 blocks; the difference is one block), the operators a block, and the 2-block per-operator counts."""
+    (c1, k1, by1), (c2, k2, by2) = counted(arch, 1, dtype), counted(arch, 2, dtype)
+    p1, p2 = planned(arch, 1, dtype, profile), planned(arch, 2, dtype, profile)
+    return {"block_counted": c2 - c1, "block_planned": p2 - p1, "ends_counted": c1 - (c2 - c1),
+            "ends_planned": p1 - (p2 - p1), "kernels": k2 - k1, "by_op": (by1, by2)}
+
+
 def main(archs: list[str]) -> None:
     torch.manual_seed(0)
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
-        prof = Path(tmp) / "bytes.yaml"
-        prof.write_text(yaml.safe_dump(profile_to_dict(replace(BUILTIN["h100-80gb"], memory_gbps=1.0,
-                                                               kernel_overhead_s=0.0))))
+        prof = bytes_profile(tmp)
         print(f"shape {SHAPE}, micro-batch {BATCH} x {SEQ}; MB = 1e6 bytes, forward + backward + loss")
         print("| arch | dtype | per block: counted / planned (MB), planned / counted | ends: counted / planned (MB) | kernels a block |")
         print("|---|---|---|---|---|")
         for arch in archs:
             for dtype in ("fp32", "bf16"):
-                (c1, k1, by1), (c2, k2, by2) = counted(arch, 1, dtype), counted(arch, 2, dtype)
-                p1, p2 = planned(arch, 1, dtype, str(prof)), planned(arch, 2, dtype, str(prof))
-                blk_c, blk_p = c2 - c1, p2 - p1
+                r = compare(arch, dtype, prof)
+                blk_c, blk_p, end_c, end_p = r["block_counted"], r["block_planned"], r["ends_counted"], r["ends_planned"]
                 print(f"| {arch} | {dtype} | {blk_c / 1e6:.1f} / {blk_p / 1e6:.1f}, **{blk_p / blk_c:.2f}** | "
-                      f"{(c1 - blk_c) / 1e6:.1f} / {(p1 - blk_p) / 1e6:.1f}, **{(p1 - blk_p) / (c1 - blk_c):.2f}** | {k2 - k1} |")
+                      f"{end_c / 1e6:.1f} / {end_p / 1e6:.1f}, **{end_p / end_c:.2f}** | {r['kernels']} |")
                 if "-v" in sys.argv:
+                    by1, by2 = r["by_op"]
                     for op in sorted(by2, key=lambda o: -(by2[o] - by1.get(o, 0))):
                         print(f"    {op}: {(by2[op] - by1.get(op, 0)) / 1e6:.2f} MB a block")
 

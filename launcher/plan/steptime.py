@@ -22,7 +22,9 @@ One micro-batch on one rank (n = b s / sp tokens outside attention; t = TP, sp =
     element-wise operators  norms, activations, residual adds, rotary, softmax, loss, embedding lookup and
                             its gradient: bytes read + written / memory bandwidth + one overhead per kernel;
                             backward moves twice the forward bytes (reads the saved input and the incoming
-                            gradient, writes the outgoing one).
+                            gradient, writes the outgoing one), except where the runtime's own operators were
+                            counted per pass (BLOOM's q/k/v copies, masked fp32 softmax and custom-backward GELU;
+                            the loss): bench/steptime/elementwise_bytes.py holds every block and end to them.
     TP (Megatron)           our TP layers (launcher/parallel/tensor.py; with a pipeline and at pipeline_degree
                             = 1 alike, launcher/parallel/tensor_model.py): per block 2 all-reduces of n h w
                             forward (g after each row-parallel linear) and 2 backward (f before each
@@ -280,6 +282,11 @@ def block_costs(shape: ModelShape, st: Strategy, prof: Profile, links: dict) -> 
         fwd.memory += memory_s(nbytes, kernels, prof)
         bwd.memory += memory_s(2 * nbytes, 2 * kernels, prof)
 
+    def mem_counted(fwd_bytes, fwd_kernels, bwd_bytes, bwd_kernels):
+        # where the backward is not twice the forward: each pass's kernels counted off the runtime's own operators
+        fwd.memory += memory_s(fwd_bytes, fwd_kernels, prof)
+        bwd.memory += memory_s(bwd_bytes, bwd_kernels, prof)
+
     # Megatron SP: the norms and residual adds outside the TP regions see this rank's n / t tokens only.
     x_out = x / t if st.sequence_parallel else x
     norm_b, norm_k = _norm_bytes(x_out, shape.arch, w)
@@ -293,6 +300,12 @@ def block_costs(shape: ModelShape, st: Strategy, prof: Profile, links: dict) -> 
         mem(9 * (q_el + kv_el) * w, 10)          # rotary: q cos + rotate_half(q) sin, same for k (5 kernels each)
     else:
         gemm(n, (a + 2 * kv) * d / t, h)         # fused qkv (GPT c_attn, BLOOM query_key_value)
+    if shape.arch == "bloom":
+        # BloomAttention._reshape takes q, k, v as strided views of the fused output and reshapes them to (b a, s, d):
+        # a copy each. Backward: select_backward writes each one's gradient into a zeroed fused-shape tensor (reads
+        # its piece, writes all of it), two adds sum the three, and baddbmm's alpha scales the q and k gradients.
+        qkv_el = q_el + 2 * kv_el
+        mem_counted(2 * qkv_el * w, 3, (4 * qkv_el + 2 * 3 * qkv_el + 2 * (q_el + kv_el)) * w, 7)
     if sp > 1:
         # Ulysses: q, k, v scattered by heads / gathered by sequence before attention, the output back after
         # one all-to-all per tensor (DeepSpeed _SeqAllToAll: q, k, v, then the output), each paying the latency.
@@ -328,7 +341,12 @@ def block_costs(shape: ModelShape, st: Strategy, prof: Profile, links: dict) -> 
         scores = b * heads * s * s
         gemm(s, s, d, batch=b * heads)
         gemm(s, d, s, batch=b * heads)
-        mem(scores * (w + F32 + F32 + w) + scores * w, 4)   # baddbmm alibi add, upcast, softmax, downcast
+        # the causal mask (b, 1, s, s, the model's dtype) added to the scores (baddbmm adds the ALiBi bias itself);
+        # softmax in fp32 (read, write), its backward reads the output and the gradient, writes one; outside fp32
+        # the scores are cast up before the softmax and down after it, and the backward casts the gradients alike
+        casts = 0.0 if w == F32 else 2 * scores * (w + F32)
+        ck = 0 if w == F32 else 2
+        mem_counted(scores * 2 * w + b * s * s * w + scores * 2 * F32 + casts, 2 + ck, scores * 3 * F32 + casts, 1 + ck)
     mem(2 * q_el * w, 1)                          # attention output (b, a, s, d) -> (b, s, a d) contiguous copy
     gemm(n, h, a * d / t)                         # o_proj / dense
     mem(3 * x_out * w, 1)                         # residual add
@@ -338,9 +356,15 @@ def block_costs(shape: ModelShape, st: Strategy, prof: Profile, links: dict) -> 
         gemm(n, f / t, h)                         # gate_proj
         gemm(n, f / t, h)                         # up_proj
         mem(5 * n * f / t * w, 2)                 # silu(gate) * up
+    elif shape.arch == "bloom":
+        gemm(n, f / t, h)                         # dense_h_to_4h
+        # bloom_gelu_forward: 9 eager tanh-GELU ops (3 scalar muls, 3 tensor muls, 2 scalar adds, tanh) moving 21
+        # ffn-wide tensors; GeLUFunction's backward (bloom_gelu_back) recomputes the tanh and takes 18 ops, 43 tensors
+        ffn = n * f / t * w
+        mem_counted(21 * ffn, 9, 43 * ffn, 18)
     else:
-        gemm(n, f / t, h)                         # fc / dense_h_to_4h
-        mem(8 * 2 * n * f / t * w, 8)             # tanh-GELU in eager ops (GPT2 gelu_new, bloom_gelu): ~8 kernels
+        gemm(n, f / t, h)                         # fc (GPT-2 c_fc)
+        mem(8 * 2 * n * f / t * w, 8)             # tanh-GELU in eager ops (GPT2 gelu_new): ~8 kernels
     gemm(n, h, f / t)                             # down_proj / c_proj / dense_4h_to_h
     mem(3 * x_out * w, 1)                         # residual add
     if t > 1:
@@ -370,14 +394,28 @@ def end_costs(shape: ModelShape, st: Strategy, prof: Profile, links: dict) -> tu
     first = Cost()
     # lookup: read the rows, write the hidden states; backward: zero the dense (V, h) gradient, index_add n rows
     first.memory += memory_s(2 * n * h * w, 1, prof) + memory_s(v * h * w + 3 * n * h * w, 2, prof)
+    if shape.arch == "gpt":
+        # learned positions (GPT-2 wpe): this rank's s / sp position rows looked up and added to every sample's
+        # token embeddings; backward sums the gradient over the batch and scatters it into the zeroed wpe gradient
+        rows, table = s / sp * h, shape.params.embedding - shape.vocab_size * h
+        first.memory += memory_s(2 * rows * w + (2 * n * h + rows) * w, 2, prof) \
+            + memory_s((n * h + rows) * w + (table + rows) * w, 2, prof)
+    elif shape.arch == "bloom":
+        # word_embeddings_layernorm (forward + backward, as the final norm below) and the (b, 1, s, s) causal mask
+        # the model builds once a micro-batch (torch.where over a bool tensor, written in the model's dtype)
+        eb, ek = _norm_bytes(n * h, shape.arch, w)
+        first.memory += memory_s(3 * eb, 3 * ek, prof) + memory_s(b * s * s * (w + 1), 1, prof)
     last = Cost()
     nb, nk = _norm_bytes(n * h, shape.arch, w)
     last.memory += memory_s(3 * nb, 3 * nk, prof)              # final norm, forward + backward
     last.gemm += gemm_s(n, v, h, w, prof, rate) + gemm_s(n, h, v, w, prof, rate) + gemm_s(h, v, n, w, prof, rate)
-    # cross-entropy on fp32 logits (transformers upcasts): cast, max, exp-sum, log-softmax written, gathered;
-    # backward reads and writes the fp32 logits and casts back
+    # cross-entropy on fp32 logits: log_softmax reads them and writes the log-probabilities, nll_loss gathers one
+    # a token; backward, nll_loss_backward writes the dense fp32 gradient, log_softmax's backward reads it and the
+    # log-probabilities and writes the logits' gradient. Outside fp32 transformers casts the logits up first and
+    # the backward casts their gradient down (counted off the runtime's operators, bench/steptime/elementwise_bytes.py)
     logits = n * v
-    last.memory += memory_s(logits * (w + F32 * 5), 5, prof) + memory_s(logits * (F32 * 3 + w), 4, prof)
+    cast, ck = (0.0, 0) if w == F32 else (logits * (w + F32), 1)
+    last.memory += memory_s(logits * 2 * F32 + cast, 2 + ck, prof) + memory_s(logits * 4 * F32 + cast, 3 + ck, prof)
     # The model's own per-micro-batch Python beyond its blocks (embedding, masks and rotary tables, final norm, head,
     # loss; profile.framework), measured whole: half to each end stage (one stage without a pipeline).
     model = prof.framework(shape.arch, st.dtype)[2]

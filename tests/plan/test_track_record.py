@@ -4,7 +4,6 @@ as the model stands now, and `launcher plan` reports the runs most like a layout
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -15,15 +14,13 @@ from launcher.config.compose import compose
 from launcher.config.layout import resolve_layout
 from launcher.plan import track_record
 from launcher.plan.report import plan_summary
+from tests.plan import bench_module
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _compare_module():
-    spec = importlib.util.spec_from_file_location("published_compare", ROOT / "bench" / "published" / "compare.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return bench_module.load("bench/published/compare.py", "published_compare")
 
 
 def test_committed_track_record_is_the_models_error_today():
