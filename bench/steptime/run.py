@@ -116,7 +116,9 @@ def render() -> None:
         if "error" in r:
             lines.append(f"| {r['layout']} | | failed | | | | | | |")
             continue
-        now = r.get("predicted_committed_s", r["predicted_s"])
+        # without --repredict: the last pass's prediction, whose profile is the one committed (the row's own run
+        # may be an earlier pass's, predicted from that pass's calibration)
+        now = r.get("predicted_committed_s", r.get("repeats_predicted_s", [r["predicted_s"]])[-1])
         if doc.get("calibrate_each_pass"):   # each pass against the profile calibrated just before it
             ratios = [x / p for x, p in zip(r["repeats_measured_s"], r["repeats_predicted_s"])]
         else:
