@@ -263,6 +263,12 @@ def _norm_bytes(x: float, arch: str, w: int) -> tuple[float, int]:
     return 2 * x * w, 1
 
 
+def _fp32_casts(elements: float, w: int, casts: int) -> tuple[float, int]:
+    """(bytes, kernels) of `casts` casts of `elements` between the model's dtype (w bytes) and fp32 in one pass: each
+    reads one side and writes the other; none when the model already runs in fp32."""
+    return (0.0, 0) if w == F32 else (casts * elements * (w + F32), casts)
+
+
 def block_costs(shape: ModelShape, st: Strategy, prof: Profile, links: dict) -> tuple[Cost, Cost]:
     """(forward, backward) cost of one transformer block for one micro-batch on one rank."""
     t, sp, b, s = st.tensor_degree, st.sequence_degree, st.micro_batch_size, st.seq_length
@@ -278,14 +284,13 @@ def block_costs(shape: ModelShape, st: Strategy, prof: Profile, links: dict) -> 
         fwd.gemm += gemm_s(m_, n_, k_, w, prof, rate, batch)
         bwd.gemm += gemm_s(m_, k_, n_, w, prof, rate, batch) + gemm_s(k_, n_, m_, w, prof, rate, batch)
 
-    def mem(nbytes, kernels):
-        fwd.memory += memory_s(nbytes, kernels, prof)
-        bwd.memory += memory_s(2 * nbytes, 2 * kernels, prof)
-
     def mem_counted(fwd_bytes, fwd_kernels, bwd_bytes, bwd_kernels):
         # where the backward is not twice the forward: each pass's kernels counted off the runtime's own operators
         fwd.memory += memory_s(fwd_bytes, fwd_kernels, prof)
         bwd.memory += memory_s(bwd_bytes, bwd_kernels, prof)
+
+    def mem(nbytes, kernels):
+        mem_counted(nbytes, kernels, 2 * nbytes, 2 * kernels)
 
     # Megatron SP: the norms and residual adds outside the TP regions see this rank's n / t tokens only.
     x_out = x / t if st.sequence_parallel else x
@@ -344,8 +349,7 @@ def block_costs(shape: ModelShape, st: Strategy, prof: Profile, links: dict) -> 
         # the causal mask (b, 1, s, s, the model's dtype) added to the scores (baddbmm adds the ALiBi bias itself);
         # softmax in fp32 (read, write), its backward reads the output and the gradient, writes one; outside fp32
         # the scores are cast up before the softmax and down after it, and the backward casts the gradients alike
-        casts = 0.0 if w == F32 else 2 * scores * (w + F32)
-        ck = 0 if w == F32 else 2
+        casts, ck = _fp32_casts(scores, w, 2)
         mem_counted(scores * 2 * w + b * s * s * w + scores * 2 * F32 + casts, 2 + ck, scores * 3 * F32 + casts, 1 + ck)
     mem(2 * q_el * w, 1)                          # attention output (b, a, s, d) -> (b, s, a d) contiguous copy
     gemm(n, h, a * d / t)                         # o_proj / dense
@@ -391,6 +395,7 @@ def end_costs(shape: ModelShape, st: Strategy, prof: Profile, links: dict) -> tu
     # TP collective; the same cost as at TP 1).
     v = st.padded_vocab_size
     rate = gemm_rate(prof, st.dtype)
+    nb, nk = _norm_bytes(n * h, shape.arch, w)   # one norm over this rank's tokens (BLOOM's embedding LayerNorm, ln_f)
     first = Cost()
     # lookup: read the rows, write the hidden states; backward: zero the dense (V, h) gradient, index_add n rows
     first.memory += memory_s(2 * n * h * w, 1, prof) + memory_s(v * h * w + 3 * n * h * w, 2, prof)
@@ -403,10 +408,8 @@ def end_costs(shape: ModelShape, st: Strategy, prof: Profile, links: dict) -> tu
     elif shape.arch == "bloom":
         # word_embeddings_layernorm (forward + backward, as the final norm below) and the (b, 1, s, s) causal mask
         # the model builds once a micro-batch (torch.where over a bool tensor, written in the model's dtype)
-        eb, ek = _norm_bytes(n * h, shape.arch, w)
-        first.memory += memory_s(3 * eb, 3 * ek, prof) + memory_s(b * s * s * (w + 1), 1, prof)
+        first.memory += memory_s(3 * nb, 3 * nk, prof) + memory_s(b * s * s * (w + 1), 1, prof)
     last = Cost()
-    nb, nk = _norm_bytes(n * h, shape.arch, w)
     last.memory += memory_s(3 * nb, 3 * nk, prof)              # final norm, forward + backward
     last.gemm += gemm_s(n, v, h, w, prof, rate) + gemm_s(n, h, v, w, prof, rate) + gemm_s(h, v, n, w, prof, rate)
     # cross-entropy on fp32 logits: log_softmax reads them and writes the log-probabilities, nll_loss gathers one
@@ -414,7 +417,7 @@ def end_costs(shape: ModelShape, st: Strategy, prof: Profile, links: dict) -> tu
     # log-probabilities and writes the logits' gradient. Outside fp32 transformers casts the logits up first and
     # the backward casts their gradient down (counted off the runtime's operators, bench/steptime/elementwise_bytes.py)
     logits = n * v
-    cast, ck = (0.0, 0) if w == F32 else (logits * (w + F32), 1)
+    cast, ck = _fp32_casts(logits, w, 1)
     last.memory += memory_s(logits * 2 * F32 + cast, 2 + ck, prof) + memory_s(logits * 4 * F32 + cast, 3 + ck, prof)
     # The model's own per-micro-batch Python beyond its blocks (embedding, masks and rotary tables, final norm, head,
     # loss; profile.framework), measured whole: half to each end stage (one stage without a pipeline).
