@@ -354,10 +354,15 @@ def _straggler(dev, device: str, sync, dist) -> dict:
     apart (their own times alone vary by 13-38% from one segment to the next) while the gradient all-reduce itself,
     once both arrive, takes what calibrate's all-reduce does (bench/steptime/results.md). The step pays the
     slowest. So every rank runs the same segment of block-like compute, all starting once an all-reduce has
-    released them, and times its own segment (not the collective); the times are gathered, and for groups of g
-    consecutive ranks (g = 2, 4, ... and the world; TP and sequence groups are consecutive in the rank order) the
-    fraction is the mean over repeats and groups of (slowest - mean) / the mean segment. The same repeat count on
-    every rank (from the target length and the slowest rank's unit time), so none leaves the loop early."""
+    released them, and stamps when it arrives at the next one (one clock: calibrate's ranks share a node, and
+    perf_counter is the system-wide monotonic clock); the stamps are gathered, and for groups of g consecutive
+    ranks (g = 2, 4, ... and the world; TP and sequence groups are consecutive in the rank order) the fraction is
+    the mean over repeats and groups of (last arrival - mean arrival) / the mean segment. Arrivals, not segment
+    durations: the all-reduce that released the ranks does not release them at once, and a step pays that skew too
+    (2 CPU ranks here, 2026-11-27: 6.3% and 12.9% of a 3.3 ms segment by arrival where the durations alone give
+    4.0% and 8.2%, the same at 20-160 ms; in a recipe=tiny SP2 step the ranks waited 0.52 ms at each of 64
+    all-to-alls a step, ~10% of the ~5 ms between them, bench/steptime/results.md). The same repeat count on every
+    rank (from the target length and the slowest rank's unit time), so none leaves the loop early."""
     import torch
     import torch.nn.functional as F
 
@@ -379,7 +384,7 @@ def _straggler(dev, device: str, sync, dist) -> dict:
     for target in STRAGGLER_SEGMENTS_S[device]:
         units = max(1, round(target / unit_s))
         repeats = max(8, min(100, round(STRAGGLER_BUDGET_S / target)))
-        times = []
+        times, arrivals = [], []
         for i in range(repeats + 1):        # the first is a warm-up
             dist.all_reduce(go)
             sync()
@@ -387,15 +392,17 @@ def _straggler(dev, device: str, sync, dist) -> dict:
             for _ in range(units):
                 unit()
             sync()
+            t1 = time.perf_counter()
             if i:
-                times.append(time.perf_counter() - t0)
-        mine = torch.tensor(times, dtype=torch.float64, device=dev)
+                times.append(t1 - t0)
+                arrivals.append(t1)
+        mine = torch.tensor([times, arrivals], dtype=torch.float64, device=dev)
         every = [torch.zeros_like(mine) for _ in range(world)]
         dist.all_gather(every, mine)
-        seg = torch.stack(every).cpu()     # [rank, repeat]
+        seg, arr = torch.stack(every).cpu().unbind(1)     # each [rank, repeat]
         mean = float(seg.mean())
         for g in sizes:
-            groups = seg[: world // g * g].reshape(world // g, g, repeats)
+            groups = arr[: world // g * g].reshape(world // g, g, repeats)
             wait = float((groups.max(dim=1).values - groups.mean(dim=1)).mean())
             table[g].append([mean, wait / mean])
     return {str(g): rows for g, rows in table.items()}
