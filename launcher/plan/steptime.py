@@ -122,9 +122,11 @@ One micro-batch on one rank (n = b s / sp tokens outside attention; t = TP, sp =
                             reduce over the ZeRO group, waits on the whole step's compute. The fraction is what
                             `launcher calibrate` measures on this machine at its world size (expected slowest
                             minus mean, Hoefler et al., SC 2010, on noise amplified at synchronisations); 0 in the
-                            built-in GPU profiles (not measured there). On this 2-core box calibrate measured 5-8% of
-                            a 5-150 ms segment for 2 ranks, and DP2 ZeRO-0's own loop waited 5-6% of its compute
-                            for the slower rank (bench/steptime/results.md, straggler.py).
+                            built-in GPU profiles (not measured there). On this 2-core box calibrate measured 3-11% of
+                            a 7-157 ms segment for 2 ranks (two calibrations 8 minutes apart, 2026-11-27), DP2
+                            ZeRO-0's own loop waited 5-6% of its compute for the slower rank, and SP2's ranks
+                            ~10% of the ~5 ms between two all-to-alls (bench/steptime/results.md, straggler.py,
+                            sync_chain.py).
     optimizer               AdamW over this rank's shard at memory bandwidth: fp32 master, m, v read and
                             written, the gradient read (and the norm's extra read), the low-precision weights
                             written: (4 + 4 + 4) x 2 + 4 + 4 (+ 2 for a 16-bit copy) bytes per parameter.
