@@ -57,6 +57,18 @@ def on_two_ranks(script: str) -> object:
         return json.loads(raw.read_text())
 
 
+def gather_to_rank0(out: str, record: object) -> None:
+    """The rank side's end under on_two_ranks: every rank's `record` gathered, a list in rank order, written as JSON
+    to OUT by rank 0 (straggler.py, sync_chain.py)."""
+    import torch.distributed as dist
+
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, record)
+    if dist.get_rank() == 0:
+        Path(out).write_text(json.dumps(every))
+    dist.barrier()
+
+
 def diagnostic_args() -> argparse.Namespace:
     """The command line of layers.py and straggler.py: --profile, and the hidden --rank-side OUT of on_two_ranks."""
     ap = argparse.ArgumentParser()

@@ -17,14 +17,13 @@ and a bare all-reduce of the same buffer after a barrier. Then the profile's fra
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from run import REPO, diagnostic_args, on_two_ranks  # noqa: E402
+from run import REPO, diagnostic_args, gather_to_rank0, on_two_ranks  # noqa: E402
 
 
 def rank_side(out: str) -> None:
@@ -59,11 +58,7 @@ def rank_side(out: str) -> None:
         t = time.perf_counter()
         dist.all_reduce(flat)
         bare.append(time.perf_counter() - t)
-    every = [None, None]
-    dist.all_gather_object(every, {"stamps": stamps, "bare": bare})
-    if dist.get_rank() == 0:
-        Path(out).write_text(json.dumps(every))
-    dist.barrier()
+    gather_to_rank0(out, {"stamps": stamps, "bare": bare})
 
 
 def main() -> None:

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from run import diagnostic_args, on_two_ranks  # noqa: E402
+from run import diagnostic_args, gather_to_rank0, on_two_ranks  # noqa: E402
 
 CHAIN_SEGMENTS_S = (0.0002, 0.001, 0.005, 0.02)
 PROBE_SEGMENTS_S = (0.005, 0.02, 0.06, 0.15)
@@ -31,8 +31,6 @@ A2A_BYTES = 256 << 10
 
 
 def rank_side(out: str) -> None:
-    import json
-
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -91,11 +89,7 @@ def rank_side(out: str) -> None:
             if i:
                 rows.append((t0, time.perf_counter()))
         probe.append({"target_s": target, "stamps": rows})
-    every = [None, None]
-    dist.all_gather_object(every, {"chain": chain, "probe": probe})
-    if dist.get_rank() == 0:
-        Path(out).write_text(json.dumps(every))
-    dist.barrier()
+    gather_to_rank0(out, {"chain": chain, "probe": probe})
 
 
 def main() -> None:
