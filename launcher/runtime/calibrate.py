@@ -399,13 +399,21 @@ def _straggler(dev, device: str, sync, dist) -> dict:
         mine = torch.tensor([times, arrivals], dtype=torch.float64, device=dev)
         every = [torch.zeros_like(mine) for _ in range(world)]
         dist.all_gather(every, mine)
-        seg, arr = torch.stack(every).cpu().unbind(1)     # each [rank, repeat]
-        mean = float(seg.mean())
+        seg = torch.stack(every).cpu().tolist()     # [rank][durations, arrivals][repeat]
         for g in sizes:
-            groups = arr[: world // g * g].reshape(world // g, g, repeats)
-            wait = float((groups.max(dim=1).values - groups.mean(dim=1)).mean())
-            table[g].append([mean, wait / mean])
+            table[g].append(wait_fraction([r[0] for r in seg], [r[1] for r in seg], g))
     return {str(g): rows for g, rows in table.items()}
+
+
+def wait_fraction(durations: list, arrivals: list, group: int) -> list:
+    """[mean segment seconds, fraction] of _straggler from every rank's segment durations and arrival stamps
+    ([rank][repeat]): over groups of `group` consecutive ranks and the repeats, the mean of (last arrival - mean
+    arrival), over the mean segment."""
+    ranks, repeats = len(arrivals), len(arrivals[0])
+    mean = sum(map(sum, durations)) / (ranks * repeats)
+    waits = [max(arrivals[r][i] for r in grp) - sum(arrivals[r][i] for r in grp) / group
+             for grp in (range(k, k + group) for k in range(0, ranks // group * group, group)) for i in range(repeats)]
+    return [mean, sum(waits) / len(waits) / mean]
 
 
 def _compute_sweep(dev, device, dtypes, sync, dist) -> dict:

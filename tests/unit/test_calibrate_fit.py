@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.runtime.calibrate import _median_of, _median_time, fit_alpha_beta, fit_saturation
+from launcher.runtime.calibrate import _median_of, _median_time, fit_alpha_beta, fit_saturation, wait_fraction
 
 
 def _sweep(scale: float, overhead: float, gbps: float) -> dict:
@@ -75,3 +75,17 @@ def test_fit_saturation_stays_within_what_one_h200_measured():
             best, largest = max(r for _, r in pts), max(x for x, _ in pts)
             assert 0.9 * best <= plateau <= 1.25 * best, (kind, dtype, plateau, best)
             assert 0 < half <= largest, (kind, dtype, half)
+
+
+def test_straggler_wait_is_read_from_arrivals_not_durations():
+    # Two ranks whose segments take the same 10 ms, but the release lets rank 1 go 1 ms later every time: it arrives
+    # 1 ms after rank 0, so the pair waits 1 - 0.5 = 0.5 ms past the mean arrival a segment, 5% of it (the spread
+    # of the durations alone, the probe's reading until 2026-11-27, is 0).
+    mean, fraction = wait_fraction([[0.010, 0.010], [0.010, 0.010]], [[1.000, 2.000], [1.001, 2.001]], 2)
+    assert mean == pytest.approx(0.010) and fraction == pytest.approx(0.05)
+    # Four ranks, one repeat, arrivals 0 / 2 / 0 / 4 ms after the first: pairs (0, 2) and (0, 4) wait 1 and 2 ms past
+    # their means, 1.5 ms on average; the group of four 4 - 1.5 = 2.5 ms. Mean segment (10 + 30 + 20 + 20) / 4 = 20 ms.
+    arrivals = [[5.000], [5.002], [5.000], [5.004]]
+    durations = [[0.010], [0.030], [0.020], [0.020]]
+    assert wait_fraction(durations, arrivals, 2) == pytest.approx([0.020, 0.0015 / 0.020])
+    assert wait_fraction(durations, arrivals, 4) == pytest.approx([0.020, 0.0025 / 0.020])
