@@ -98,6 +98,7 @@ def main() -> None:
         return rank_side(args.rank_side)
     from launcher.plan.profile import load_profile
     from launcher.plan.steptime import gather_s
+    from launcher.runtime.calibrate import wait_fraction
 
     prof = load_profile(args.profile)
     r0, r1 = on_two_ranks(__file__)
@@ -109,20 +110,20 @@ def main() -> None:
     print("|---|---|---|---|---|---|")
     for a, b in zip(r0["chain"], r1["chain"]):
         pairs = list(zip(a["stamps"], b["stamps"]))
-        seg = mean((e0 - s0 + e1 - s1) / 2 for (s0, e0, _), (s1, e1, _) in pairs)
-        wait = mean(max(e0, e1) - (e0 + e1) / 2 for (_, e0, _), (_, e1, _) in pairs)
+        seg, frac = wait_fraction([[e - s for s, e, _ in r["stamps"]] for r in (a, b)],
+                                  [[e for _, e, _ in r["stamps"]] for r in (a, b)], 2)
         xfer = [(x0 + x1) / 2 - max(e0, e1) for (_, e0, x0), (_, e1, x1) in pairs]
-        print(f"| {seg * 1e3:.2f} | {len(pairs)} | {wait * 1e3:.2f} | {wait / seg:.1%} | {mean(xfer) * 1e3:.2f} / "
+        print(f"| {seg * 1e3:.2f} | {len(pairs)} | {frac * seg * 1e3:.2f} | {frac:.1%} | {mean(xfer) * 1e3:.2f} / "
               f"{statistics.median(xfer) * 1e3:.2f} | {prof.straggler_fraction(2, seg):.1%} |")
     print("\ncalibrate's straggler probe, 2 ranks: (slowest - mean) / mean segment")
     print("| segment (ms) | by segment durations (calibrate until 2026-11-27) | by arrival stamps (calibrate now) |")
     print("|---|---|---|")
     for a, b in zip(r0["probe"], r1["probe"]):
-        pairs = list(zip(a["stamps"], b["stamps"]))
-        seg = mean((e0 - s0 + e1 - s1) / 2 for (s0, e0), (s1, e1) in pairs)
-        by_dur = mean(abs((e0 - s0) - (e1 - s1)) / 2 for (s0, e0), (s1, e1) in pairs)
-        by_arr = mean(abs(e0 - e1) / 2 for (_, e0), (_, e1) in pairs)
-        print(f"| {seg * 1e3:.1f} | {by_dur / seg:.1%} | {by_arr / seg:.1%} |")
+        # calibrate's own arithmetic both ways: the durations read as if they were the arrivals (its old reading)
+        durations = [[e - s for s, e in r["stamps"]] for r in (a, b)]
+        seg, by_dur = wait_fraction(durations, durations, 2)
+        _, by_arr = wait_fraction(durations, [[e for _, e in r["stamps"]] for r in (a, b)], 2)
+        print(f"| {seg * 1e3:.1f} | {by_dur:.1%} | {by_arr:.1%} |")
 
 
 if __name__ == "__main__":

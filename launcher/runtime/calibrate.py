@@ -399,9 +399,9 @@ def _straggler(dev, device: str, sync, dist) -> dict:
         mine = torch.tensor([times, arrivals], dtype=torch.float64, device=dev)
         every = [torch.zeros_like(mine) for _ in range(world)]
         dist.all_gather(every, mine)
-        seg = torch.stack(every).cpu().tolist()     # [rank][durations, arrivals][repeat]
+        durations, arrivals = zip(*torch.stack(every).cpu().tolist())     # each [rank][repeat]
         for g in sizes:
-            table[g].append(wait_fraction([r[0] for r in seg], [r[1] for r in seg], g))
+            table[g].append(wait_fraction(durations, arrivals, g))
     return {str(g): rows for g, rows in table.items()}
 
 
@@ -411,8 +411,9 @@ def wait_fraction(durations: list, arrivals: list, group: int) -> list:
     arrival), over the mean segment."""
     ranks, repeats = len(arrivals), len(arrivals[0])
     mean = sum(map(sum, durations)) / (ranks * repeats)
+    groups = [range(k, k + group) for k in range(0, ranks // group * group, group)]
     waits = [max(arrivals[r][i] for r in grp) - sum(arrivals[r][i] for r in grp) / group
-             for grp in (range(k, k + group) for k in range(0, ranks // group * group, group)) for i in range(repeats)]
+             for grp in groups for i in range(repeats)]
     return [mean, sum(waits) / len(waits) / mean]
 
 
