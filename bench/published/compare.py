@@ -25,6 +25,7 @@ only). Runs that carry an assumption are counted separately as well as in the to
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import json
 import statistics
@@ -85,8 +86,10 @@ def measured_tokens_per_s_per_gpu(r: dict) -> tuple[float, str]:
     raise ValueError(f"{r['id']}: no measurement compare.py can use")
 
 
+@functools.cache
 def base_config(gpu: str):
-    # One composed config per GPU type; every record replaces the fields it sets (search.py does the same).
+    # One composed config per GPU type (a Hydra compose takes ~0.6 s); every record replaces the fields it sets
+    # in copies (_replace), never in this one (search.py does the same).
     return plain_config(compose([f"cluster={gpu}", "model=llama-7b"]))
 
 
@@ -143,7 +146,6 @@ def to_config(r: dict, base) -> tuple[SimpleNamespace, str, list[str]]:
 
 
 def compare(records: list[dict], predict) -> dict:
-    bases: dict = {}
     rows, skipped = [], []
     for r in records:
         try:
@@ -151,10 +153,7 @@ def compare(records: list[dict], predict) -> dict:
                 raise ConfigError("cluster.gpu", r["gpu"], "not in the GPU catalog: its peak and bandwidths are not known", "")
             if r["gpus"] % r["gpus_per_node"]:
                 raise ConfigError("cluster.nodes", r["gpus"], "GPU count is not whole nodes", "")
-            if r["gpu"] not in bases:   # composing takes ~0.6 s: once per GPU type, not once per record
-                bases[r["gpu"]] = base_config(r["gpu"])
-            base = bases[r["gpu"]]
-            cfg, recompute, assumed = to_config(r, base)
+            cfg, recompute, assumed = to_config(r, base_config(r["gpu"]))
             layout = resolve_layout(cfg)
         except ConfigError as e:
             skipped.append({"id": r["id"], "family": r["family"], "why": str(e).splitlines()[0][:300]})

@@ -74,10 +74,10 @@ def main() -> None:
     compute = [((r0 - s0) + (r1 - s1)) / 2 for (s0, r0, _), (s1, r1, _) in rows]
     wait = [max(r0, r1) - (r0 + r1) / 2 for (_, r0, _), (_, r1, _) in rows]   # per step, for the mean and median in ms
     transfer = [min(e0, e1) - max(r0, r1) for (_, r0, e0), (_, r1, e1) in rows]
-    # The fraction as calibrate's probe computes it (mean wait over mean compute), from the same stamps.
-    per_rank = [[stamp[k] for stamp in rank] for rank in zip(*rows) for k in (0, 1)]
-    starts, arrivals = per_rank[0::2], per_rank[1::2]
-    mean_c, frac = wait_fraction([[r - s for s, r in zip(st, ar)] for st, ar in zip(starts, arrivals)], arrivals, 2)
+    # The fraction as calibrate's probe computes it (mean wait over mean compute), from each rank's own stamps.
+    ranks = list(zip(*rows))
+    mean_c, frac = wait_fraction([[r - s for s, r, _ in rank] for rank in ranks],
+                                 [[r for _, r, _ in rank] for rank in ranks], 2)
     planned = load_profile(str(REPO / args.profile)).straggler_fraction(2, mean_c)
     print(f"compute (mean of the ranks) median {med(compute) * 1e3:.1f} ms; wait for the slower rank mean "
           f"{statistics.mean(wait) * 1e3:.1f} ms, median {med(wait) * 1e3:.1f} ms = {frac:.1%} of the mean compute; "

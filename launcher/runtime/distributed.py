@@ -45,10 +45,9 @@ def skip_deepspeed_muon_import() -> None:
     only to ask isinstance(optimizer, MuonWithAuxAdam), and `muon_update` (stage_1_and_2.py
     _get_flat_partition_unpadded, every ZeRO-1/2 step) to call it on parameters tagged use_muon. Importing
     original_muon applies torch.compile to its kernels, which loads inductor's compiler (torch._inductor.compile_fx
-    and its lowering tables): 1.55-1.67 s and +44 MiB
-    resident per rank on this 2-core machine (2026-11-28, measured after importing torch, deepspeed and
-    transformers' LLaMA), paid by every rank of every ZeRO run before its first step (twice over for 4 ranks on 2
-    cores). The launcher's optimizer (the engine config's "AdamW", launcher/deepspeed_config.py; the only
+    and its lowering tables): 1.55-1.67 s and +44 MiB resident per rank on this 2-core machine (2026-11-28,
+    measured after importing torch, deepspeed and transformers' LLaMA), paid by every rank of every ZeRO run before
+    its first step (twice over for 4 ranks on 2 cores). The launcher's optimizer (the engine config's "AdamW", launcher/deepspeed_config.py; the only
     `optimizer.name`) is never a MuonWithAuxAdam and tags no parameter use_muon, so stand-ins answer every one of
     those checks as the real modules would: a class nothing is an instance of, and a muon_update that raises if
     it were ever reached. Installed only where the real modules are not loaded yet. (launcher/lean_imports.py
