@@ -1,14 +1,14 @@
-"""Start-up and exit of a short `launcher train` run, with and without the Muon stand-ins
-(launcher/runtime/distributed.py skip_deepspeed_muon_import). Results: bench/results/startup.json.
+"""Start-up and exit of a short `launcher train` run, with and without the Muon stand-ins that DeepSpeed's ZeRO code
+gets (launcher/lean_imports.py). Results: bench/results/startup.json.
 
     PYTHONPATH=$PWD .venv/bin/python bench/startup.py [--pairs 4] [--ranks 2]
 
 Each pair runs the same 4-step ZeRO-1 run of a 2-layer width-32 LLaMA (fp32, 2 CPU ranks, a checkpoint at steps 2
 and 4) twice, in alternating order: as `launcher train` runs it ("stand-ins"), and with the real Muon module
 imported first in every rank by a sitecustomize on PYTHONPATH ("deepspeed's import"), which is what every rank did
-before: the stand-ins are only installed where the real module is not loaded yet. Reported per run: the command's
-wall time (the number to compare: the real import happens before the run's own clock starts in the second kind,
-inside it in the first), the run's own wall time from its summary, and the largest rank's peak resident memory.
+before: the sitecustomize is not DeepSpeed's code, so it gets the real module, and DeepSpeed then finds it loaded.
+Reported per run: the command's wall time (the number to compare: the real import happens before the run's own
+clock starts in the second kind, inside it in the first), the run's own wall time from its summary, and the largest rank's peak resident memory.
 The loop itself runs in ~0.3 s; the rest is start-up and exit.
 """
 

@@ -64,7 +64,6 @@ import time
 from pathlib import Path
 
 from launcher.runtime.cpualloc import recycle_step_buffers
-from launcher.runtime.distributed import skip_deepspeed_muon_import
 from launcher.runtime.launch import rank_env
 
 GEMM_SIDES = (32, 64, 128, 256, 512)
@@ -274,7 +273,6 @@ def _worker(raw_path: str, device: str, grad_clip: str) -> None:
 
     backend = "nccl" if device == "cuda" else "gloo"
     dist.init_process_group(backend)
-    skip_deepspeed_muon_import()   # its ZeRO-3 and engine probes run deepspeed.initialize, as a rank does
     rank, world = dist.get_rank(), dist.get_world_size()
     if device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))

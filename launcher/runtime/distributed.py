@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import sys
-import types
 from datetime import timedelta
 
 from launcher.config.errors import ConfigError
@@ -32,40 +30,6 @@ def avoid_shm_comm_build(device: str) -> None:
     from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder
 
     deepspeed.ops.__compatible_ops__[ShareMemCommBuilder.NAME] = False
-
-
-MUON_MODULES = ("deepspeed.runtime.zero.muon.muon_optimizer", "deepspeed.runtime.zero.muon.original_muon")
-
-
-def skip_deepspeed_muon_import() -> None:
-    """Keep DeepSpeed's ZeRO optimizers from importing its Muon optimizer, which the launcher never builds.
-
-    DeepSpeed 0.19.8 imports its Muon modules inside every ZeRO path: `MuonWithAuxAdam` (zero/utils.py
-    is_zero_supported_optimizer, stage_1_and_2.py average_tensor, stage3.py __init__, bf16_optimizer.py, engine.py)
-    only to ask isinstance(optimizer, MuonWithAuxAdam), and `muon_update` (stage_1_and_2.py
-    _get_flat_partition_unpadded, every ZeRO-1/2 step) to call it on parameters tagged use_muon. Importing
-    original_muon applies torch.compile to its kernels, which loads inductor's compiler (torch._inductor.compile_fx
-    and its lowering tables): 1.55-1.67 s and +44 MiB resident per rank on this 2-core machine (2026-11-28,
-    measured after importing torch, deepspeed and transformers' LLaMA), paid by every rank of every ZeRO run before
-    its first step (twice over for 4 ranks on 2 cores). The launcher's optimizer (the engine config's "AdamW", launcher/deepspeed_config.py; the only
-    `optimizer.name`) is never a MuonWithAuxAdam and tags no parameter use_muon, so stand-ins answer every one of
-    those checks as the real modules would: a class nothing is an instance of, and a muon_update that raises if
-    it were ever reached. Installed only where the real modules are not loaded yet. (launcher/lean_imports.py
-    keeps DeepSpeed's MLflow import out the same way; bench/startup.py measures this one: 1.9 s a 2-rank run.)"""
-    if any(name in sys.modules for name in MUON_MODULES):
-        return
-
-    class MuonWithAuxAdam:
-        """Never instantiated (skip_deepspeed_muon_import)."""
-
-    def muon_update(*args, **kwargs):
-        raise RuntimeError("DeepSpeed's Muon update was reached, but the launcher replaced its module with a "
-                           "stand-in (launcher/runtime/distributed.py skip_deepspeed_muon_import)")
-
-    for name, attrs in zip(MUON_MODULES, ({"MuonWithAuxAdam": MuonWithAuxAdam}, {"muon_update": muon_update})):
-        stub = types.ModuleType(name, "launcher stand-in: DeepSpeed's Muon optimizer is not used by the launcher")
-        stub.__dict__.update(attrs)
-        sys.modules[name] = stub
 
 
 def deepspeed_arch_list(value: str):
@@ -95,7 +59,6 @@ def init_distributed(layout, timeout_s: int) -> tuple[int, int, int]:
     import torch
 
     avoid_shm_comm_build(layout.device)
-    skip_deepspeed_muon_import()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     if world != layout.world_size:

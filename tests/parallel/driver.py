@@ -370,11 +370,10 @@ def main(run=run_case, describe=_describe) -> None:
     writes the results to argv[1]. tests/parallel/context_driver.py runs its own cases through it."""
     import deepspeed
 
-    from launcher.runtime.distributed import avoid_shm_comm_build, skip_deepspeed_muon_import
+    from launcher.runtime.distributed import avoid_shm_comm_build
 
     out_path, specs = sys.argv[1], sys.argv[2:]
     avoid_shm_comm_build("cpu")
-    skip_deepspeed_muon_import()   # as a rank does (init_distributed)
     deepspeed.init_distributed(dist_backend="gloo")
     torch.set_num_threads(1)
     results = []

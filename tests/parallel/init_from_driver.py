@@ -30,13 +30,12 @@ def main() -> None:
     from launcher.config.layout import resolve_layout
     from launcher.deepspeed_config import build_deepspeed_config
     from launcher.parallel.pipeline import layer_hf_prefixes
-    from launcher.runtime.distributed import avoid_shm_comm_build, skip_deepspeed_muon_import
+    from launcher.runtime.distributed import avoid_shm_comm_build
     from launcher.runtime.model import build_model
     from launcher.train import build_engine
 
     ckpt, out = sys.argv[1], sys.argv[2]
     avoid_shm_comm_build("cpu")
-    skip_deepspeed_muon_import()   # as a rank does (init_distributed)
     deepspeed.init_distributed(dist_backend="gloo")
     rank = dist.get_rank()
     cfg0 = compose(BASE + LAYOUTS["zero3"])

@@ -34,12 +34,11 @@ def main() -> None:
     from launcher.config.layout import resolve_layout
     from launcher.deepspeed_config import build_deepspeed_config
     from launcher.runtime import checkpoint as ckpt
-    from launcher.runtime.distributed import avoid_shm_comm_build, skip_deepspeed_muon_import
+    from launcher.runtime.distributed import avoid_shm_comm_build
     from launcher.train import build_engine
 
     out_path, mode, phase, ckpt_dir = sys.argv[1], sys.argv[2], sys.argv[3], Path(sys.argv[4])
     avoid_shm_comm_build("cpu")
-    skip_deepspeed_muon_import()   # as a rank does (init_distributed)
     deepspeed.init_distributed(dist_backend="gloo")
     torch.set_num_threads(1)
     world, rank = dist.get_world_size(), dist.get_rank()

@@ -142,11 +142,10 @@ def measure(case) -> int:
 def main():
     import deepspeed
 
-    from launcher.runtime.distributed import avoid_shm_comm_build, skip_deepspeed_muon_import
+    from launcher.runtime.distributed import avoid_shm_comm_build
 
     out_dir, cases = Path(sys.argv[1]), json.loads(Path(sys.argv[2]).read_text())
     avoid_shm_comm_build("cpu")
-    skip_deepspeed_muon_import()   # as a rank does (init_distributed)
     deepspeed.init_distributed(dist_backend="gloo")
     torch.set_num_threads(1)
     # Ulysses last: its attention registration and groups are process-wide.

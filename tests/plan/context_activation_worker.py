@@ -57,11 +57,10 @@ def main():
     import deepspeed
 
     from launcher.parallel.context import setup_context_parallel
-    from launcher.runtime.distributed import avoid_shm_comm_build, skip_deepspeed_muon_import
+    from launcher.runtime.distributed import avoid_shm_comm_build
 
     out_dir = Path(sys.argv[1])
     avoid_shm_comm_build("cpu")
-    skip_deepspeed_muon_import()   # as a rank does (init_distributed)
     deepspeed.init_distributed(dist_backend="gloo")
     torch.set_num_threads(1)
     cp = dist.get_world_size()

@@ -82,10 +82,9 @@ def main():
     out_dir = Path(sys.argv[1])
     cases = json.loads(Path(sys.argv[2]).read_text())
     # Nothing may JIT-compile on CPU ranks (see launcher.runtime.distributed.avoid_shm_comm_build).
-    from launcher.runtime.distributed import avoid_shm_comm_build, skip_deepspeed_muon_import
+    from launcher.runtime.distributed import avoid_shm_comm_build
 
     avoid_shm_comm_build("cpu")
-    skip_deepspeed_muon_import()   # as a rank does (init_distributed)
     deepspeed.init_distributed("gloo", auto_mpi_discovery=False)
     results = {name: run_case(overrides) for name, overrides in cases.items()}
     (out_dir / f"rank{dist.get_rank()}.json").write_text(json.dumps(results, indent=1))

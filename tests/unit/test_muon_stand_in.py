@@ -1,11 +1,12 @@
-"""The stand-ins for DeepSpeed's Muon modules (launcher/runtime/distributed.py skip_deepspeed_muon_import).
+"""The stand-ins for DeepSpeed's Muon modules (launcher/lean_imports.py, installed at `import launcher`).
 
 Held to DeepSpeed's own source, read as text (importing the real modules is what the stand-ins avoid): every name
 DeepSpeed imports from those two modules outside them is one the stand-ins define, and the real modules define it
 too. A DeepSpeed upgrade that imports another name, or renames one, fails here instead of in a rank. In a fresh
-interpreter the stand-ins answer as the launcher needs (nothing is a MuonWithAuxAdam, muon_update refuses to run),
-and a ZeRO-1 engine on one CPU rank builds, steps and never loads torch._inductor.compile_fx (the 1.6 s the
-stand-ins save; torch._dynamo loads the torch._inductor package itself, without its compiler).
+interpreter that imported the launcher, a ZeRO-1 engine on one CPU rank builds, steps, gets the stand-ins (nothing is
+a MuonWithAuxAdam, muon_update refuses to run) and never loads torch._inductor.compile_fx (the 1.6 s the stand-ins
+save; torch._dynamo loads the torch._inductor package itself, without its compiler); code that is not DeepSpeed's
+importing the same module gets the real one.
 """
 
 import ast
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import deepspeed
 
-from launcher.runtime.distributed import MUON_MODULES
+from launcher.lean_imports import MUON_MODULES
 
 DS = Path(deepspeed.__file__).parent
 REPO = Path(__file__).resolve().parents[2]
@@ -55,17 +56,10 @@ def test_stand_ins_cover_every_name_deepspeed_imports_from_them():
 CHILD = """
 import sys, os
 import torch
-from launcher.runtime.distributed import avoid_shm_comm_build, skip_deepspeed_muon_import
+import launcher  # noqa: F401 -- installs the stand-ins' finder (launcher/lean_imports.py)
+from launcher.runtime.distributed import avoid_shm_comm_build
 avoid_shm_comm_build("cpu")
-skip_deepspeed_muon_import()
 import deepspeed
-from deepspeed.runtime.zero.muon.muon_optimizer import MuonWithAuxAdam
-from deepspeed.runtime.zero.muon.original_muon import muon_update
-try:
-    muon_update(None, None)
-    raise SystemExit("muon_update ran")
-except RuntimeError as e:
-    assert "stand-in" in str(e)
 os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT="29757")
 deepspeed.init_distributed(dist_backend="gloo")
 torch.manual_seed(0)
@@ -73,20 +67,50 @@ model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 1))
 engine, opt, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config={
     "train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW", "params": {"lr": 0.1, "torch_adam": True}},
     "zero_optimization": {"stage": 1}})
-assert not isinstance(opt.optimizer, MuonWithAuxAdam)
 before = [p.detach().clone() for p in model.parameters()]
 loss = engine(torch.randn(2, 8)).pow(2).mean()
 engine.backward(loss)
 engine.step()
 assert any(not torch.equal(a, p) for a, p in zip(before, model.parameters())), "the step moved nothing"
 print("inductor loaded:", "torch._inductor.compile_fx" in sys.modules)
+# What DeepSpeed imported during the engine's build and step: the stand-ins, answering as the launcher needs.
+optimizer_module = sys.modules["deepspeed.runtime.zero.muon.muon_optimizer"]
+update_module = sys.modules["deepspeed.runtime.zero.muon.original_muon"]
+print("stand-ins:", "stand-in" in (optimizer_module.__doc__ or ""), "stand-in" in (update_module.__doc__ or ""))
+assert not isinstance(opt.optimizer, optimizer_module.MuonWithAuxAdam)
+try:
+    update_module.muon_update(None, None)
+    raise SystemExit("muon_update ran")
+except RuntimeError as e:
+    assert "stand-in" in str(e)
+"""
+
+USER_CHILD = """
+import sys
+import launcher  # noqa: F401
+from deepspeed.runtime.zero.muon.muon_optimizer import MuonWithAuxAdam
+from deepspeed.runtime.zero.muon.original_muon import muon_update
+print("real:", "stand-in" not in (sys.modules[MuonWithAuxAdam.__module__].__doc__ or ""),
+      MuonWithAuxAdam.__module__, muon_update.__module__, "BaseMuonWithAuxAdam" in vars(sys.modules[MuonWithAuxAdam.__module__]))
 """
 
 
-def test_a_zero_engine_steps_without_loading_inductor(tmp_path):
-    proc = subprocess.run([sys.executable, "-c", CHILD], cwd=REPO, capture_output=True, text=True, timeout=300,
+def _child(code, tmp_path):
+    return subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300,
                           env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
                                "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext"), "HOME": str(tmp_path)})
+
+
+def test_a_zero_engine_steps_on_the_stand_ins_without_loading_inductor(tmp_path):
+    proc = _child(CHILD, tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "inductor loaded: False" in proc.stdout, proc.stdout[-2000:]
+    assert "stand-ins: True True" in proc.stdout, proc.stdout[-2000:]
     assert not any((tmp_path / "ext").glob("*")), "something was JIT-built"
+
+
+def test_code_that_is_not_deepspeeds_gets_the_real_modules(tmp_path):
+    proc = _child(USER_CHILD, tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert ("real: True deepspeed.runtime.zero.muon.muon_optimizer deepspeed.runtime.zero.muon.original_muon True"
+            in proc.stdout), proc.stdout[-2000:]
