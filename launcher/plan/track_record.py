@@ -28,6 +28,9 @@ from typing import Optional
 
 PATH = Path(__file__).with_name("track_record.json")
 MIN_RUNS = 5
+# runs.yaml's attention_kernel, where a run's was not the launcher's (torch SDPA: FlashAttention-2 on A100/H100).
+KERNEL_NAMES = {"triton": "MosaicML's Triton FlashAttention",
+                "megatron_unfused": "Megatron's unfused attention, scores in memory"}
 
 
 @lru_cache(maxsize=1)
@@ -78,12 +81,14 @@ def similar(gpu: str, zero_stage: int, pipeline_degree: int, tensor_degree: int,
     labels = [label for label, _ in used] + ([] if len(used) > 3 else ["any GPU"])
     return {**_summary([r["error"] for r in match]), "gpu": gpu, "matched_on": labels,
             "other_attention_kernel": sum(r["attention_kernel"] != "launcher's" for r in match),
+            "other_attention_kernels": sorted({r["attention_kernel"] for r in match} - {"launcher's"}),
             "all_runs": _summary([r["error"] for r in runs])}
 
 
 def describe(rec: dict) -> str:
     """One sentence for the plan's table."""
-    kernel = (f"; {rec['other_attention_kernel']} of them ran another attention kernel (MosaicML's Triton)"
+    names = ", ".join(KERNEL_NAMES.get(k, k) for k in rec["other_attention_kernels"])
+    kernel = (f"; {rec['other_attention_kernel']} of them ran another attention kernel ({names})"
               if rec["other_attention_kernel"] else "")
     a = rec["all_runs"]
     return (f"{rec['runs']} published runs like this one ({', '.join(rec['matched_on'])}): the model was "

@@ -54,6 +54,8 @@ def test_similar_keeps_the_layout_class_before_the_gpu_and_the_sequence():
     # Long sequences: the five Triton runs.
     rec = track_record.similar("a100-80gb", 3, 1, 1, 32768, 4096, runs)
     assert rec["runs"] == 5 and rec["other_attention_kernel"] == 5 and rec["within_20pct"] == 0.0
+    assert rec["other_attention_kernels"] == ["triton"]
+    assert "5 of them ran another attention kernel (MosaicML's Triton FlashAttention)" in track_record.describe(rec)
     # TP x PP on a100-80gb: two runs there, so the GPU and the sequence are dropped, the layout class kept: 5 runs.
     rec = track_record.similar("a100-80gb", 1, 4, 8, 2048, 4096, runs)
     assert rec["matched_on"] == ["ZeRO 0-2", "a pipeline", "TP", "any GPU"]
