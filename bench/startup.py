@@ -8,7 +8,8 @@ and 4) twice, in alternating order: as `launcher train` runs it ("stand-ins"), a
 imported first in every rank by a sitecustomize on PYTHONPATH ("deepspeed's import"), which is what every rank did
 before: the sitecustomize is not DeepSpeed's code, so it gets the real module, and DeepSpeed then finds it loaded.
 Reported per run: the command's wall time (the number to compare: the real import happens before the run's own
-clock starts in the second kind, inside it in the first), the run's own wall time from its summary, and the largest rank's peak resident memory.
+clock starts in the second kind, inside it in the first), the run's own wall time from its summary, and the largest
+rank's peak resident memory.
 The loop itself runs in ~0.3 s; the rest is start-up and exit.
 """
 

@@ -6,8 +6,8 @@
 Each record becomes a launcher config (model shape, cluster.gpu / nodes, TP / PP / ZeRO stage, micro and global
 batch, recompute, dtype) and goes through the same `resolve_layout` that `launcher train` runs; a record that
 fails it, or that needs what the launcher does not have (fp8, an interleaved pipeline schedule, selective
-recompute), is listed as not expressible with the reason. The step-time model is reached through one adapter, `predict` (the
-`--model module:function` option swaps it: any function taking (ModelShape, Strategy, Hardware) and
+recompute), is listed as not expressible with the reason. The step-time model is reached through one adapter,
+`predict` (the `--model module:function` option swaps it: any function taking (ModelShape, Strategy, Hardware) and
 returning a float of tokens/s or an object with `.tokens_per_s`).
 
 Measured tokens/s per GPU come from what the source states, in this order: tokens/s per GPU; iteration
@@ -137,7 +137,8 @@ def to_config(r: dict, base) -> tuple[SimpleNamespace, str, list[str]]:
     # cp: the launcher's ring attention (parallel.context_degree, launcher/parallel/context.py), the class of
     # Megatron / TransformerEngine's CP and torchtitan's (ring over head-tail chunks).
     parallel = _replace(base.parallel, tensor_degree=r["tp"], pipeline_degree=r["pp"], sequence_degree=1,
-                        context_degree=r.get("cp", 1), data_degree=None, zero_stage=zero, offload_optimizer=False, offload_param=False)
+                        context_degree=r.get("cp", 1), data_degree=None, zero_stage=zero, offload_optimizer=False,
+                        offload_param=False)
     batch = _replace(base.batch, micro_batch_size=micro, global_batch_size=r["global_batch"])
     data = _replace(base.data, seq_length=mod["seq"])
     precision = _replace(base.precision, dtype=dtype)
@@ -201,8 +202,8 @@ def summary(rows: list[dict]) -> dict:
             "worst_abs_error": max(errs)}
 
 
-# Written by hand after the runs of 2026-11-28 10:00 UTC, 2026-11-26 21:10 UTC, 2026-11-26 18:00 UTC and 2026-11-25 05:10 UTC (re-read it when the table is
-# regenerated).
+# Written by hand after the runs of 2026-11-28 10:00 UTC, 2026-11-26 21:10 UTC, 2026-11-26 18:00 UTC and 2026-11-25
+# 05:10 UTC (re-read it when the table is regenerated).
 READING = """Reading (2026-11-28, three new runs; attention kernels labelled; CP expressible). Nothing in the model changed.
 New records (runs.yaml, sources and quotes in each): the Megatron-LM README's GPT-3 175B on 1,024 A100s (TP8 PP16 DP8,
 non-interleaved 1F1B at that commit, 32 s an iteration = 138 TFLOP/s by eq. 3): **-0.4%**; TinyLlama 1.1B (FSDP on 16
@@ -342,9 +343,9 @@ def render(result: dict, model_name: str) -> str:
     sets = {"all": rows, "no assumed fields": [x for x in rows if not x["assumed"]]}
     for fam in sorted({x["family"] for x in rows}):
         sets[fam] = [x for x in rows if x["family"] == fam]
-    sets["attention kernel: the launcher's (FlashAttention-2 class)"] = [x for x in rows if x["attention_kernel"] == "launcher's"]
-    for kernel in sorted({x["attention_kernel"] for x in rows} - {"launcher's"}):
-        sets[f"attention kernel: {KERNEL_NAMES.get(kernel, kernel)}"] = [x for x in rows if x["attention_kernel"] == kernel]
+    for kernel in sorted({x["attention_kernel"] for x in rows}):   # "launcher's" sorts first
+        name = "the launcher's (FlashAttention-2 class)" if kernel == "launcher's" else KERNEL_NAMES.get(kernel, kernel)
+        sets[f"attention kernel: {name}"] = [x for x in rows if x["attention_kernel"] == kernel]
     out += _summary_rows(sets)
     out += ["", READING]
     # The same errors by feature: which modelled term a systematic miss points at.

@@ -72,7 +72,8 @@ def test_nemo_automodel_step_time_tokens_and_tflops_agree():
     for r in (r for r in RUNS if r["family"] == "nemo-automodel"):
         m, mod = r["measured"], r["model"]
         L, h, s, v = mod["layers"], mod["hidden"], mod["seq"], mod["vocab"]
-        assert r["global_batch"] * s / m["iteration_s"] / r["gpus"] == pytest.approx(m["tokens_per_s_per_gpu"], rel=0.002)
+        tokens_per_s_per_gpu = r["global_batch"] * s / m["iteration_s"] / r["gpus"]
+        assert tokens_per_s_per_gpu == pytest.approx(m["tokens_per_s_per_gpu"], rel=0.002)
         per_step = r["global_batch"] * s * L * h * h * (12 + 12 * mod["kv_heads"] / mod["heads"] + 18 * mod["ffn"] / h
                                                        + 6 * s / h + 6 * v / (L * h))
         assert per_step / m["iteration_s"] / r["gpus"] / 1e12 == pytest.approx(m["tflops_per_gpu"], rel=0.002)

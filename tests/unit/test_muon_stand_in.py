@@ -90,8 +90,9 @@ import sys
 import launcher  # noqa: F401
 from deepspeed.runtime.zero.muon.muon_optimizer import MuonWithAuxAdam
 from deepspeed.runtime.zero.muon.original_muon import muon_update
-print("real:", "stand-in" not in (sys.modules[MuonWithAuxAdam.__module__].__doc__ or ""),
-      MuonWithAuxAdam.__module__, muon_update.__module__, "BaseMuonWithAuxAdam" in vars(sys.modules[MuonWithAuxAdam.__module__]))
+module = sys.modules[MuonWithAuxAdam.__module__]
+print("real:", "stand-in" not in (module.__doc__ or ""), MuonWithAuxAdam.__module__, muon_update.__module__,
+      "BaseMuonWithAuxAdam" in vars(module))
 """
 
 
