@@ -128,13 +128,12 @@ def _plan_one(args) -> int:
 
 def _plan_search(cfg, args) -> int:
     from launcher.plan.report import render_search, search_track_records
-    from launcher.plan.search import search_layouts, search_rows
+    from launcher.plan.search import held_batch, search_layouts, search_rows
 
     ranked, counts = search_layouts(cfg)
     rows = search_rows(ranked, args.top)
     record = search_track_records(cfg, rows)
-    gbs, seq = cfg.batch.global_batch_size, cfg.data.seq_length
-    held = {"global_batch_size": gbs, "seq_length": seq, "tokens_per_step": gbs * seq}
+    held = held_batch(cfg, args.overrides)
     if args.json:
         print(json.dumps({"counts": counts, "held": held, "layouts": rows, "step_time_track_record_note": record},
                          indent=2))

@@ -126,6 +126,29 @@ def group_options(group: str) -> list[str]:
     return sorted({p.stem for d in conf_dirs() for p in (d / group).glob("*.yaml")})
 
 
+def default_option(group: str) -> Optional[str]:
+    """The option conf/config.yaml's defaults list picks for `group` (before any recipe or override)."""
+    import yaml
+
+    for entry in yaml.safe_load((conf_dir() / "config.yaml").read_text())["defaults"]:
+        if isinstance(entry, dict) and group in entry:
+            return entry[group]
+    return None
+
+
+def recipes_for_model(model: str) -> list[str]:
+    """The recipes (built-in and $LAUNCHER_CONF_PATH) whose defaults list selects `model` (`override /model: NAME`)."""
+    import yaml
+
+    found = set()
+    for d in conf_dirs():
+        for path in (d / "recipe").glob("*.yaml"):
+            doc = yaml.safe_load(path.read_text()) or {}
+            if any(isinstance(e, dict) and e.get("override /model") == model for e in doc.get("defaults", [])):
+                found.add(path.stem)
+    return sorted(found)
+
+
 def _suggest(word: str, choices: Sequence[str]) -> str:
     close = difflib.get_close_matches(word, choices, n=2, cutoff=0.5)
     return f"did you mean {join_or(close)}?" if close else f"valid: {', '.join(choices)}"

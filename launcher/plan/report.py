@@ -376,6 +376,8 @@ def render_search(rows: list[dict], counts: dict, console, held: dict | None = N
                      "(batch.global_batch_size, data.seq_length)")
     if record:
         lines.append(record)
+    if held and held.get("note"):
+        lines.append(f"warning: {held['note']}")
     caption = "\n".join(lines) or None
     table = Table(title=f"best layouts ({counts['fit']:,} fit of {counts['enumerated']:,} enumerated: "
                         f"{counts['invalid']:,} invalid, {counts['does_not_fit']:,} out of memory)", title_justify="left",

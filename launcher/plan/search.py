@@ -238,3 +238,46 @@ def search_rows(ranked: list[Candidate], top: int = 10) -> list[dict]:
                     "tokens_per_s": t.tokens_per_s, "step_time_s": t.step_time_s, "mfu": t.mfu,
                     "memory_total_bytes": c.memory.peak.total, "why": explain(c, ranked[0])})
     return out
+
+
+# The keys the search holds fixed (the tokens per step) and where their value comes from when nothing sets them.
+HELD_KEYS = ("batch.global_batch_size", "data.seq_length")
+
+
+def held_batch(cfg, overrides) -> dict:
+    """The batch the search keeps fixed, and a note when it is the defaults' and not the user's.
+
+    conf/config.yaml's batch (32 sequences) and the default data option's seq_length (256) are sized for its default
+    model (tiny) on one node. `plan model=llama-65b cluster.nodes=64 --search` without a batch of its own would rank
+    layouts for 8,192 tokens a step on 512 GPUs (16 tokens per GPU; bubble-bound, MFU ~3.5%), which reads as a result
+    about the model, not about the batch. So when no recipe and no override set a held key and the model is not
+    config.yaml's, the note says so and names the model's recipes (whose batches are the published runs')."""
+    from launcher.config.compose import compose, default_option, recipes_for_model
+
+    gbs, seq = cfg.batch.global_batch_size, cfg.data.seq_length
+    gpus = cfg.cluster.nodes * cfg.cluster.gpus_per_node
+    held = {"global_batch_size": gbs, "seq_length": seq, "tokens_per_step": gbs * seq,
+            "tokens_per_gpu": gbs * seq / gpus, "defaulted_keys": [], "note": None}
+    keys = {o.split("=", 1)[0].lstrip("+~") for o in overrides if "=" in o}
+    if cfg.recipe_name or cfg.model.name == default_option("model"):
+        return held
+    # A data option chosen on the command line sets its own seq_length: chosen, not defaulted.
+    defaulted = [k for k in HELD_KEYS if k not in keys and not (k == "data.seq_length" and "data" in keys)]
+    if not defaulted:
+        return held
+    held["defaulted_keys"] = defaulted
+    source = {"batch.global_batch_size": (gbs, "conf/config.yaml"),
+              "data.seq_length": (seq, f"conf/data/{default_option('data')}.yaml")}
+    said = " and ".join(f"{k}={source[k][0]} ({source[k][1]})" for k in defaulted)
+    fix = f"set {'them' if len(defaulted) > 1 else 'it'} on the command line"
+    recipes = recipes_for_model(cfg.model.name)
+    if recipes:
+        r = compose([f"recipe={recipes[0]}"])
+        fix += (f", or start from recipe={recipes[0]} ({r.batch.global_batch_size:,} sequences x "
+                f"{r.data.seq_length:,} = {r.batch.global_batch_size * r.data.seq_length:,} tokens a step, with "
+                f"cluster.* and parallel.* overrides as here)")
+    held["note"] = (f"{said} {'are the defaults' if len(defaulted) > 1 else 'is the default'}, sized for the "
+                    f"{default_option('model')} model, not chosen for {cfg.model.name}: these layouts are ranked for "
+                    f"{gbs * seq:,} tokens a step on {gpus:,} GPUs ({gbs * seq / gpus:,.0f} tokens per GPU). For a "
+                    f"ranking at the batch you will train with, {fix}.")
+    return held

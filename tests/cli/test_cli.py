@@ -97,11 +97,35 @@ def test_search_starts_from_an_invalid_layout_and_keeps_the_global_batch():
     out = run("plan", "model=llama-65b", "cluster.gpu=h100-80gb", "cluster.nodes=64", "--search", "--json")
     assert out.returncode == 0, out.stderr
     found = json.loads(out.stdout)
-    assert found["held"] == {"global_batch_size": 32, "seq_length": 256, "tokens_per_step": 8192}
+    held = found["held"]
+    assert (held["global_batch_size"], held["seq_length"], held["tokens_per_step"], held["tokens_per_gpu"]) == (32, 256, 8192, 16)
     assert found["layouts"] and found["counts"]["fit"] > 0
     for row in found["layouts"]:
         assert row["tensor_degree"] * row["pipeline_degree"] * row["sequence_degree"] * row["data_degree"] == 512
         assert 32 % (row["micro_batch_size"] * row["data_degree"]) == 0
+    # That batch is conf/config.yaml's (the tiny model's), not one anyone chose for a 65B model on 512 GPUs: the
+    # search says so and names the recipe whose batch is LLaMA-65B's (2,048 x 2,048 tokens, Touvron et al. 2023).
+    assert held["defaulted_keys"] == ["batch.global_batch_size", "data.seq_length"]
+    assert "16 tokens per GPU" in held["note"] and "recipe=llama-65b (2,048 sequences x 2,048" in held["note"]
+
+
+def test_search_warns_only_about_a_batch_nobody_chose():
+    table = run("plan", "model=llama-65b", "cluster.gpu=h100-80gb", "cluster.nodes=64", "--search")
+    assert table.returncode == 0, table.stderr
+    text = " ".join(table.stdout.split())
+    assert "warning: batch.global_batch_size=32 (conf/config.yaml) and data.seq_length=256 (conf/data/stdlib.yaml) are the defaults" in text
+    # One key set on the command line: only the other is named.
+    one = json.loads(run("plan", "model=llama-65b", "cluster.gpu=h100-80gb", "cluster.nodes=64", "batch.global_batch_size=1024",
+                         "--search", "--json").stdout)["held"]
+    assert one["defaulted_keys"] == ["data.seq_length"] and one["tokens_per_gpu"] == 512
+    # The recipe's batch, the tiny model's own defaults, or both keys given: no note.
+    for args in (["recipe=llama-65b", "cluster.gpu=h100-80gb", "cluster.nodes=64"], [],
+                 ["model=llama-65b", "cluster.gpu=h100-80gb", "cluster.nodes=64", "batch.global_batch_size=1024",
+                  "data.seq_length=2048"]):
+        out = run("plan", *args, "--search", "--json")
+        assert out.returncode == 0, out.stderr
+        held = json.loads(out.stdout)["held"]
+        assert held["note"] is None and held["defaulted_keys"] == [], args
 
 
 def test_plan_sweep_prints_one_plan_per_point_and_names_the_invalid_ones():
