@@ -12,6 +12,8 @@
     launcher submit -m [sweep overrides]        one job per point of a Hydra sweep (a=1,2 b=x,y: 4 jobs)
     launcher export CKPT OUT              a checkpoint -> a transformers directory
     launcher calibrate [overrides] --out PATH   measure this machine (cluster.gpus_per_node ranks) -> a profile YAML
+    launcher submit --calibrate [overrides] --out PATH   the same as a SLURM job on cluster.nodes nodes (several:
+                                          the inter-node link measured too)
     launcher plan|show|train|submit [overrides] --cfg job|hydra|all [-p KEY] | --info   Hydra's flags: the
                                           composed YAML / the search path, chosen options and groups; nothing else runs
 
@@ -315,8 +317,16 @@ def cmd_submit(args) -> int:
 
     from launcher.submit import claim_unnamed_run_dirs, plan_job, submit_job
 
-    points = sweep_points(args.overrides) if args.multirun else [list(args.overrides)]
     con = _console(stderr=args.dry_run)  # --dry-run: only the script on stdout
+    if args.calibrate or args.out:
+        from launcher.submit import submit_calibration
+
+        if not (args.calibrate and args.out) or args.multirun:
+            raise ConfigError("(command line)", "--calibrate" if args.calibrate else f"--out {args.out}",
+                              "a calibration job takes --calibrate with --out PATH (the profile to write), without -m",
+                              "launcher submit --calibrate cluster=... --out profiles/<partition>.yaml")
+        return submit_calibration(compose(args.overrides), args.out, args.dry_run, con)
+    points = sweep_points(args.overrides) if args.multirun else [list(args.overrides)]
     # Compose and validate every point before submitting any: a sweep with one bad point submits nothing.
     jobs, taken = [], set()
     for i, point in enumerate(points):
@@ -422,6 +432,10 @@ def build_parser() -> argparse.ArgumentParser:
     submit = add("submit", cmd_submit, "validate, write the job dir (frozen config, DeepSpeed JSON, sbatch script) and sbatch it")
     submit.add_argument("--dry-run", action="store_true", help="print the sbatch script; write and submit nothing")
     submit.add_argument("-m", "--multirun", action="store_true", help="Hydra sweep: one job per point (a=1,2 b=x,y -> 4 jobs)")
+    submit.add_argument("--calibrate", action="store_true",
+                        help="submit `launcher calibrate` on cluster.nodes x cluster.gpus_per_node instead of training "
+                             "(with --out PATH: the profile the job writes; several nodes also measure the inter-node link)")
+    submit.add_argument("--out", default=None, help="--calibrate: where the job writes the profile YAML")
     cal = add("calibrate", cmd_calibrate, "measure this machine (GEMM, attention, memory, collectives on "
               "cluster.gpus_per_node local ranks) and write a hardware profile for cluster.profile=PATH")
     cal.add_argument("--out", required=True, help="where to write the profile YAML")

@@ -28,6 +28,10 @@ from launcher.protocol import CONFIG_FILE, CPU_MALLOC_ENV, PREEMPTED_FILE, TORCH
 
 # Package data (a wheel carries it); slurm/train.sbatch.tmpl in the checkout links here.
 TEMPLATE = Path(__file__).resolve().parent / "templates" / "train.sbatch.tmpl"
+CALIBRATE_TEMPLATE = TEMPLATE.with_name("calibrate.sbatch.tmpl")
+# A calibration takes 1-5 minutes (docs/steptime.md); its job asks for this much, or cluster.time where shorter,
+# so that it does not queue as a day-long job.
+CALIBRATE_TIME_S = 30 * 60
 SCRIPT_FILE = "job.sbatch"
 LOG_PATTERN = "slurm-%j.out"  # %j: SLURM puts the job id in (sbatch(1), "filename pattern")
 
@@ -163,44 +167,92 @@ def _output_pattern(run_dir: Path) -> str:
     return str(run_dir).replace("%", "%%") + "/" + LOG_PATTERN
 
 
+def _site_values(c, gpu_job: bool, gpus_per_node: int) -> dict[str, str]:
+    """The placeholders both templates share: what to ask of the site (GPUs, CPUs, partition, account, extra
+    options) and what to run first on the nodes (cluster.setup, CPU ranks' malloc settings)."""
+    return {
+        "sbatch_gpus": (_sbatch_line("--gpus-per-node", gpus_per_node) if gpu_job
+                        else "# (no GPUs requested: cluster.gpu=cpu, the ranks run on CPU cores)"),
+        "sbatch_cpus": (_sbatch_line("--cpus-per-task", c.cpus_per_task) if c.cpus_per_task is not None
+                        else "# (--cpus-per-task: the site default; set cluster.cpus_per_task to choose)"),
+        "sbatch_partition": (_sbatch_line("--partition", c.partition) if c.partition is not None
+                             else "# (--partition: the site default; set cluster.partition to choose)"),
+        "sbatch_account": (_sbatch_line("--account", c.account) if c.account is not None
+                           else "# (--account: the site default; set cluster.account to choose)"),
+        "sbatch_extra": ("\n".join(f"#SBATCH {_q(o)}" for o in c.extra_sbatch) if c.extra_sbatch
+                         else "# (cluster.extra_sbatch: none)"),
+        "setup": str(c.setup).rstrip("\n") if c.setup else "# (cluster.setup: none)",
+        "cpu_env": ("\n".join(f'export {k}="${{{k}:-{v}}}"' for k, v in CPU_MALLOC_ENV.items()) if not gpu_job
+                    else "# (GPU ranks: glibc's defaults)"),
+        "master_port": str(c.master_port),
+        "port_slots": str(PORT_SLOTS),
+        "gpus_per_node": str(gpus_per_node),
+    }
+
+
 def job_values(cfg, layout, paths: JobPaths) -> dict[str, str]:
     """The template's placeholders -> text. Numbers from the Layout; config strings shell-quoted."""
     c = cfg.cluster
     gpu_job = layout.device == "cuda"
     return {
+        **_site_values(c, gpu_job, layout.gpus_per_node),
         "header": (f"run {paths.run_dir.name}: {layout.nodes} nodes x {layout.gpus_per_node} "
                    f"{'GPUs' if gpu_job else 'CPU ranks'} = {layout.world_size} ranks; TP {layout.tensor_degree} x "
                    f"PP {layout.pipeline_degree} x SP {layout.sequence_degree} x DP {layout.data_degree}; "
                    f"ZeRO {layout.zero_stage}; {layout.dtype}"),
         "job_name": _q(job_name(cfg, paths.run_dir)),
         "nodes": str(layout.nodes),
-        "sbatch_gpus": (_sbatch_line("--gpus-per-node", layout.gpus_per_node) if gpu_job
-                        else "# (no GPUs requested: cluster.gpu=cpu, the ranks run on CPU cores)"),
-        "sbatch_cpus": (_sbatch_line("--cpus-per-task", c.cpus_per_task) if c.cpus_per_task is not None
-                        else "# (--cpus-per-task: the site default; set cluster.cpus_per_task to choose)"),
         "time": _q(c.time),
-        "sbatch_partition": (_sbatch_line("--partition", c.partition) if c.partition is not None
-                             else "# (--partition: the site default; set cluster.partition to choose)"),
-        "sbatch_account": (_sbatch_line("--account", c.account) if c.account is not None
-                           else "# (--account: the site default; set cluster.account to choose)"),
         "workdir": _q(paths.workdir),
         "log_path": _q(_output_pattern(paths.run_dir)),
         "signal_grace_s": str(c.signal_grace_s),
-        "sbatch_extra": ("\n".join(f"#SBATCH {_q(o)}" for o in c.extra_sbatch) if c.extra_sbatch
-                         else "# (cluster.extra_sbatch: none)"),
         "run_dir": _q(paths.run_dir),
         "config_path": _q(paths.config),
         "python": _q(paths.python),
         "preempted_file": _q(PREEMPTED_FILE),
-        "setup": str(c.setup).rstrip("\n") if c.setup else "# (cluster.setup: none)",
-        "cpu_env": ("\n".join(f'export {k}="${{{k}:-{v}}}"' for k, v in CPU_MALLOC_ENV.items()) if not gpu_job
-                    else "# (GPU ranks: glibc's defaults)"),
-        "master_port": str(c.master_port),
-        "port_slots": str(PORT_SLOTS),
         "preflight": "1" if preflight_enabled(cfg, layout) else "0",
         "device": layout.device,
-        "gpus_per_node": str(layout.gpus_per_node),
         "torchrun_signals": _q(TORCHRUN_SIGNALS),
+    }
+
+
+def check_calibrate_cluster(cfg) -> None:
+    """The SLURM settings a calibration job uses (no training layout, no checkpoint signal), checked before any
+    file is written: names, extra options, the time limit, and a node count and rank count of at least 1."""
+    c = cfg.cluster
+    time_limit_seconds(c.time)
+    _check_names(c)
+    _check_numbers_and_options(c)
+    for key, value in (("cluster.nodes", c.nodes), ("cluster.gpus_per_node", c.gpus_per_node)):
+        if int(value) < 1:
+            raise ConfigError(key, value, "a calibration runs at least one rank on at least one node", f"set {key}=1 or more")
+
+
+def calibrate_time(cfg) -> str:
+    """The calibration job's --time: CALIBRATE_TIME_S, or cluster.time where that is shorter."""
+    limit = min(CALIBRATE_TIME_S, time_limit_seconds(cfg.cluster.time))
+    return f"{limit // 3600:02d}:{limit % 3600 // 60:02d}:{limit % 60:02d}"
+
+
+def calibrate_job_values(cfg, job_dir: Path, out: Path, workdir: Path, python: str) -> dict[str, str]:
+    """calibrate.sbatch.tmpl's placeholders -> text, config strings shell-quoted (as job_values)."""
+    c = cfg.cluster
+    gpu_job = str(c.gpu).lower() != "cpu"
+    nodes, gpn = int(c.nodes), int(c.gpus_per_node)
+    return {
+        **_site_values(c, gpu_job, gpn),
+        "header": (f"calibration {job_dir.name}: {nodes} nodes x {gpn} {'GPUs' if gpu_job else 'CPU ranks'} "
+                   f"({c.gpu}) -> {out}"),
+        "job_name": _q(c.job_name if c.job_name is not None else job_dir.name),
+        "nodes": str(nodes),
+        "time": _q(calibrate_time(cfg)),
+        "workdir": _q(workdir),
+        "log_path": _q(_output_pattern(job_dir)),
+        "job_dir": _q(job_dir),
+        "out": _q(out),
+        "python": _q(python),
+        "device": "cuda" if gpu_job else "cpu",
+        "grad_clip": _q(float(cfg.optimizer.grad_clip)),
     }
 
 

@@ -173,3 +173,55 @@ def submit_job(job: PlannedJob, con) -> str:
     con.print(f"submitted job {job_id}: {job.layout.nodes} nodes x {job.layout.gpus_per_node} ranks, "
               f"run dir {job.paths.run_dir}, log {job.paths.log_for(job_id)}", markup=False)
     return job_id
+
+
+def submit_calibration(cfg, out: str, dry_run: bool, con) -> int:
+    """`launcher submit --calibrate --out PATH`: one `launcher calibrate` across cluster.nodes x cluster.gpus_per_node
+    ranks as a SLURM job (launcher/templates/calibrate.sbatch.tmpl), which writes the profile to PATH when it ends.
+
+    On one node it measures what `launcher calibrate` does there; on several it also measures the inter-node link
+    (launcher/runtime/calibrate.py _after_compute). The job's files (job.sbatch, slurm-<id>.out, the ranks' raw
+    measurements) go to a new <runs_dir>/calibrate-<time> directory, made exclusively: no run's directory is used.
+    --dry-run prints the script and writes nothing."""
+    import time
+
+    from launcher.config.secrets import refuse_secrets_in_config
+    from launcher.runtime.durable import write_atomic
+    from launcher.runtime.inputs import check_writable_dir
+    from launcher.runtime.rundir import check_runs_dir
+    from launcher.runtime.runlock import claim_new_dir
+    from launcher.slurm import (CALIBRATE_TEMPLATE, SCRIPT_FILE, calibrate_job_values, check_calibrate_cluster,
+                                render_script, require_sbatch, sbatch)
+
+    check_calibrate_cluster(cfg)
+    refuse_secrets_in_config(cfg)   # cluster.setup and the other values are written into the script
+    profile = (Path.cwd() / Path(out).expanduser()).resolve()
+    if profile.is_dir():
+        raise ConfigError("--out", out, f"{profile} is a directory; the profile is one YAML file",
+                          "give a file path, e.g. --out profiles/<partition>.yaml")
+    check_writable_dir("--out", str(profile.parent))
+    check_runs_dir(cfg.runs_dir)
+    check_writable_dir("runs_dir", cfg.runs_dir)
+    base = Path(cfg.runs_dir).expanduser().resolve() / f"calibrate-{time.strftime('%Y%m%d-%H%M%S')}"
+
+    def script_for(job_dir: Path) -> str:
+        return render_script(calibrate_job_values(cfg, job_dir, profile, Path.cwd().resolve(), sys.executable),
+                             CALIBRATE_TEMPLATE)
+    if dry_run:
+        print(script_for(base), end="")
+        return 0
+    require_sbatch()
+    job_dir = claim_new_dir(base)
+    script = job_dir / SCRIPT_FILE
+    try:
+        write_atomic(script, script_for(job_dir))
+        script.chmod(0o755)
+        job_id = sbatch(script)
+    except BaseException:
+        script.unlink(missing_ok=True)
+        job_dir.rmdir()
+        raise
+    con.print(f"submitted job {job_id}: calibration on {cfg.cluster.nodes} nodes x {cfg.cluster.gpus_per_node} ranks, "
+              f"job dir {job_dir}, log {job_dir / ('slurm-' + job_id + '.out')}; it writes {profile} "
+              f"(then: cluster.profile={out})", markup=False)
+    return 0

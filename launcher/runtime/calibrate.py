@@ -21,7 +21,10 @@ memory bus and cores as they will in training, measures:
                        compute also pays for the ranks arriving out of step, which back-to-back microbenchmarks
                        hide: on this 2-core box 0.4 ms bare against 1-5 ms between compute
                        (bench/steptime/results.md). Fitted to latency + 2 (r-1)/r B / bus bandwidth
-                       (all-to-all: (r-1)/r B), least squares in B, the forms steptime.py charges
+                       (all-to-all: (r-1)/r B), least squares in B, the forms steptime.py charges. On
+                       several nodes (`launcher submit --calibrate`, one torchrun per node) every group runs
+                       at once: each node's ranks (intra, all-to-all), one rank a node (inter), and all ranks
+                       (kept, not charged); on one node the inter-node link is taken equal to the intra one
     stragglers         every rank runs the same segment of block-like compute (two GEMMs, SiLU, a residual add on
                        fresh outputs) of 5-150 ms (GPU: 0.5-50 ms), started together by an all-reduce, and times
                        its own segment; for groups of 2, 4, ... consecutive ranks: (slowest - mean) / mean, the
@@ -47,7 +50,8 @@ memory bus and cores as they will in training, measures:
 The compute rates (GEMM, attention, memory, kernel overhead) are the median of COMPUTE_ROUNDS sweeps: one sweep
 that another process slowed is dropped, and the rate is the one a step's many kernels meet, not the best.
 
-Rank 0 writes the raw measurements to a JSON file; the parent fits them and writes the versioned YAML.
+Rank 0 writes the raw measurements to a JSON file; the parent fits them and writes the versioned YAML
+(write_profile; under SLURM the job's batch shell, `python -m launcher.runtime.calibrate --fit RAW OUT`).
 Every fit is to microbenchmarks of this machine, never to training runs.
 """
 
@@ -80,13 +84,7 @@ GEMM_POOL_BYTES = 64 << 20
 
 def calibrate(cfg, out: str, console=None) -> Path:
     """Run the measurement on cluster.gpus_per_node local ranks and write the profile YAML to `out`."""
-    from dataclasses import replace
-
-    import yaml
-
     from launcher.config import hardware
-    from launcher.plan.profile import PROFILE_VERSION, Link, Profile, profile_to_dict
-    from launcher.plan.steptime import framework_residual
 
     nproc = int(cfg.cluster.gpus_per_node)
     device = "cpu" if cfg.cluster.gpu.lower() == hardware.CPU else "cuda"
@@ -102,28 +100,48 @@ def calibrate(cfg, out: str, console=None) -> Path:
         if proc.returncode != 0 or not raw_path.exists():
             raise RuntimeError(f"calibration ranks failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
         raw = json.loads(raw_path.read_text())
-    gemm = {d: fit_saturation(points) for d, points in raw["gemm"].items()}
-    attn = {d: fit_saturation(points) for d, points in raw["attention"].items()}
-    lat, bus = fit_alpha_beta(raw["all_reduce_after_compute"], raw["world"])
-    link = Link(lat, bus)
-    a2a = Link(*fit_alpha_beta(raw["all_to_all_after_compute"], raw["world"], ring_factor=False))
-    threads = int(env["OMP_NUM_THREADS"])
-    name = f"{device}-{raw['hostname']}"
+    return write_profile(raw, out, time.perf_counter() - started)
+
+
+def write_profile(raw: dict, out: str, seconds: float) -> Path:
+    """Fit the ranks' raw measurements (_worker's JSON) and write the versioned profile YAML to `out` (atomically:
+    a plan that reads it meanwhile sees the old profile or the new one, never half of one)."""
+    from dataclasses import replace
+
+    import yaml
+
+    from launcher.plan.profile import PROFILE_VERSION, Link, Profile, profile_to_dict
+    from launcher.plan.steptime import framework_residual
+    from launcher.runtime.durable import write_atomic
+
+    device = "cpu" if raw["device_name"] == "cpu" else "cuda"
+    local, nodes = raw.get("local_world", raw["world"]), raw.get("nodes", 1)
+    intra = Link(*fit_alpha_beta(raw["all_reduce_after_compute"], local))
+    a2a = Link(*fit_alpha_beta(raw["all_to_all_after_compute"], local, ring_factor=False))
+    if nodes > 1:
+        # One rank a node with its peers on the other nodes: what the plan charges a group that spans nodes.
+        inter = Link(*fit_alpha_beta(raw["all_reduce_rail_after_compute"], nodes))
+        if local == 1:
+            intra = a2a = inter    # no two ranks share a node here: nothing intra-node was measured
+        span = f"{nodes} nodes x {local} {device} ranks"
+    else:
+        inter = intra               # one node measured: the inter-node link is unknown here (stated in the note)
+        span = f"{raw['world']} {device} ranks"
+    threads = int(raw["threads"])
     prof = Profile(
-        name=name, gemm_tflops={d: p / 1e12 for d, (p, _) in gemm.items()},
-        gemm_half_dim={d: half for d, (_, half) in gemm.items()},
-        attention_tflops={d: p / 1e12 for d, (p, _) in attn.items()},
-        attention_half_seq={d: half for d, (_, half) in attn.items()},
+        name=f"{device}-{raw['hostname']}", gemm_tflops={d: p / 1e12 for d, (p, _) in _fits(raw["gemm"]).items()},
+        gemm_half_dim={d: half for d, (_, half) in _fits(raw["gemm"]).items()},
+        attention_tflops={d: p / 1e12 for d, (p, _) in _fits(raw["attention"]).items()},
+        attention_half_seq={d: half for d, (_, half) in _fits(raw["attention"]).items()},
         memory_gbps=raw["memory_gbps"], kernel_overhead_s=raw["kernel_overhead_s"],
-        # One node measured: the inter-node link is unknown here, so it is taken equal to the local one (stated).
-        intra=link, inter=link, all_to_all=a2a, host_memory_gb=raw["host_memory_gb"],
+        intra=intra, inter=inter, all_to_all=a2a, host_memory_gb=raw["host_memory_gb"],
         zero3_module_s=raw["zero3_module_s"], zero3_param_s=raw["zero3_param_s"],
         engine_element_s=raw["engine_element_s"], engine_tensor_s=raw["engine_tensor_s"],
         straggler={int(g): rows for g, rows in raw["straggler"].items()},
         compute_slots=max(1, (raw["cores"] // threads)) if device == "cpu" else None,
         gemm_table={d: _median_by_size(points) for d, points in raw["gemm"].items()},
         attention_table={d: _median_by_size(points) for d, points in raw["attention"].items()},
-        source=(f"launcher calibrate on {raw['hostname']}, {raw['world']} {device} ranks, {raw['backend']}, "
+        source=(f"launcher calibrate on {raw['hostname']}, {span}, {raw['backend']}, "
                 f"{threads} thread(s) per rank, torch {raw['torch']}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"))
     # What a micro-batch pays beyond the operator terms (CPU ranks): the probe's measured times less what the
     # step-time model charges for the same model on the rates just fitted (launcher/plan/steptime.py
@@ -132,24 +150,31 @@ def calibrate(cfg, out: str, console=None) -> Path:
         prof = replace(prof, framework_s={
             arch: {d: framework_residual(arch, d, {int(k): v for k, v in by_layers.items()}, prof)
                    for d, by_layers in by_dtype.items()} for arch, by_dtype in raw["framework"].items()})
-    doc = profile_to_dict(prof, measured={k: raw[k] for k in ("gemm", "attention", "all_reduce", "all_reduce_after_compute",
-                                                              "all_to_all_after_compute", "straggler", "zero3", "engine", "framework", "world",
-                                                              "backend",
-                                                              "device_name", "cores", "seconds")}
+    kept = ("gemm", "attention", "all_reduce", "all_reduce_after_compute", "all_to_all_after_compute",
+            "all_reduce_rail_after_compute", "all_reduce_world_after_compute", "straggler", "zero3", "engine",
+            "framework", "world", "local_world", "nodes", "backend", "device_name", "cores", "seconds")
+    doc = profile_to_dict(prof, measured={k: raw[k] for k in kept if k in raw}
                                          | ({"kernel_host_s": raw["kernel_host_s"]} if device != "cpu" else {}))
     doc["measurements"]["note"] = ("gemm: [side, FLOP/s]; attention: [seq, causal FLOP/s fwd+bwd]; all_reduce (bare, "
-                                   "back to back), *_after_compute (the fit's input): [bytes, seconds]; zero3: seconds "
+                                   "back to back, all ranks), *_after_compute (the fits' input): [bytes, seconds], over "
+                                   "each node's ranks (intra, all_to_all), one rank a node (rail: inter) and all ranks "
+                                   "across nodes (world: measured, not charged); zero3: seconds "
                                    "per forward + backward [unit, modules, zero-3 engine, plain]; straggler: {group size: [mean segment seconds, (slowest - mean) / mean]}; engine: seconds per step [dtype, ZeRO stage, "
                                    "side d, Linear(d, d) layers, engine, plain]; framework: {arch: {dtype: {blocks: "
                                    "[forward s, backward s]}} of the near-zero-compute probe model "
-                                   "(steptime.FRAMEWORK_PROBE); inter = intra (one node measured)")
+                                   "(steptime.FRAMEWORK_PROBE); "
+                                   + ("inter = intra (one node measured)" if nodes == 1 else
+                                      f"{nodes} nodes measured" + ("; intra = inter (one rank a node)" if local == 1 else "")))
     assert doc["version"] == PROFILE_VERSION
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(f"# hardware profile, version {PROFILE_VERSION}: written by `launcher calibrate` in "
-                    f"{time.perf_counter() - started:.0f} s; read by cluster.profile=PATH\n"
-                    + yaml.safe_dump(doc, sort_keys=False))
+    write_atomic(path, f"# hardware profile, version {PROFILE_VERSION}: written by `launcher calibrate` in "
+                       f"{seconds:.0f} s; read by cluster.profile=PATH\n" + yaml.safe_dump(doc, sort_keys=False))
     return path
+
+
+def _fits(by_dtype: dict) -> dict:
+    return {d: fit_saturation(points) for d, points in by_dtype.items()}
 
 
 def _median_by_size(points) -> list:
@@ -301,7 +326,7 @@ def _worker(raw_path: str, device: str, grad_clip: str) -> None:
     sweeps = [_compute_sweep(dev, device, dtypes, sync, dist) for _ in range(COMPUTE_ROUNDS)]
     out.update(_median_of(sweeps))
 
-    # All-reduce over every rank (the local world): latency + bytes / bandwidth.
+    # All-reduce over every rank: latency + bytes / bandwidth, back to back (kept beside the fit's input).
     out["all_reduce"] = []
     for nbytes in ALLREDUCE_BYTES:
         buf = torch.ones(nbytes // 4, device=dev, dtype=torch.float32)
@@ -311,15 +336,72 @@ def _worker(raw_path: str, device: str, grad_clip: str) -> None:
         dist.all_reduce(tt, op=dist.ReduceOp.MAX)   # the slowest rank's time is the collective's
         out["all_reduce"].append([nbytes, float(tt.item())])
 
-    # The same collectives as a training step meets them: right after compute on every rank.
+    # The same collectives as a training step meets them: right after compute on every rank. On one node, over
+    # every rank. On several (`launcher submit --calibrate`), every group runs at once as in training: each
+    # node's ranks among themselves (the intra-node link; Ulysses' all-to-all), then each local rank with its
+    # peers on the other nodes (one GPU a node: the inter-node link as the plan charges it, one NIC a GPU), then
+    # all ranks together across the nodes (whether the node's NICs add up for one group, which the plan does not
+    # assume: launcher/plan/profile.py NcclTuning), kept in the measurements.
+    local, nodes = _node_shape(world)
+    out["local_world"], out["nodes"], out["threads"] = local, nodes, torch.get_num_threads()
+    node_group, rail_group = _node_groups(dist, world, local)
+    out.update(_after_compute(dev, device, sync, agree, dist, node_group, all_to_all=True))
+    if nodes > 1:
+        out["all_reduce_rail_after_compute"] = _after_compute(dev, device, sync, agree, dist, rail_group)["all_reduce_after_compute"]
+        out["all_reduce_world_after_compute"] = _after_compute(dev, device, sync, agree, dist, None)["all_reduce_after_compute"]
+
+    out["straggler"] = _straggler(dev, device, sync, dist)
+    out["zero3"], out["zero3_module_s"], out["zero3_param_s"] = _zero3_hooks(dev, sync, agree, float(grad_clip))
+    out["engine"], out["engine_element_s"], out["engine_tensor_s"] = _engine_per_element(dev, device, dtypes, sync, agree, float(grad_clip))
+    out["framework"] = _framework(dev, device, dtypes)
+    out["host_memory_gb"] = _host_memory_gb()
+    out["seconds"] = time.perf_counter() - started
+    if rank == 0:
+        Path(raw_path).write_text(json.dumps(out))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _node_shape(world: int) -> tuple[int, int]:
+    """(ranks a node, nodes): torchrun's LOCAL_WORLD_SIZE, the same on every node (one torchrun per node, each with
+    --nproc_per_node = cluster.gpus_per_node)."""
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    return local, world // local
+
+
+def _node_groups(dist, world: int, local: int):
+    """(this rank's node group, its rail group): a node's ranks are consecutive (torchrun numbers a node's ranks
+    group_rank x local + local_rank), a rail is the same local rank on every node. One node: (None, None), the
+    default group. new_group is collective: every rank creates every group, in the same order."""
+    if local == world:
+        return None, None
+    rank = dist.get_rank()
+    node = rail = None
+    for first in range(0, world, local):
+        g = dist.new_group(list(range(first, first + local)))
+        node = g if first <= rank < first + local else node
+    for lr in range(local):
+        g = dist.new_group(list(range(lr, world, local)))
+        rail = g if rank % local == lr else rail
+    return node, rail
+
+
+def _after_compute(dev, device: str, sync, agree, dist, group, all_to_all: bool = False) -> dict:
+    """{"all_reduce_after_compute": [[bytes, s], ...] (and "all_to_all_after_compute")}: each collective over
+    `group` right after ~1 ms of GEMMs on every rank, its cost the pair's mean time less the GEMMs' alone."""
+    import torch
+
     chunk_a = torch.randn(256, 256, device=dev)
     chunk_b = torch.randn(256, 256, device=dev)
 
     def chunk():
         for _ in range(2 if device == "cpu" else 200):
             torch.mm(chunk_a, chunk_b)
-    for name, make in (("all_reduce_after_compute", lambda buf, out: lambda: dist.all_reduce(buf)),
-                       ("all_to_all_after_compute", lambda buf, out: lambda: dist.all_to_all_single(out, buf))):
+    kinds = [("all_reduce_after_compute", lambda buf, res: lambda: dist.all_reduce(buf, group=group))]
+    if all_to_all:
+        kinds.append(("all_to_all_after_compute", lambda buf, res: lambda: dist.all_to_all_single(res, buf, group=group)))
+    out: dict = {}
+    for name, make in kinds:
         out[name] = []
         for nbytes in ALLREDUCE_BYTES:
             buf = torch.ones(nbytes // 4, device=dev, dtype=torch.float32)
@@ -332,19 +414,9 @@ def _worker(raw_path: str, device: str, grad_clip: str) -> None:
             alone = _median_time(chunk, sync, 20, center=statistics.mean)
             pair = _median_time(lambda: (chunk(), coll()), sync, 20, agree=agree, center=statistics.mean)
             tt = torch.tensor([max(0.0, pair - alone)], dtype=torch.float64, device=dev)
-            dist.all_reduce(tt, op=dist.ReduceOp.MAX)
+            dist.all_reduce(tt, op=dist.ReduceOp.MAX)   # the slowest group's
             out[name].append([nbytes, float(tt.item())])
-
-    out["straggler"] = _straggler(dev, device, sync, dist)
-    out["zero3"], out["zero3_module_s"], out["zero3_param_s"] = _zero3_hooks(dev, sync, agree, float(grad_clip))
-    out["engine"], out["engine_element_s"], out["engine_tensor_s"] = _engine_per_element(dev, device, dtypes, sync, agree, float(grad_clip))
-    out["framework"] = _framework(dev, device, dtypes)
-    out["host_memory_gb"] = _host_memory_gb()
-    out["seconds"] = time.perf_counter() - started
-    if rank == 0:
-        Path(raw_path).write_text(json.dumps(out))
-    dist.barrier()
-    dist.destroy_process_group()
+    return out
 
 
 def _straggler(dev, device: str, sync, dist) -> dict:
@@ -762,4 +834,9 @@ def _host_memory_gb() -> float:
 
 
 if __name__ == "__main__":
-    _worker(*sys.argv[1:4])
+    if sys.argv[1] == "--fit":
+        # `launcher submit --calibrate`'s job, after its ranks: RAW OUT (launcher/templates/calibrate.sbatch.tmpl).
+        raw = json.loads(Path(sys.argv[2]).read_text())
+        print(f"wrote {write_profile(raw, sys.argv[3], raw['seconds'])} (use it: cluster.profile={sys.argv[3]})")
+    else:
+        _worker(*sys.argv[1:4])

@@ -284,3 +284,27 @@ def test_sweep_points_follow_hydra_multirun(overrides, points):
 def test_sweep_with_a_fixed_run_name_is_refused(tmp_path):
     out = launcher("submit", "-m", "recipe=tiny", "optimizer.lr=0.001,0.003", "run_name=same", f"runs_dir={tmp_path}", "--dry-run")
     assert out.returncode == 2 and "run_name='same'" in out.stderr and "two jobs of this submission" in out.stderr
+
+
+def test_calibration_script_asks_for_whole_nodes_briefly_and_quotes_what_it_writes(tmp_path):
+    """`launcher submit --calibrate --dry-run`: the nodes and ranks of cluster.*, --exclusive, a 30-minute limit
+    (or cluster.time where shorter), the profile path and job dir shell-quoted, nothing written, no SLURM needed."""
+    runs = tmp_path / "runs with space"
+    args = [LAUNCHER, "submit", "--calibrate", "cluster=h100-80gb", "cluster.nodes=4", "cluster.account=proj",
+            f"runs_dir={runs}", "--out", "profiles/it's.yaml", "--dry-run"]
+    out = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PATH": NO_SBATCH})
+    assert out.returncode == 0, out.stderr
+    opts = sbatch_options(out.stdout)
+    assert (opts["--nodes"], opts["--gpus-per-node"], opts["--time"], opts["--account"]) == ("4", "8", "00:30:00", "proj")
+    assert "--exclusive" in opts and "--nproc_per_node=8" in out.stdout
+    assert "OUT=" + shlex.quote(str(tmp_path / "profiles" / "it's.yaml")) in out.stdout
+    assert re.search(r"^JOB_DIR='" + re.escape(str(runs)) + r"/calibrate-\d{8}-\d{6}'$", out.stdout, re.M)
+    assert not runs.exists() and not (tmp_path / "profiles").exists()
+    short = subprocess.run([*args[:-1], "cluster.time=7", "--dry-run"], cwd=tmp_path, capture_output=True, text=True,
+                           timeout=120, env={**os.environ, "PATH": NO_SBATCH})
+    assert sbatch_options(short.stdout)["--time"] == "00:07:00"
+    # Without sbatch on PATH a real submission stops before any file is written.
+    real = subprocess.run(args[:-1], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PATH": NO_SBATCH})
+    assert real.returncode == 2 and "sbatch is not on PATH" in real.stderr and not runs.exists()

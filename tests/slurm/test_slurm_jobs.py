@@ -187,6 +187,19 @@ def test_gpu_template_is_accepted_by_sbatch(slurm_env, tmp_path):
     assert too_many.returncode != 0  # the check above is not vacuous: 9 GPUs per node are refused
 
 
+def test_gpu_calibration_script_is_accepted_by_sbatch(slurm_env, tmp_path):
+    """`launcher submit --calibrate` for 2 GPU nodes (as rendered by --dry-run), checked by sbatch itself."""
+    out = submit(["--calibrate", "cluster=h100-80gb", "cluster.nodes=2", "cluster.partition=debug", f"runs_dir={tmp_path}",
+                  "--out", str(tmp_path / "h100.yaml"), "--dry-run"], slurm_env)
+    assert out.returncode == 0, out.stderr
+    assert list(tmp_path.iterdir()) == []   # --dry-run writes nothing
+    script = tmp_path / "calibrate.sbatch"
+    script.write_text(out.stdout)
+    assert "#SBATCH --gpus-per-node=8" in out.stdout and '-m launcher.runtime.calibrate "$RAW" cuda 1.0' in out.stdout
+    test = subprocess.run(["sbatch", "--test-only", str(script)], env=slurm_env, capture_output=True, text=True, timeout=60)
+    assert test.returncode == 0 and "to start at" in test.stderr, test.stderr
+
+
 def test_failing_preflight_names_the_node(slurm_env):
     """The preflight module under srun, one task per node, on nodes whose torch sees no GPU: fails fast, naming the node."""
     env = {**slurm_env, "MASTER_ADDR": "n1"}

@@ -1,0 +1,62 @@
+"""`launcher submit --calibrate` on the local 2-node SLURM cluster (slurm/local/start.sh), CPU ranks.
+
+One job: 2 nodes x 2 ranks. It must end COMPLETED having written the profile where --out said, with the
+inter-node link fitted from a group that spans the nodes (one rank a node) and the intra-node one from each
+node's ranks, the raw measurements of every group kept, the job's own files in a new calibrate-* directory
+under runs_dir (no run's directory touched), and `launcher plan` taking the profile.
+"""
+
+import json
+import subprocess
+
+import pytest
+import yaml
+
+from slurm_helpers import LAUNCHER, REPO, job_id_of, submit, wait_job
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+
+def test_calibration_job_measures_both_links_and_writes_the_profile(slurm_env, tmp_path):
+    runs, out = tmp_path / "runs", tmp_path / "profiles" / "local.yaml"
+    args = ["--calibrate", "cluster=cpu", "cluster.nodes=2", "cluster.gpus_per_node=2", "cluster.time=10",
+            "cluster.master_port=29660", f"runs_dir={runs}", "--out", str(out)]
+    submitted = submit(args, slurm_env)
+    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+    job_id = job_id_of(submitted.stdout)
+    fields = wait_job(job_id, slurm_env, timeout_s=600)
+    (job_dir,) = runs.iterdir()
+    log = (job_dir / f"slurm-{job_id}.out").read_text()
+    assert fields["JobState"] == "COMPLETED" and fields["ExitCode"] == "0:0", (fields, log[-3000:])
+    assert job_dir.name.startswith("calibrate-") and fields["NumNodes"] == "2" and fields["TimeLimit"] == "00:10:00"
+    assert sorted(p.name for p in job_dir.iterdir()) == ["job.sbatch", "raw.json", f"slurm-{job_id}.out"]
+    assert f"wrote {out}" in log
+
+    doc = yaml.safe_load(out.read_text())
+    m = doc["measurements"]
+    assert (m["world"], m["nodes"], m["local_world"]) == (4, 2, 2)
+    assert "2 nodes x 2 cpu ranks" in doc["source"] and "2 nodes measured" in m["note"]
+    sizes = [b for b, _ in m["all_reduce_after_compute"]]
+    for key in ("all_reduce_after_compute", "all_to_all_after_compute", "all_reduce_rail_after_compute",
+                "all_reduce_world_after_compute"):
+        assert [b for b, _ in m[key]] == sizes and all(t >= 0 for _, t in m[key]), key
+    # The links are fitted from their own groups: intra from each node's 2 ranks, inter from one rank a node.
+    from launcher.runtime.calibrate import fit_alpha_beta
+
+    assert [doc["intra"]["latency_s"], doc["intra"]["bus_gbps"]] == list(fit_alpha_beta(m["all_reduce_after_compute"], 2))
+    assert [doc["inter"]["latency_s"], doc["inter"]["bus_gbps"]] == list(fit_alpha_beta(m["all_reduce_rail_after_compute"], 2))
+    assert doc["inter"] != doc["intra"]
+
+    # `launcher plan` takes it, and a data-parallel all-reduce over the 2 nodes is charged on the measured
+    # inter-node link: the same profile with that link 10x faster plans less exposed DP traffic.
+    faster = tmp_path / "faster-inter.yaml"
+    doc["inter"] = {"latency_s": doc["inter"]["latency_s"] / 10, "bus_gbps": doc["inter"]["bus_gbps"] * 10}
+    faster.write_text(yaml.safe_dump(doc))
+    dp_comm = []
+    for profile in (out, faster):
+        plan = subprocess.run([LAUNCHER, "plan", "recipe=tiny", "cluster=cpu", "cluster.nodes=2", "cluster.gpus_per_node=2",
+                               "batch.micro_batch_size=4", f"cluster.profile={profile}", "--json"],
+                              cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert plan.returncode == 0, plan.stderr
+        dp_comm.append(json.loads(plan.stdout)["step_time_breakdown_s"]["dp_comm_exposed"])
+    assert dp_comm[0] > dp_comm[1] > 0, dp_comm
