@@ -14,6 +14,8 @@ A profile says how fast one accelerator (or one CPU rank) runs each kind of oper
                             bus_gbps, the NCCL-tests "bus bandwidth" (a ring all-reduce of B bytes on n ranks
                             takes latency + 2 (n-1)/n B / bus bandwidth)
     all_to_all              optional: the all-to-all inside a node, where calibrate measured it apart
+    intra_groups            optional {ranks: link}: the all-reduce inside a node for groups of fewer ranks than the
+                            node's, where calibrate measured them apart (more than 2 ranks a node)
     nccl                    optional (NcclTuning): where present, a TP or data-parallel collective costs what
                             NCCL's own model says for its group's ranks, nodes and message size (latency that
                             grows with the ring, the cheapest algorithm and protocol) instead of the link's
@@ -45,6 +47,9 @@ A profile says how fast one accelerator (or one CPU rank) runs each kind of oper
                             (steptime.FRAMEWORK_PROBE) less what the step-time model charges for that same model
                             (steptime.framework_residual); {} where not measured (the built-ins: on a GPU the
                             Python runs ahead of the kernels)
+    release[g]              optional: what a synchronisation of g ranks costs once the last arrived, by the compute
+                            before it (seconds by segment seconds; calibrate's _release): the plan charges what it
+                            exceeds the group's link latency by, per synchronisation (steptime stragglers)
     straggler[g]            the wait of a group of g ranks at a synchronisation for its slowest rank: the expected
                             slowest-minus-mean time of a segment of the same compute on every rank, as a fraction
                             of the segment, by segment length ([[seconds, fraction], ...]), measured by `launcher
@@ -164,8 +169,16 @@ class Profile:
     # All-to-all (Ulysses) inside a node where measured apart from the all-reduce (gloo runs them by different
     # algorithms); None: the intra link.
     all_to_all: Optional[Link] = None
+    # All-reduce inside a node for groups smaller than the node's ranks ({ranks: Link}), every group at once as TP
+    # groups run (calibrate on more than 2 ranks a node); a group size not here takes the intra link. On 4 CPU
+    # ranks sharing 2 cores a 4-rank all-reduce waits for all four to be scheduled: 6.1 ms of latency against
+    # ~1 ms for two (bench/steptime/profile-4.yaml), and TP2 x PP2's TP groups are two.
+    intra_groups: dict = field(default_factory=dict)
     nccl: Optional[NcclTuning] = None
     straggler: dict = field(default_factory=dict)
+    # {group size: [[segment seconds, seconds], ...]}: a synchronisation's cost once its group's last rank arrived,
+    # by the compute before it (calibrate's _release); {} where not measured (the built-ins)
+    release: dict = field(default_factory=dict)
     framework_s: dict = field(default_factory=dict)
 
     def framework(self, arch: str, dtype: str) -> tuple[float, float, float]:
@@ -177,16 +190,21 @@ class Profile:
                 return tuple(float(x) for x in by_dtype[d])
         return (0.0, 0.0, 0.0)
 
+    def intra_for(self, ranks: int) -> Link:
+        """The intra-node link of a group of `ranks` ranks: its own measurement where calibrate took one, else intra."""
+        return self.intra_groups.get(ranks, self.intra)
+
     def straggler_fraction(self, ranks: int, segment_s: float) -> float:
         """The expected wait of a group of `ranks` ranks for its slowest one at a synchronisation, as a fraction
         of the `segment_s` seconds of compute before it: the measured group size nearest below (a larger group
         waits at least that long; above the largest measured, an under-charge), interpolated by segment length
         (log-linear, clamped at the ends); 0 for one rank or a profile without the measurement."""
-        if ranks <= 1 or not self.straggler or segment_s <= 0:
-            return 0.0
-        sizes = sorted(self.straggler)
-        g = max([x for x in sizes if x <= ranks] or sizes[:1])
-        return interpolate(sorted((float(t), float(f)) for t, f in self.straggler[g]), segment_s)
+        return _by_group(self.straggler, ranks, segment_s)
+
+    def release_s(self, ranks: int, segment_s: float) -> float:
+        """What a synchronisation of `ranks` ranks costs once the last arrived, after `segment_s` seconds of compute
+        (profile.release, read as straggler_fraction reads its table); 0 where not measured."""
+        return _by_group(self.release, ranks, segment_s)
 
     def gemm_table_for(self, dtype: str) -> Optional[list]:
         return _table(self.gemm_table, dtype)
@@ -387,6 +405,17 @@ def _by_stage(table: dict, dtype: str, zero_stage: int) -> float:
     return 0.0
 
 
+def _by_group(table: dict, ranks: int, segment_s: float) -> float:
+    """A {group size: [[segment seconds, value], ...]} table at `ranks` and `segment_s`: the measured group size
+    nearest below (the smallest where none is), interpolated by segment length (log-linear, clamped at the ends);
+    0 for one rank or an empty table."""
+    if ranks <= 1 or not table or segment_s <= 0:
+        return 0.0
+    sizes = sorted(table)
+    g = max([x for x in sizes if x <= ranks] or sizes[:1])
+    return interpolate(sorted((float(t), float(v)) for t, v in table[g]), segment_s)
+
+
 def profile_to_dict(p: Profile, measured: Optional[dict] = None) -> dict:
     """The YAML document of a profile: version first, the fitted rates, then the raw measurements."""
     out = {"version": PROFILE_VERSION, **asdict(p)}
@@ -436,20 +465,27 @@ def load_profile(path: str) -> Profile:
             engine_tensor_s={str(k): [float(x) for x in v] for k, v in (doc.get("engine_tensor_s") or {}).items()},
             all_to_all=(Link(float(doc["all_to_all"]["latency_s"]), float(doc["all_to_all"]["bus_gbps"]))
                         if doc.get("all_to_all") else None),
+            intra_groups={int(g): Link(float(v["latency_s"]), float(v["bus_gbps"]))
+                          for g, v in (doc.get("intra_groups") or {}).items()},
             nccl=(NcclTuning(**{str(k): float(v) for k, v in doc["nccl"].items()})
                   if doc.get("nccl") is not None else None),
             straggler={int(g): [[float(t), float(f)] for t, f in rows]
                        for g, rows in (doc.get("straggler") or {}).items()},
+            release={int(g): [[float(t), float(c)] for t, c in rows] for g, rows in (doc.get("release") or {}).items()},
             framework_s={str(a): {str(d): [float(x) for x in v] for d, v in by_dtype.items()}
                          for a, by_dtype in (doc.get("framework_s") or {}).items()},
             source=f"{p} ({doc.get('source', 'launcher calibrate')})")
     except (TypeError, ValueError, KeyError, AttributeError) as err:
         raise ConfigError(key, path, f"has a malformed field ({type(err).__name__}: {err})", fix)
-    prof = alone_rates(prof, (doc.get("measurements") or {}).get("world"))
+    measured = doc.get("measurements") or {}
+    prof = alone_rates(prof, measured.get("local_world", measured.get("world")))
     rates = [*prof.gemm_tflops.values(), *prof.attention_tflops.values(), prof.memory_gbps, prof.intra.bus_gbps,
-             prof.inter.bus_gbps]
+             prof.inter.bus_gbps, *(link.bus_gbps for link in prof.intra_groups.values())]
     if any(g < 2 or not rows or any(t <= 0 or f < 0 for t, f in rows) for g, rows in prof.straggler.items()):
         raise ConfigError(key, path, "has a straggler table that is not [[segment seconds > 0, fraction >= 0], ...] "
+                          "per group size >= 2", fix)
+    if any(g < 2 or not rows or any(t <= 0 or c < 0 for t, c in rows) for g, rows in prof.release.items()):
+        raise ConfigError(key, path, "has a release table that is not [[segment seconds > 0, seconds >= 0], ...] "
                           "per group size >= 2", fix)
     for name, table in (("engine_element_s", prof.engine_element_s), ("engine_tensor_s", prof.engine_tensor_s)):
         if any(len(v) != 4 or any(x < 0 for x in v) for v in table.values()):
@@ -473,8 +509,9 @@ def alone_rates(prof: Profile, measured_ranks) -> Profile:
     compute by ranks / slots itself (steptime._compute_stretch), so the share is taken back out here: rates
     x ranks / slots, per-operation times / (ranks / slots). Without this a 4-rank profile planned a 4-rank layout
     twice too slow (bench/parallel/results.md, the CP4 row). Collectives and the straggler fractions are left as
-    measured: their cost under sharing is what a step meets. `measured_ranks`: the profile's measurements.world; None (a profile written
-    by hand or a GPU profile): as written."""
+    measured: their cost under sharing is what a step meets. `measured_ranks`: the ranks a node of the profile's
+    measurements (local_world; world for a one-node profile that predates it); None (a profile written by hand or
+    a GPU profile): as written."""
     from dataclasses import replace
 
     slots = prof.compute_slots

@@ -126,7 +126,12 @@ One micro-batch on one rank (n = b s / sp tokens outside attention; t = TP, sp =
                             a 7-157 ms segment for 2 ranks (two calibrations 8 minutes apart, 2026-11-27), DP2
                             ZeRO-0's own loop waited 5-6% of its compute for the slower rank, and SP2's ranks
                             ~10% of the ~5 ms between two all-to-alls (bench/steptime/results.md, straggler.py,
-                            sync_chain.py).
+                            sync_chain.py). Once the last rank arrived, each of those synchronisations also costs
+                            what calibrate measured a tiny all-reduce of that group to take after that much
+                            compute (profile.release) beyond the latency its link charges: the link's latency is
+                            fitted after ~1 ms of GEMMs, and on 2 CPU ranks here the same 4 KiB all-reduce took a
+                            mean 1.1-1.7 ms after 0.75 ms of compute and 1.5-2.3 ms after 22 (stalls of a scheduler
+                            quantum, more often after longer compute; 0 where not measured, the built-ins).
     optimizer               AdamW over this rank's shard at memory bandwidth: fp32 master, m, v read and
                             written, the gradient read (and the norm's extra read), the low-precision weights
                             written: (4 + 4 + 4) x 2 + 4 + 4 (+ 2 for a 16-bit copy) bytes per parameter.
@@ -519,10 +524,10 @@ def _links(st: Strategy, prof: Profile) -> dict:
 
 def _span(prof: Profile, ranks: int, stride: int, gpus_per_node: int) -> tuple[Link, int]:
     """The link and the node count of a group of `ranks` ranks, `stride` apart in the rank order: the intra-node
-    link where the group fits in a node, else the inter-node one, on ceil(ranks / (gpus_per_node / stride))
-    nodes."""
+    link where the group fits in a node (that group size's own where calibrate measured it: Profile.intra_for),
+    else the inter-node one, on ceil(ranks / (gpus_per_node / stride)) nodes."""
     if ranks * stride <= gpus_per_node:
-        return prof.intra, 1
+        return prof.intra_for(ranks), 1
     return prof.inter, math.ceil(ranks / max(1, gpus_per_node // stride))
 
 
@@ -588,8 +593,9 @@ def estimate_step_time(shape: ModelShape, st: Strategy, hw: Hardware, train_toke
         compute = c.compute * k
         busy = compute + hooks[stage]     # what a rank of the stage computes between its synchronisations
         # counted only where there is a fraction to charge (the built-ins have none: --search's hot path)
-        syncs, group = _syncs_per_micro_batch(shape, st, stage) if prof.straggler else (0, 1)
-        wait = prof.straggler_fraction(group, busy / syncs) * busy if syncs else 0.0
+        syncs, group = _syncs_per_micro_batch(shape, st, stage) if prof.straggler or prof.release else (0, 1)
+        wait = (prof.straggler_fraction(group, busy / syncs) * busy
+                + syncs * _release_beyond_latency(prof, group, busy / syncs, st)) if syncs else 0.0
         stages.append({"cost": c, "compute": compute, "pp": 2 * neighbours * p2p, "wait": wait, "syncs": syncs,
                        "busy": busy, "time": busy + c.tp + c.sp + 2 * neighbours * p2p + wait,
                        "recompute": bf.compute * blocks_in_stage(shape, st, stage) * k if full else 0.0})
@@ -639,7 +645,8 @@ def estimate_step_time(shape: ModelShape, st: Strategy, hw: Hardware, train_toke
         opt.append(_optimizer_s(shard, st, prof, tensors) * stretch)
     # The step's one synchronisation where no micro-batch has one (ZeRO 0/1 data parallelism alone): the gradient
     # reduce waits for the ZeRO group's slowest rank over the whole step's compute.
-    end_wait = [0.0 if x["syncs"] else prof.straggler_fraction(r, m * x["busy"]) * m * x["busy"] for x in stages]
+    end_wait = [0.0 if x["syncs"] else prof.straggler_fraction(r, m * x["busy"]) * m * x["busy"]
+                + _release_beyond_latency(prof, r, m * x["busy"], st) for x in stages]
     tail = max(e + o + g + w_ for e, o, g, w_ in zip(dp_exposed, opt, engine_step, end_wait))
     i_tail = max(range(p), key=lambda i: dp_exposed[i] + opt[i] + engine_step[i] + end_wait[i])
     step = pipeline_s + tail
@@ -663,6 +670,16 @@ def estimate_step_time(shape: ModelShape, st: Strategy, hw: Hardware, train_toke
         engine_s=m * hooks[stages.index(slow)] + engine_step[i_tail],
         straggler_s=m * slow["wait"] + end_wait[i_tail],
         sp_comm_s=m * c.sp, recompute_s=m * slow["recompute"], optimizer_s=opt[i_tail], profile=prof.name)
+
+
+def _release_beyond_latency(prof: Profile, ranks: int, segment_s: float, st: Strategy) -> float:
+    """What one synchronisation of `ranks` consecutive ranks costs after `segment_s` of compute (profile.release)
+    beyond the latency its link already charges (fitted from collectives after ~1 ms of GEMMs): 0 without the
+    measurement."""
+    if ranks <= 1 or not prof.release:
+        return 0.0
+    link = _span(prof, ranks, 1, st.gpus_per_node)[0]
+    return max(0.0, prof.release_s(ranks, segment_s) - link.latency_s)
 
 
 def _syncs_per_micro_batch(shape: ModelShape, st: Strategy, stage: int) -> tuple[int, int]:

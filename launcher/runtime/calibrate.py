@@ -29,6 +29,10 @@ memory bus and cores as they will in training, measures:
                        fresh outputs) of 5-150 ms (GPU: 0.5-50 ms), started together by an all-reduce, and times
                        its own segment; for groups of 2, 4, ... consecutive ranks: (slowest - mean) / mean, the
                        share of a segment a group waits at its next synchronisation (profile.straggler)
+    release            the same segments, each group of 2, 4, ... consecutive ranks (and the node's) then
+                       all-reducing 4 KiB within itself, every group at once: the mean time from its last
+                       arrival to its exit, by segment length (profile.release; the plan charges what it
+                       exceeds the link's latency by)
     ZeRO-3 hooks       a DeepSpeed ZeRO-3 engine over 8 and 40 small Linear modules (bare, then each in a
                        wrapper module) against the same modules plain, forward + backward: seconds per module
                        (zero3_module_s) and per parameter tensor (zero3_param_s)
@@ -128,16 +132,19 @@ def write_profile(raw: dict, out: str, seconds: float) -> Path:
         inter = intra               # one node measured: the inter-node link is unknown here (stated in the note)
         span = f"{raw['world']} {device} ranks"
     threads = int(raw["threads"])
+    intra_groups = {int(g): Link(*fit_alpha_beta(points, int(g)))
+                    for g, points in raw.get("all_reduce_groups_after_compute", {}).items()}
     prof = Profile(
         name=f"{device}-{raw['hostname']}", gemm_tflops={d: p / 1e12 for d, (p, _) in _fits(raw["gemm"]).items()},
         gemm_half_dim={d: half for d, (_, half) in _fits(raw["gemm"]).items()},
         attention_tflops={d: p / 1e12 for d, (p, _) in _fits(raw["attention"]).items()},
         attention_half_seq={d: half for d, (_, half) in _fits(raw["attention"]).items()},
         memory_gbps=raw["memory_gbps"], kernel_overhead_s=raw["kernel_overhead_s"],
-        intra=intra, inter=inter, all_to_all=a2a, host_memory_gb=raw["host_memory_gb"],
+        intra=intra, inter=inter, all_to_all=a2a, intra_groups=intra_groups, host_memory_gb=raw["host_memory_gb"],
         zero3_module_s=raw["zero3_module_s"], zero3_param_s=raw["zero3_param_s"],
         engine_element_s=raw["engine_element_s"], engine_tensor_s=raw["engine_tensor_s"],
         straggler={int(g): rows for g, rows in raw["straggler"].items()},
+        release={int(g): rows for g, rows in raw.get("release", {}).items()},
         compute_slots=max(1, (raw["cores"] // threads)) if device == "cpu" else None,
         gemm_table={d: _median_by_size(points) for d, points in raw["gemm"].items()},
         attention_table={d: _median_by_size(points) for d, points in raw["attention"].items()},
@@ -151,13 +158,14 @@ def write_profile(raw: dict, out: str, seconds: float) -> Path:
             arch: {d: framework_residual(arch, d, {int(k): v for k, v in by_layers.items()}, prof)
                    for d, by_layers in by_dtype.items()} for arch, by_dtype in raw["framework"].items()})
     kept = ("gemm", "attention", "all_reduce", "all_reduce_after_compute", "all_to_all_after_compute",
-            "all_reduce_rail_after_compute", "all_reduce_world_after_compute", "straggler", "zero3", "engine",
+            "all_reduce_groups_after_compute", "all_reduce_rail_after_compute", "all_reduce_world_after_compute", "straggler", "release", "zero3", "engine",
             "framework", "world", "local_world", "nodes", "backend", "device_name", "cores", "seconds")
     doc = profile_to_dict(prof, measured={k: raw[k] for k in kept if k in raw}
                                          | ({"kernel_host_s": raw["kernel_host_s"]} if device != "cpu" else {}))
     doc["measurements"]["note"] = ("gemm: [side, FLOP/s]; attention: [seq, causal FLOP/s fwd+bwd]; all_reduce (bare, "
                                    "back to back, all ranks), *_after_compute (the fits' input): [bytes, seconds], over "
-                                   "each node's ranks (intra, all_to_all), one rank a node (rail: inter) and all ranks "
+                                   "each node's ranks (intra, all_to_all), {size: ...} smaller groups in a node "
+                                   "(intra_groups), one rank a node (rail: inter) and all ranks "
                                    "across nodes (world: measured, not charged); zero3: seconds "
                                    "per forward + backward [unit, modules, zero-3 engine, plain]; straggler: {group size: [mean segment seconds, (slowest - mean) / mean]}; engine: seconds per step [dtype, ZeRO stage, "
                                    "side d, Linear(d, d) layers, engine, plain]; framework: {arch: {dtype: {blocks: "
@@ -346,11 +354,22 @@ def _worker(raw_path: str, device: str, grad_clip: str) -> None:
     out["local_world"], out["nodes"], out["threads"] = local, nodes, torch.get_num_threads()
     node_group, rail_group = _node_groups(dist, world, local)
     out.update(_after_compute(dev, device, sync, agree, dist, node_group, all_to_all=True))
+    # Smaller groups inside a node (2, 4, ... consecutive ranks, every group at once, as TP groups run): with more
+    # ranks than cores a node-wide all-reduce waits for every rank to be scheduled, a pair for two.
+    out["all_reduce_groups_after_compute"] = {}
+    for size in _sub_node_sizes(local):
+        mine = None
+        for first in range(0, world, size):
+            g = dist.new_group(list(range(first, first + size)))
+            mine = g if first <= rank < first + size else mine
+        out["all_reduce_groups_after_compute"][size] = _after_compute(
+            dev, device, sync, agree, dist, mine)["all_reduce_after_compute"]
     if nodes > 1:
         out["all_reduce_rail_after_compute"] = _after_compute(dev, device, sync, agree, dist, rail_group)["all_reduce_after_compute"]
         out["all_reduce_world_after_compute"] = _after_compute(dev, device, sync, agree, dist, None)["all_reduce_after_compute"]
 
     out["straggler"] = _straggler(dev, device, sync, dist)
+    out["release"] = _release(dev, device, sync, dist, [*_sub_node_sizes(local), local]) if local > 1 else {}
     out["zero3"], out["zero3_module_s"], out["zero3_param_s"] = _zero3_hooks(dev, sync, agree, float(grad_clip))
     out["engine"], out["engine_element_s"], out["engine_tensor_s"] = _engine_per_element(dev, device, dtypes, sync, agree, float(grad_clip))
     out["framework"] = _framework(dev, device, dtypes)
@@ -367,6 +386,11 @@ def _node_shape(world: int) -> tuple[int, int]:
     --nproc_per_node = cluster.gpus_per_node)."""
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     return local, world // local
+
+
+def _sub_node_sizes(local: int) -> list:
+    """The group sizes below a node's rank count that calibrate measures apart: 2, 4, 8, ... dividing it."""
+    return [g for g in (2, 4, 8, 16, 32) if g < local and local % g == 0]
 
 
 def _node_groups(dist, world: int, local: int):
@@ -475,6 +499,69 @@ def _straggler(dev, device: str, sync, dist) -> dict:
         for g in sizes:
             table[g].append(wait_fraction(durations, arrivals, g))
     return {str(g): rows for g, rows in table.items()}
+
+
+def _release(dev, device: str, sync, dist, sizes: list) -> dict:
+    """{group size: [[mean segment seconds, seconds], ...]}: what a synchronisation costs after its group's last
+    rank arrives, by the compute before it.
+
+    The *_after_compute collectives follow ~1 ms of GEMMs; a step's follow 2-150 ms. On 2 CPU ranks here a 4 KiB
+    all-reduce took 0.3-0.4 ms (median) once both ranks had arrived after 0.75 ms of compute and 0.6-1.6 ms after
+    22 ms, means 1.1-1.7 and 1.5-2.3 ms: occasional 5-8 ms stalls, a scheduler quantum for the gloo thread, come
+    more often after longer compute (2026-11-28, bench/steptime/results.md). So every group of `size` consecutive
+    ranks (every group at once, as TP groups run) computes a block-like segment, stamps its arrival, all-reduces
+    4 KiB within the group and stamps the exit; per segment length, the mean over repeats and groups of (mean exit
+    - last arrival). The plan charges a synchronisation what this exceeds its link's fitted latency by."""
+    import torch
+    import torch.nn.functional as F
+
+    world, rank = dist.get_world_size(), dist.get_rank()
+    tokens, h = (512, 128) if device == "cpu" else (8192, 1024)
+    x = torch.randn(tokens, h, device=dev)
+    w1, w2 = torch.randn(4 * h, h, device=dev), torch.randn(h, 4 * h, device=dev)
+
+    def unit():
+        return F.linear(F.silu(F.linear(x, w1)), w2) + x
+    t = torch.tensor([_median_time(unit, sync, 20)], dtype=torch.float64, device=dev)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    unit_s = float(t.item())
+    tiny = torch.zeros(1024, device=dev)
+    table: dict = {}
+    for size in sizes:
+        mine = None
+        for first in range(0, world, size):
+            g = dist.new_group(list(range(first, first + size))) if size < world else None
+            mine = g if first <= rank < first + size else mine
+        table[str(size)] = []
+        for target in STRAGGLER_SEGMENTS_S[device]:
+            units = max(1, round(target / unit_s))
+            repeats = max(8, min(100, round(STRAGGLER_BUDGET_S / target)))
+            stamps = []
+            dist.barrier()
+            for i in range(repeats + 1):        # the first is a warm-up
+                for _ in range(units):
+                    unit()
+                sync()
+                arrived = time.perf_counter()
+                dist.all_reduce(tiny, group=mine)
+                sync()
+                stamps.append([arrived, time.perf_counter()])
+            every = [torch.zeros(repeats + 1, 2, dtype=torch.float64, device=dev) for _ in range(world)]
+            dist.all_gather(every, torch.tensor(stamps, dtype=torch.float64, device=dev))
+            table[str(size)].append(release_seconds(torch.stack(every).cpu().tolist(), size))
+    return table
+
+
+def release_seconds(stamps: list, group: int) -> list:
+    """[mean segment seconds, seconds] of _release from every rank's [arrival, exit] stamps ([rank][repeat][2], the
+    first a warm-up): the segment is a rank's arrival less its previous exit, the cost the group's mean exit less
+    its last arrival, each the mean over groups of `group` consecutive ranks and the repeats after the first."""
+    ranks, repeats = len(stamps), len(stamps[0])
+    groups = [range(k, k + group) for k in range(0, ranks // group * group, group)]
+    segments = [stamps[r][i][0] - stamps[r][i - 1][1] for r in range(ranks) for i in range(1, repeats)]
+    costs = [sum(stamps[r][i][1] for r in grp) / group - max(stamps[r][i][0] for r in grp)
+             for grp in groups for i in range(1, repeats)]
+    return [sum(segments) / len(segments), sum(costs) / len(costs)]
 
 
 def wait_fraction(durations: list, arrivals: list, group: int) -> list:

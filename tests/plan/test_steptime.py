@@ -699,3 +699,73 @@ def test_straggler_table_in_profile_files_and_built_ins(tmp_path):
             load_profile(str(path))
     # Not measured on the built-in GPUs: no wait charged there, so the published-run comparison is unchanged.
     assert all(not p.straggler for p in BUILTIN.values())
+
+
+def test_a_group_smaller_than_the_node_takes_its_own_measured_link(tmp_path):
+    # TP2 x PP2 on a 4-rank node: the TP groups are 2 ranks. calibrate measures a 2-rank group's all-reduce apart
+    # from the node-wide one (intra_groups); the plan charges it, and the node-wide link where no group size matches.
+    import yaml
+
+    lat, bus = 1e-4, 1.0
+    _, shape, st = setup("cluster.gpus_per_node=4", "parallel.tensor_degree=2", "parallel.pipeline_degree=2",
+                         "parallel.partition_method=type:DecoderBlock", "batch.global_batch_size=8", "parallel.zero_stage=0")
+    n, w = 8 * st.seq_length, 4
+    ar = lat + 2 * (1 / 2) * n * 128 * w / (bus * 1e9)
+    slow = Link(50 * lat, bus / 50)
+    prof = ideal(intra=slow, intra_groups={2: Link(lat, bus)})
+    assert steptime.estimate_step_time(shape, st, hardware(prof)).tp_comm_s == pytest.approx(2 * 4 * ar, rel=1e-9)
+    no_pair = steptime.estimate_step_time(shape, st, hardware(ideal(intra=slow, intra_groups={4: Link(lat, bus)})))
+    assert no_pair.tp_comm_s == pytest.approx(2 * 4 * (50 * lat + 50 * (ar - lat)), rel=1e-9)
+    # The file round-trips it.
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(profile_to_dict(prof)))
+    assert load_profile(str(path)).intra_groups == {2: Link(lat, bus)}
+
+
+def test_a_multi_node_profile_takes_its_share_of_a_core_per_node(tmp_path):
+    # 2 nodes x 2 ranks on 2 cores each (`launcher submit --calibrate`): world 4, but each rank had a core, so
+    # nothing is taken back out (alone_rates reads the ranks a node, local_world, not the world).
+    import yaml
+
+    prof = ideal(compute_slots=2, gemm_tflops={"any": 0.5})
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(profile_to_dict(prof, measured={"world": 4, "local_world": 2, "nodes": 2})))
+    assert load_profile(str(path)).gemm_tflops == {"any": 0.5}
+    path.write_text(yaml.safe_dump(profile_to_dict(prof, measured={"world": 4})))
+    assert load_profile(str(path)).gemm_tflops == {"any": 1.0}
+
+
+def test_a_synchronisation_costs_its_release_beyond_the_links_latency():
+    # TP2, 2 micro-batches of 16 all-reduces each: every synchronisation costs what calibrate measured a tiny
+    # all-reduce of the pair to take after that segment of compute (profile.release, read at the segment length
+    # like the straggler fraction) beyond the latency the TP link already charges; none where the link's latency is
+    # at least that.
+    _, shape, st = setup("parallel.tensor_degree=2", "parallel.zero_stage=1")
+    lat = 1e-4
+    base = steptime.estimate_step_time(shape, st, hardware(ideal(intra=Link(lat, 1e12)), device="cpu"))
+    seg = _compute(base) / 2 / 16
+    slow = steptime.estimate_step_time(shape, st, hardware(ideal(intra=Link(lat, 1e12), release={2: [[seg, 4e-4]]}),
+                                                           device="cpu"))
+    assert slow.straggler_s == pytest.approx(2 * 16 * (4e-4 - lat), rel=1e-9)
+    assert slow.step_time_s - base.step_time_s == pytest.approx(2 * 16 * (4e-4 - lat), rel=1e-9)
+    below = ideal(intra=Link(lat, 1e12), release={2: [[seg, 0.5 * lat]]})
+    assert steptime.estimate_step_time(shape, st, hardware(below, device="cpu")).straggler_s == 0.0
+    # DP2 ZeRO-1 alone: the step's one synchronisation, after the whole step's compute.
+    _, shape, st = setup("parallel.zero_stage=1")
+    base = steptime.estimate_step_time(shape, st, hardware(ideal(intra=Link(lat, 1e12)), device="cpu"))
+    late = steptime.estimate_step_time(shape, st, hardware(ideal(intra=Link(lat, 1e12), release={2: [[1e-3, 2e-3]]}),
+                                                           device="cpu"))
+    assert late.straggler_s == pytest.approx(2e-3 - lat, rel=1e-9)
+
+
+def test_release_table_in_profile_files(tmp_path):
+    import yaml
+
+    path = tmp_path / "p.yaml"
+    prof = ideal(release={2: [[0.005, 1e-3], [0.15, 2e-3]]})
+    path.write_text(yaml.safe_dump(profile_to_dict(prof, measured={"world": 4})))
+    assert load_profile(str(path)).release == prof.release
+    for bad in ({1: [[0.005, 1e-3]]}, {2: []}, {2: [[0.0, 1e-3]]}, {2: [[0.005, -1e-3]]}):
+        path.write_text(yaml.safe_dump(profile_to_dict(ideal(release=bad))))
+        with pytest.raises(ConfigError, match="release table"):
+            load_profile(str(path))

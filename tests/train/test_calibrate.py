@@ -61,6 +61,11 @@ def test_calibrate_two_cpu_ranks_then_plan(tmp_path, capsys):
     rows = raw["straggler"]["2"]
     assert len(rows) == 4 and [r[0] for r in rows] == sorted(r[0] for r in rows) and rows[0][0] > 0
     assert all(f >= 0 for _, f in rows)
+    # Release: the pair's tiny all-reduce after each of those segment lengths, timed from its last arrival; a
+    # positive time at a measured segment near each target (one node of 2 ranks: no smaller group, no intra_groups).
+    assert set(raw["release"]) == {"2"} and prof.release == {2: raw["release"]["2"]} and prof.intra_groups == {}
+    rel = raw["release"]["2"]
+    assert len(rel) == 4 and all(c > 0 for _, c in rel) and [r[0] for r in rel] == sorted(r[0] for r in rel)
     capsys.readouterr()
 
     assert main(["plan", "recipe=tiny", f"cluster.profile={out}", "--json"]) == 0

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.runtime.calibrate import _median_of, _median_time, fit_alpha_beta, fit_saturation, wait_fraction
+from launcher.runtime.calibrate import (_median_of, _median_time, fit_alpha_beta, fit_saturation, release_seconds,
+                                        wait_fraction)
 
 
 def _sweep(scale: float, overhead: float, gbps: float) -> dict:
@@ -89,3 +90,15 @@ def test_straggler_wait_is_read_from_arrivals_not_durations():
     durations = [[0.010], [0.030], [0.020], [0.020]]
     assert wait_fraction(durations, arrivals, 2) == pytest.approx([0.020, 0.0015 / 0.020])
     assert wait_fraction(durations, arrivals, 4) == pytest.approx([0.020, 0.0025 / 0.020])
+
+
+def test_release_is_the_groups_mean_exit_after_its_last_arrival():
+    # Two ranks, [arrival, exit] stamps in seconds, the first repeat a warm-up. Repeat 1: arrivals 5.0 / 5.5, exits
+    # 6.5 / 6.6: (6.55 - 5.5) = 1.05; repeat 2: arrivals 10.0 / 10.2, exits 11.0 / 11.1: 0.85; mean 0.95. Segments:
+    # each arrival less the same rank's previous exit: 4.0, 3.5, 4.3, 3.6; mean 3.85.
+    stamps = [[[0.0, 1.0], [5.0, 6.5], [10.0, 11.0]], [[0.0, 1.2], [5.5, 6.6], [10.2, 11.1]]]
+    assert release_seconds(stamps, 2) == pytest.approx([3.85, 0.95])
+    # Four ranks in pairs: each pair by its own last arrival (1.0 after 2.0 for the first, 0.5 after 3.0 for the
+    # second); one kept repeat each.
+    four = [[[0.0, 0.0], [1.0, 3.0]], [[0.0, 0.0], [2.0, 3.0]], [[0.0, 0.0], [3.0, 3.5]], [[0.0, 0.0], [2.0, 3.5]]]
+    assert release_seconds(four, 2) == pytest.approx([2.0, (1.0 + 0.5) / 2])
