@@ -443,6 +443,24 @@ def _after_compute(dev, device: str, sync, agree, dist, group, all_to_all: bool 
     return out
 
 
+def _segment_unit(dev, device: str, sync, dist):
+    """(unit, seconds): the block-like compute the straggler and release probes build their segments from (two
+    GEMMs, SiLU and a residual add on fresh outputs), and its time on the slowest rank, so that every rank runs the
+    same number of units."""
+    import torch
+    import torch.nn.functional as F
+
+    tokens, h = (512, 128) if device == "cpu" else (8192, 1024)
+    x = torch.randn(tokens, h, device=dev)
+    w1, w2 = torch.randn(4 * h, h, device=dev), torch.randn(h, 4 * h, device=dev)
+
+    def unit():
+        return F.linear(F.silu(F.linear(x, w1)), w2) + x
+    t = torch.tensor([_median_time(unit, sync, 20)], dtype=torch.float64, device=dev)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return unit, float(t.item())
+
+
 def _straggler(dev, device: str, sync, dist) -> dict:
     """{group size: [[mean segment seconds, fraction], ...]}: the wait for the slowest rank at a synchronisation.
 
@@ -460,20 +478,11 @@ def _straggler(dev, device: str, sync, dist) -> dict:
     all-to-alls a step, ~10% of the ~5 ms between them, bench/steptime/results.md). The same repeat count on every
     rank (from the target length and the slowest rank's unit time), so none leaves the loop early."""
     import torch
-    import torch.nn.functional as F
 
     world = dist.get_world_size()
     if world == 1:
         return {}           # one rank waits for nobody (a one-GPU calibrate)
-    tokens, h = (512, 128) if device == "cpu" else (8192, 1024)
-    x = torch.randn(tokens, h, device=dev)
-    w1, w2 = torch.randn(4 * h, h, device=dev), torch.randn(h, 4 * h, device=dev)
-
-    def unit():
-        return F.linear(F.silu(F.linear(x, w1)), w2) + x
-    t = torch.tensor([_median_time(unit, sync, 20)], dtype=torch.float64, device=dev)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    unit_s = float(t.item())
+    unit, unit_s = _segment_unit(dev, device, sync, dist)
     sizes = sorted({g for g in (2, 4, 8, 16, 32, 64) if g <= world} | {world})
     go = torch.zeros(1, device=dev)
     table: dict = {g: [] for g in sizes}
@@ -513,18 +522,9 @@ def _release(dev, device: str, sync, dist, sizes: list) -> dict:
     4 KiB within the group and stamps the exit; per segment length, the mean over repeats and groups of (mean exit
     - last arrival). The plan charges a synchronisation what this exceeds its link's fitted latency by."""
     import torch
-    import torch.nn.functional as F
 
     world, rank = dist.get_world_size(), dist.get_rank()
-    tokens, h = (512, 128) if device == "cpu" else (8192, 1024)
-    x = torch.randn(tokens, h, device=dev)
-    w1, w2 = torch.randn(4 * h, h, device=dev), torch.randn(h, 4 * h, device=dev)
-
-    def unit():
-        return F.linear(F.silu(F.linear(x, w1)), w2) + x
-    t = torch.tensor([_median_time(unit, sync, 20)], dtype=torch.float64, device=dev)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    unit_s = float(t.item())
+    unit, unit_s = _segment_unit(dev, device, sync, dist)
     tiny = torch.zeros(1024, device=dev)
     table: dict = {}
     for size in sizes:
