@@ -158,8 +158,9 @@ def write_profile(raw: dict, out: str, seconds: float) -> Path:
             arch: {d: framework_residual(arch, d, {int(k): v for k, v in by_layers.items()}, prof)
                    for d, by_layers in by_dtype.items()} for arch, by_dtype in raw["framework"].items()})
     kept = ("gemm", "attention", "all_reduce", "all_reduce_after_compute", "all_to_all_after_compute",
-            "all_reduce_groups_after_compute", "all_reduce_rail_after_compute", "all_reduce_world_after_compute", "straggler", "release", "zero3", "engine",
-            "framework", "world", "local_world", "nodes", "backend", "device_name", "cores", "seconds")
+            "all_reduce_groups_after_compute", "all_reduce_rail_after_compute", "all_reduce_world_after_compute",
+            "straggler", "release", "zero3", "engine", "framework", "world", "local_world", "nodes", "backend",
+            "device_name", "cores", "seconds")
     doc = profile_to_dict(prof, measured={k: raw[k] for k in kept if k in raw}
                                          | ({"kernel_host_s": raw["kernel_host_s"]} if device != "cpu" else {}))
     doc["measurements"]["note"] = ("gemm: [side, FLOP/s]; attention: [seq, causal FLOP/s fwd+bwd]; all_reduce (bare, "
@@ -356,17 +357,12 @@ def _worker(raw_path: str, device: str, grad_clip: str) -> None:
     out.update(_after_compute(dev, device, sync, agree, dist, node_group, all_to_all=True))
     # Smaller groups inside a node (2, 4, ... consecutive ranks, every group at once, as TP groups run): with more
     # ranks than cores a node-wide all-reduce waits for every rank to be scheduled, a pair for two.
-    out["all_reduce_groups_after_compute"] = {}
-    for size in _sub_node_sizes(local):
-        mine = None
-        for first in range(0, world, size):
-            g = dist.new_group(list(range(first, first + size)))
-            mine = g if first <= rank < first + size else mine
-        out["all_reduce_groups_after_compute"][size] = _after_compute(
-            dev, device, sync, agree, dist, mine)["all_reduce_after_compute"]
+    out["all_reduce_groups_after_compute"] = {
+        size: _after_compute(dev, device, sync, agree, dist, _consecutive_group(dist, size))["all_reduce_after_compute"]
+        for size in _sub_node_sizes(local)}
     if nodes > 1:
-        out["all_reduce_rail_after_compute"] = _after_compute(dev, device, sync, agree, dist, rail_group)["all_reduce_after_compute"]
-        out["all_reduce_world_after_compute"] = _after_compute(dev, device, sync, agree, dist, None)["all_reduce_after_compute"]
+        for name, group in (("all_reduce_rail_after_compute", rail_group), ("all_reduce_world_after_compute", None)):
+            out[name] = _after_compute(dev, device, sync, agree, dist, group)["all_reduce_after_compute"]
 
     out["straggler"] = _straggler(dev, device, sync, dist)
     out["release"] = _release(dev, device, sync, dist, [*_sub_node_sizes(local), local]) if local > 1 else {}
@@ -393,6 +389,19 @@ def _sub_node_sizes(local: int) -> list:
     return [g for g in (2, 4, 8, 16, 32) if g < local and local % g == 0]
 
 
+def _consecutive_group(dist, size: int):
+    """This rank's group of `size` consecutive ranks (ranks // size); None (the default group) for the whole world.
+    new_group is collective: every rank creates every group, in the same order."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    if size >= world:
+        return None
+    mine = None
+    for first in range(0, world, size):
+        g = dist.new_group(list(range(first, first + size)))
+        mine = g if first <= rank < first + size else mine
+    return mine
+
+
 def _node_groups(dist, world: int, local: int):
     """(this rank's node group, its rail group): a node's ranks are consecutive (torchrun numbers a node's ranks
     group_rank x local + local_rank), a rail is the same local rank on every node. One node: (None, None), the
@@ -400,10 +409,7 @@ def _node_groups(dist, world: int, local: int):
     if local == world:
         return None, None
     rank = dist.get_rank()
-    node = rail = None
-    for first in range(0, world, local):
-        g = dist.new_group(list(range(first, first + local)))
-        node = g if first <= rank < first + local else node
+    node, rail = _consecutive_group(dist, local), None
     for lr in range(local):
         g = dist.new_group(list(range(lr, world, local)))
         rail = g if rank % local == lr else rail
@@ -523,15 +529,12 @@ def _release(dev, device: str, sync, dist, sizes: list) -> dict:
     - last arrival). The plan charges a synchronisation what this exceeds its link's fitted latency by."""
     import torch
 
-    world, rank = dist.get_world_size(), dist.get_rank()
+    world = dist.get_world_size()
     unit, unit_s = _segment_unit(dev, device, sync, dist)
     tiny = torch.zeros(1024, device=dev)
     table: dict = {}
     for size in sizes:
-        mine = None
-        for first in range(0, world, size):
-            g = dist.new_group(list(range(first, first + size))) if size < world else None
-            mine = g if first <= rank < first + size else mine
+        mine = _consecutive_group(dist, size)
         table[str(size)] = []
         for target in STRAGGLER_SEGMENTS_S[device]:
             units = max(1, round(target / unit_s))
