@@ -134,11 +134,13 @@ def write_profile(raw: dict, out: str, seconds: float) -> Path:
     threads = int(raw["threads"])
     intra_groups = {int(g): Link(*fit_alpha_beta(points, int(g)))
                     for g, points in raw.get("all_reduce_groups_after_compute", {}).items()}
+    gemm = {d: fit_saturation(points) for d, points in raw["gemm"].items()}
+    attn = {d: fit_saturation(points) for d, points in raw["attention"].items()}
     prof = Profile(
-        name=f"{device}-{raw['hostname']}", gemm_tflops={d: p / 1e12 for d, (p, _) in _fits(raw["gemm"]).items()},
-        gemm_half_dim={d: half for d, (_, half) in _fits(raw["gemm"]).items()},
-        attention_tflops={d: p / 1e12 for d, (p, _) in _fits(raw["attention"]).items()},
-        attention_half_seq={d: half for d, (_, half) in _fits(raw["attention"]).items()},
+        name=f"{device}-{raw['hostname']}", gemm_tflops={d: p / 1e12 for d, (p, _) in gemm.items()},
+        gemm_half_dim={d: half for d, (_, half) in gemm.items()},
+        attention_tflops={d: p / 1e12 for d, (p, _) in attn.items()},
+        attention_half_seq={d: half for d, (_, half) in attn.items()},
         memory_gbps=raw["memory_gbps"], kernel_overhead_s=raw["kernel_overhead_s"],
         intra=intra, inter=inter, all_to_all=a2a, intra_groups=intra_groups, host_memory_gb=raw["host_memory_gb"],
         zero3_module_s=raw["zero3_module_s"], zero3_param_s=raw["zero3_param_s"],
@@ -180,10 +182,6 @@ def write_profile(raw: dict, out: str, seconds: float) -> Path:
     write_atomic(path, f"# hardware profile, version {PROFILE_VERSION}: written by `launcher calibrate` in "
                        f"{seconds:.0f} s; read by cluster.profile=PATH\n" + yaml.safe_dump(doc, sort_keys=False))
     return path
-
-
-def _fits(by_dtype: dict) -> dict:
-    return {d: fit_saturation(points) for d, points in by_dtype.items()}
 
 
 def _median_by_size(points) -> list:
