@@ -48,7 +48,8 @@ A profile says how fast one accelerator (or one CPU rank) runs each kind of oper
                             (steptime.framework_residual); {} where not measured (the built-ins: on a GPU the
                             Python runs ahead of the kernels)
     release[g]              optional: what a synchronisation of g ranks costs once the last arrived, by the compute
-                            before it (seconds by segment seconds; calibrate's _release): the plan charges what it
+                            before it (seconds by segment seconds; calibrate's _release, which writes one figure
+                            at every length, its rows pooled: calibrate.pooled_release): the plan charges what it
                             exceeds the group's link latency by, per synchronisation (steptime stragglers)
     straggler[g]            the wait of a group of g ranks at a synchronisation for its slowest rank: the expected
                             slowest-minus-mean time of a segment of the same compute on every rank, as a fraction

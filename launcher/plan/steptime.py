@@ -131,7 +131,9 @@ One micro-batch on one rank (n = b s / sp tokens outside attention; t = TP, sp =
                             compute (profile.release) beyond the latency its link charges: the link's latency is
                             fitted after ~1 ms of GEMMs, and on 2 CPU ranks here the same 4 KiB all-reduce took a
                             mean 1.1-1.7 ms after 0.75 ms of compute and 1.5-2.3 ms after 22 (stalls of a scheduler
-                            quantum, more often after longer compute; 0 where not measured, the built-ins).
+                            quantum; calibrate pools its segment lengths into one figure a group, since one
+                            calibration's rows differ by chance as much as by length; 0 where not measured, the
+                            built-ins).
     optimizer               AdamW over this rank's shard at memory bandwidth: fp32 master, m, v read and
                             written, the gradient read (and the norm's extra read), the low-precision weights
                             written: (4 + 4 + 4) x 2 + 4 + 4 (+ 2 for a 16-bit copy) bytes per parameter.

@@ -11,7 +11,8 @@ memory bus and cores as they will in training, measures:
                        and bf16, operands rotated through 64 MiB (read from beyond the cache, as in a step);
                        the table by d, and a fit to rate = P d / (d + d_half) (1/rate = 1/P + (d_half / P) / d)
     attention rate     causal SDPA forward + backward, head dim 64, sequence 64..1024 (GPU: to 4096); same fit
-    memory bandwidth   a 64 MiB copy (read + write; GPU: 256 MiB)
+    memory bandwidth   a 64 MiB copy (read + write), every rank copying for 0.25 s at once, the slowest rank's
+                       rate (GPU: 256 MiB, the median of 10)
     kernel overhead    a chain of tiny autograd ops, forward + backward, seconds per op (GPU: the device's gap
                        between kernels, 200 tiny kernels replayed from a CUDA graph; the host's chain kept beside)
     (GPU: every compute rate with 20 calls queued between two synchronisations, as a step queues its kernels)
@@ -79,6 +80,7 @@ ATTN_SEQS_CPU = (64, 128, 256, 512, 1024)
 ATTN_SEQS_GPU = (256, 512, 1024, 2048, 4096)
 ALLREDUCE_BYTES = (4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20)
 COMPUTE_ROUNDS = 3
+COPY_WINDOW_S = 0.25
 STRAGGLER_SEGMENTS_S = {"cpu": (0.005, 0.02, 0.06, 0.15), "cuda": (0.0005, 0.005, 0.05)}
 STRAGGLER_BUDGET_S = 1.5    # per segment length
 GEMM_POOL_BYTES = 64 << 20
@@ -146,7 +148,7 @@ def write_profile(raw: dict, out: str, seconds: float) -> Path:
         zero3_module_s=raw["zero3_module_s"], zero3_param_s=raw["zero3_param_s"],
         engine_element_s=raw["engine_element_s"], engine_tensor_s=raw["engine_tensor_s"],
         straggler={int(g): rows for g, rows in raw["straggler"].items()},
-        release={int(g): rows for g, rows in raw.get("release", {}).items()},
+        release={int(g): pooled_release(rows, device) for g, rows in raw.get("release", {}).items()},
         compute_slots=max(1, (raw["cores"] // threads)) if device == "cpu" else None,
         gemm_table={d: _median_by_size(points) for d, points in raw["gemm"].items()},
         attention_table={d: _median_by_size(points) for d, points in raw["attention"].items()},
@@ -465,6 +467,11 @@ def _segment_unit(dev, device: str, sync, dist):
     return unit, float(t.item())
 
 
+def probe_repeats(target_s: float) -> int:
+    """Segments the straggler and release probes time at a target length: STRAGGLER_BUDGET_S of them, 8 to 100."""
+    return max(8, min(100, round(STRAGGLER_BUDGET_S / target_s)))
+
+
 def _straggler(dev, device: str, sync, dist) -> dict:
     """{group size: [[mean segment seconds, fraction], ...]}: the wait for the slowest rank at a synchronisation.
 
@@ -492,7 +499,7 @@ def _straggler(dev, device: str, sync, dist) -> dict:
     table: dict = {g: [] for g in sizes}
     for target in STRAGGLER_SEGMENTS_S[device]:
         units = max(1, round(target / unit_s))
-        repeats = max(8, min(100, round(STRAGGLER_BUDGET_S / target)))
+        repeats = probe_repeats(target)
         times, arrivals = [], []
         for i in range(repeats + 1):        # the first is a warm-up
             dist.all_reduce(go)
@@ -536,7 +543,7 @@ def _release(dev, device: str, sync, dist, sizes: list) -> dict:
         table[str(size)] = []
         for target in STRAGGLER_SEGMENTS_S[device]:
             units = max(1, round(target / unit_s))
-            repeats = max(8, min(100, round(STRAGGLER_BUDGET_S / target)))
+            repeats = probe_repeats(target)
             stamps = []
             dist.barrier()
             for i in range(repeats + 1):        # the first is a warm-up
@@ -551,6 +558,21 @@ def _release(dev, device: str, sync, dist, sizes: list) -> dict:
             dist.all_gather(every, torch.tensor(stamps, dtype=torch.float64, device=dev))
             table[str(size)].append(release_seconds(torch.stack(every).cpu().tolist(), size))
     return table
+
+
+def pooled_release(rows: list, device: str) -> list:
+    """The profile's release table for one group size from _release's rows ([mean segment seconds, seconds], one
+    per STRAGGLER_SEGMENTS_S[device] target, in that order): every row given the same figure, the mean over all the
+    group's timed synchronisations (each row weighted by the repeats _release ran at its target: total cost over
+    total count). Each row is the mean of 8-100 draws of a heavy-tailed time (a 0.3-0.9 ms median, stalls of 4-8
+    ms), so the rows of one calibration differ mostly by chance: the pair's read 2.35, 1.53, 1.83, 0.97 ms at 5, 20,
+    60, 150 ms in one and 1.28, 1.99, 1.88, 2.78 in the next. Read row by row, SP2's plan moved 195 -> 259 ms between
+    two calibrations for steps of 216 ms both times. Pooled, the recorded bench/steptime runs read 45 of 48 within
+    15% against 40 as interpolated (three runs before the pooling was tried), and 30 of 32 against 27 in the two runs
+    after it (bench/steptime/release_variant.py, results.md). The raw rows stay in the profile's measurements."""
+    weights = [probe_repeats(t) for t in STRAGGLER_SEGMENTS_S[device]][:len(rows)]
+    mean = sum(c * w for (_, c), w in zip(rows, weights)) / sum(weights)
+    return [[t, mean] for t, _ in rows]
 
 
 def release_seconds(stamps: list, group: int) -> list:
@@ -628,11 +650,14 @@ def _compute_sweep(dev, device, dtypes, sync, dist) -> dict:
     # Memory bandwidth: a copy reads and writes its size each; 64 MiB on CPU ranks, 256 MiB on a GPU (a 1B model's
     # element-wise operands are 32-88 MiB; queued, an H100 copies 64 MiB at 2,739 GB/s, 256 MiB at 2,942, 1 GiB at
     # 2,976; silu(a) * b on [4, 2048, 5632] bf16 moves 2,871: sync_probe.py).
+    # CPU ranks share the node's memory bus, so every rank copies at once for a window (_shared_copy_s); each
+    # rank's median of 10 separate copies (~6 ms each) was what rank 0 met whether or not the others were copying
+    # at that moment: 4 ranks on 2 cores read 9.6-36 GB/s by sweep where the window reads 10.0-10.5.
     n = ((64 if device == "cpu" else 256) << 20) // 4
     src = torch.ones(n, device=dev, dtype=torch.float32)
     dst = torch.empty_like(src)
     dist.barrier()
-    t = _median_time(lambda: dst.copy_(src), sync, 10, calls=queued)
+    t = _shared_copy_s(dst, src, dist) if device == "cpu" else _median_time(lambda: dst.copy_(src), sync, 10, calls=queued)
     out["memory_gbps"] = 2 * n * 4 / t / 1e9
 
     # Per-operator overhead: 100 tiny ops forward and their 100 backward nodes.
@@ -648,6 +673,29 @@ def _compute_sweep(dev, device, dtypes, sync, dist) -> dict:
     out["kernel_host_s"] = host_per_op
     out["kernel_overhead_s"] = _median_time(tiny_kernel_graph(dev, 200).replay, sync, 10, calls=queued) / 200
     return out
+
+
+def _shared_copy_s(dst, src, dist) -> float:
+    """Seconds a 64 MiB copy takes while every rank copies too, as a step's ranks run their element-wise work at
+    once: from a barrier each rank copies for COPY_WINDOW_S (~40 copies here; the barrier's skew of a few ms is a
+    small part of it), and the slowest rank's time per copy counts. With more ranks than cores a rank's time
+    includes its wait for a core, the share profile.alone_rates takes back out: 4 ranks on this 2-core VM read
+    10.0-10.5 GB/s in four calibrations, x 4 / 2 = 20-21 alone, where 2 ranks read 19.5-22.0 in seven (and 34.3 in
+    one, the VM's own drift: 64 MiB copies ran that fast in both ways of timing them) (2026-11-28,
+    bench/steptime/results.md)."""
+    import torch
+
+    dist.barrier()
+    t0, n = time.perf_counter(), 0
+    while True:
+        dst.copy_(src)
+        n += 1
+        t = time.perf_counter() - t0
+        if t >= COPY_WINDOW_S:
+            break
+    per = torch.tensor([t / n], dtype=torch.float64)
+    dist.all_reduce(per, op=dist.ReduceOp.MAX)
+    return float(per.item())
 
 
 def tiny_op_chain(dev, ops: int):

@@ -7,6 +7,8 @@ import json
 import pytest
 import yaml
 
+from launcher.runtime.calibrate import pooled_release
+
 pytestmark = pytest.mark.slow
 
 
@@ -63,7 +65,10 @@ def test_calibrate_two_cpu_ranks_then_plan(tmp_path, capsys):
     assert all(f >= 0 for _, f in rows)
     # Release: the pair's tiny all-reduce after each of those segment lengths, timed from its last arrival; a
     # positive time at a measured segment near each target (one node of 2 ranks: no smaller group, no intra_groups).
-    assert set(raw["release"]) == {"2"} and prof.release == {2: raw["release"]["2"]} and prof.intra_groups == {}
+    # The plan reads the rows pooled into one figure (pooled_release); the rows stay in the measurements.
+    assert set(raw["release"]) == {"2"} and prof.intra_groups == {}
+    assert prof.release == {2: pooled_release(raw["release"]["2"], "cpu")}
+    assert len({c for _, c in prof.release[2]}) == 1
     rel = raw["release"]["2"]
     assert len(rel) == 4 and all(c > 0 for _, c in rel) and [r[0] for r in rel] == sorted(r[0] for r in rel)
     capsys.readouterr()

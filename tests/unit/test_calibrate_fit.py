@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.runtime.calibrate import (_median_of, _median_time, fit_alpha_beta, fit_saturation, release_seconds,
-                                        wait_fraction)
+from launcher.runtime.calibrate import (_median_of, _median_time, fit_alpha_beta, fit_saturation, pooled_release,
+                                        probe_repeats, release_seconds, wait_fraction)
 
 
 def _sweep(scale: float, overhead: float, gbps: float) -> dict:
@@ -102,3 +102,13 @@ def test_release_is_the_groups_mean_exit_after_its_last_arrival():
     # second); one kept repeat each.
     four = [[[0.0, 0.0], [1.0, 3.0]], [[0.0, 0.0], [2.0, 3.0]], [[0.0, 0.0], [3.0, 3.5]], [[0.0, 0.0], [2.0, 3.5]]]
     assert release_seconds(four, 2) == pytest.approx([2.0, (1.0 + 0.5) / 2])
+
+
+def test_release_rows_are_pooled_by_their_synchronisations():
+    # CPU targets 5, 20, 60, 150 ms are timed 100, 75, 25 and 10 times (1.5 s each, 8 to 100); rows of 2, 1, 4 and
+    # 3 ms pool to (100 x 2 + 75 x 1 + 25 x 4 + 10 x 3) / 210 = 405 / 210 ms at every measured segment length.
+    rows = [[0.0055, 0.002], [0.0201, 0.001], [0.0598, 0.004], [0.151, 0.003]]
+    assert [probe_repeats(t) for t in (0.005, 0.02, 0.06, 0.15)] == [100, 75, 25, 10]
+    pooled = pooled_release(rows, "cpu")
+    assert [t for t, _ in pooled] == [t for t, _ in rows]
+    assert [c for _, c in pooled] == pytest.approx([0.405 / 210] * 4)
