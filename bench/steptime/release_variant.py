@@ -16,19 +16,18 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-import yaml
-
-REPO = Path(__file__).resolve().parents[2]
-LAUNCHER = str(Path(sys.executable).parent / "launcher")
+sys.path.insert(0, str(Path(__file__).parent))
+from run import REPO, replan  # noqa: E402
 
 
-def pooled(release: dict) -> dict:
-    """Each group's rows as calibrate now writes them (pooled_release), from the rows a profile recorded."""
+def release_rows(profile: dict, pooled: bool) -> dict:
+    """The profile with its release table rebuilt from the rows calibrate measured (its measurements): as they are
+    (interpolated by segment length when planned) or pooled as calibrate now writes them (pooled_release)."""
     from launcher.runtime.calibrate import pooled_release
-    return {g: pooled_release(rows, "cpu") for g, rows in release.items()}
+    raw = {int(g): rows for g, rows in profile["measurements"]["release"].items()}
+    return {**profile, "release": {g: pooled_release(rows, "cpu") for g, rows in raw.items()} if pooled else raw}
 
 
 def main() -> None:
@@ -36,24 +35,8 @@ def main() -> None:
         doc = json.loads(Path(rev).read_text() if Path(rev).is_file() else
                          subprocess.run(["git", "show", f"{rev}:bench/steptime/results.json"], cwd=REPO,
                                         capture_output=True, text=True, check=True).stdout)
-        with tempfile.TemporaryDirectory() as tmp:
-            for i, profiles in enumerate(doc["pass_profiles"]):
-                for ranks, text in profiles.items():
-                    y = yaml.safe_load(text)
-                    raw = {int(g): rows for g, rows in y["measurements"]["release"].items()}   # calibrate's rows
-                    (Path(tmp) / f"asis-{i}-{ranks}.yaml").write_text(yaml.safe_dump({**y, "release": raw}))
-                    (Path(tmp) / f"pooled-{i}-{ranks}.yaml").write_text(yaml.safe_dump({**y, "release": pooled(raw)}))
-            for variant in ("asis", "pooled"):
-                ratios = []
-                for i in range(len(doc["pass_profiles"])):
-                    for r in doc["results"]:
-                        args = [a for a in r["command"].split()[2:] if not a.startswith("cluster.profile=")]
-                        out = subprocess.run([LAUNCHER, "plan", *args, f"cluster.profile={tmp}/{variant}-{i}-{r['ranks']}.yaml",
-                                              "--json"], cwd=REPO, capture_output=True, text=True, check=True)
-                        ratios.append((r["layout"], r["repeats_measured_s"][i] / json.loads(out.stdout)["step_time_s"]))
-                inside = sum(abs(x - 1) <= 0.15 for _, x in ratios)
-                print(f"{rev} {'rows interpolated' if variant == 'asis' else 'pooled release'}: {inside} of {len(ratios)} within 15%; "
-                      + ", ".join(f"{n} {x:.2f}" for n, x in ratios))
+        print(f"{rev} rows interpolated: {replan(doc, lambda p: release_rows(p, False))}")
+        print(f"{rev} pooled release: {replan(doc, lambda p: release_rows(p, True))}")
 
 
 if __name__ == "__main__":

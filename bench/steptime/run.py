@@ -69,6 +69,33 @@ def gather_to_rank0(out: str, record: object) -> None:
     dist.barrier()
 
 
+def replan(doc: dict, edit=lambda profile: profile) -> str:
+    """Every run of a results.json document (`doc`) planned again, each pass with its own calibration
+    (pass_profiles) passed through `edit` (a profile's YAML dict -> the dict to plan with), in this process (so a
+    diagnostic's replacement of a steptime function applies): one line, how many of the runs are within 15% and
+    each measured / planned (release_variant.py, operand_bandwidth.py)."""
+    import contextlib
+    import io
+
+    import yaml
+
+    from launcher.cli import main as cli
+
+    ratios = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, profiles in enumerate(doc["pass_profiles"]):
+            for ranks, text in profiles.items():
+                (Path(tmp) / f"{i}-{ranks}.yaml").write_text(yaml.safe_dump(edit(yaml.safe_load(text))))
+            for r in doc["results"]:
+                args = [a for a in r["command"].split()[2:] if not a.startswith("cluster.profile=")]
+                out = io.StringIO()
+                with contextlib.redirect_stdout(out):
+                    cli(["plan", *args, f"cluster.profile={tmp}/{i}-{r['ranks']}.yaml", "--json"])
+                ratios.append((r["layout"], r["repeats_measured_s"][i] / json.loads(out.getvalue())["step_time_s"]))
+    inside = sum(abs(x - 1) <= 0.15 for _, x in ratios)
+    return f"{inside} of {len(ratios)} within 15%; measured / planned " + ", ".join(f"{n} {x:.2f}" for n, x in ratios)
+
+
 def diagnostic_args() -> argparse.Namespace:
     """The command line of layers.py and straggler.py: --profile, and the hidden --rank-side OUT of on_two_ranks."""
     ap = argparse.ArgumentParser()

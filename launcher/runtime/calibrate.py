@@ -677,15 +677,14 @@ def _compute_sweep(dev, device, dtypes, sync, dist) -> dict:
 
 def _shared_copy_s(dst, src, dist) -> float:
     """Seconds a 64 MiB copy takes while every rank copies too, as a step's ranks run their element-wise work at
-    once: from a barrier each rank copies for COPY_WINDOW_S (~40 copies here; the barrier's skew of a few ms is a
-    small part of it), and the slowest rank's time per copy counts. With more ranks than cores a rank's time
-    includes its wait for a core, the share profile.alone_rates takes back out: 4 ranks on this 2-core VM read
-    10.0-10.5 GB/s in four calibrations, x 4 / 2 = 20-21 alone, where 2 ranks read 19.5-22.0 in seven (and 34.3 in
-    one, the VM's own drift: 64 MiB copies ran that fast in both ways of timing them) (2026-11-28,
+    once: from the caller's barrier each rank copies for COPY_WINDOW_S (~40 copies here; the barrier's skew of a
+    few ms is a small part of it), and the slowest rank's time per copy counts. With more ranks than cores a rank's
+    time includes its wait for a core, the share profile.alone_rates takes back out: 4 ranks on this 2-core VM read
+    7.5-12.2 GB/s in ten calibrations, x 4 / 2 = 15-24 alone, where 2 ranks read 16.1-22.0 in most (and 30.0 and
+    34.3 once each, the VM's own drift: in the 34.3 one the per-rank timing read 35.5-37.5 too) (2026-11-28,
     bench/steptime/results.md)."""
     import torch
 
-    dist.barrier()
     t0, n = time.perf_counter(), 0
     while True:
         dst.copy_(src)
