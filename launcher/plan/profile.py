@@ -33,20 +33,26 @@ A profile says how fast one accelerator (or one CPU rank) runs each kind of oper
                             (a list of 4): what its engine does beyond a plain forward + backward + optimizer
                             step (gradient buckets flattened and copied, fp32 partitions, the clipping norm, ZeRO-3
                             gathers into flat buffers), measured by `launcher calibrate` with no collective in it
-                            (each rank its own data-parallel group); {} where not measured (the built-ins)
+                            (each rank its own data-parallel group); {} where not measured (the built-in A100 /
+                            H100)
     engine_tensor_s[dtype]  the same engine's work per parameter tensor and step, by ZeRO stage 0..3, whatever the
                             tensor's size (per-tensor gradient hooks, bucket bookkeeping, fp32 copies launched one
                             tensor at a time): the probe's cost of its smallest Linear less that Linear's elements
                             x engine_element_s; stage 3 is 0 (ZeRO-3's per-tensor cost is zero3_param_s); {} where
-                            not measured (the built-ins)
+                            not measured (the built-in A100 / H100)
     framework_s[arch][dt]   [block forward, block backward, model] seconds per micro-batch that the operator terms
                             do not count: the PyTorch dispatch, autograd and transformers module Python of the
                             runtime's own model classes (views, reshapes, casts, masks: ~2,400 operators a
                             micro-batch for recipe=tiny's 4 blocks where the terms count ~250 kernels),
                             measured by `launcher calibrate` on a near-zero-compute model of the architecture
                             (steptime.FRAMEWORK_PROBE) less what the step-time model charges for that same model
-                            (steptime.framework_residual); {} where not measured (the built-ins: on a GPU the
-                            Python runs ahead of the kernels)
+                            (steptime.framework_residual); {} on a GPU, where the Python runs ahead of the
+                            kernels (host_s), and where not measured
+    host_s[arch][dt]        [block forward, block backward, model] seconds the host takes to issue one micro-batch
+                            on a GPU: the same probe, its times kept whole. They are not added to the kernels
+                            (the host runs ahead of them) but bound a micro-batch from below (steptime's host
+                            floor); {} on CPU ranks and where not measured (the built-in A100 / H100: the host's speed is the
+                            node's CPU, not the GPU's, and only the H200's host has been measured)
     release[g]              optional: what a synchronisation of g ranks costs once the last arrived, by the compute
                             before it (seconds by segment seconds; calibrate's _release, which writes one figure
                             at every length, its rows pooled: calibrate.pooled_release): the plan charges what it
@@ -181,15 +187,17 @@ class Profile:
     # by the compute before it (calibrate's _release); {} where not measured (the built-ins)
     release: dict = field(default_factory=dict)
     framework_s: dict = field(default_factory=dict)
+    host_s: dict = field(default_factory=dict)
 
     def framework(self, arch: str, dtype: str) -> tuple[float, float, float]:
         """(block forward, block backward, model) seconds per micro-batch beyond the operator terms for `arch` in
         `dtype` (the llama family shares llama's; fp16 takes bf16's); zeros where the profile has none."""
-        by_dtype = self.framework_s.get(arch) or self.framework_s.get("llama" if arch in LLAMA_FAMILY else arch) or {}
-        for d in (dtype, "bf16" if dtype == "fp16" else None):
-            if d and by_dtype.get(d):
-                return tuple(float(x) for x in by_dtype[d])
-        return (0.0, 0.0, 0.0)
+        return _by_arch(self.framework_s, arch, dtype)
+
+    def host(self, arch: str, dtype: str) -> tuple[float, float, float]:
+        """(block forward, block backward, model) seconds the host takes to issue a micro-batch on a GPU, looked
+        up as framework() is; zeros where the profile has none."""
+        return _by_arch(self.host_s, arch, dtype)
 
     def intra_for(self, ranks: int) -> Link:
         """The intra-node link of a group of `ranks` ranks: its own measurement where calibrate took one, else intra."""
@@ -249,6 +257,16 @@ def _table(tables: dict, dtype: str) -> Optional[list]:
         if d and tables.get(d):
             return sorted((float(x), float(r) * 1e12) for x, r in tables[d])
     return None
+
+
+def _by_arch(table: dict, arch: str, dtype: str) -> tuple[float, float, float]:
+    """A [block forward, block backward, model] row of an {arch: {dtype: row}} table: the llama family shares
+    llama's (launcher/config/supported.py LLAMA_FAMILY: the same transformers code path), fp16 takes bf16's."""
+    by_dtype = table.get(arch) or table.get("llama" if arch in LLAMA_FAMILY else arch) or {}
+    for d in (dtype, "bf16" if dtype == "fp16" else None):
+        if d and by_dtype.get(d):
+            return tuple(float(x) for x in by_dtype[d])
+    return (0.0, 0.0, 0.0)
 
 
 def interpolate(table: list, x: float) -> float:
@@ -324,27 +342,36 @@ def _gpu(name, peak_bf16, gemm_frac, attn, hbm_gbps, intra_bus, inter_bus, host_
     )
 
 
-# H200: measured, not read off datasheets. `launcher calibrate` on one NVIDIA H200 (141 GB, driver 580.159.04,
-# torch 2.11.0+cu130, DeepSpeed 0.19.8; a Firecracker VM, 16 cores) on 2026-11-26, in 22 s:
-# bench/gpu/results/2026-11-26-h200/profile-h200.yaml, the medians of its three sweeps rounded to 3 digits.
-# GEMMs as autograd issues them (X W^T, dY W, dY^T X on 2,048 tokens) by the smallest side; "fp32" ran as TF32
-# (calibrate sets allow_tf32, as training does); torch SDPA causal forward + backward by sequence length (cuDNN's
-# flash kernel, as `launcher train` gets: bench/gpu checks.json); a 64 MiB device copy (the size of one
-# activation tensor of a 1B model at micro-batch 4 x 2,048: 3.07 TB/s, 64% of the datasheet's 4.8, where an
-# 8.6 GB copy reaches ~4.3); a chain of tiny autograd ops (11 us per operator, not the 5 us launch latency);
-# ZeRO-3's hooks on a Linear stack (per module and per parameter tensor). Against the 1B runs on the same GPU
-# (bench/gpu/results.md) these predicted the step 1.05-1.07x of measured where the datasheet constants said
-# 0.85-0.91x (and ZeRO-3 0.81x against 0.42x). Links are not measured (one GPU): the H100's below.
-# Caveat (2026-11-27, one H100, bench/gpu/results.md): calibrate then timed one call per synchronisation, which on
-# the H100 read the copy bandwidth 28% low, small GEMMs and attention low, and charged the host's per-operator cost
-# on top of each kernel; its profile planned the H100's runs 1.37x long. calibrate now queues its calls as a step
-# does. The 1.05 above is then partly two errors cancelling (the plan's missing element-wise bytes); these figures
-# stay until an H200 is calibrated again.
-_H200_GEMM = {"bf16": [[256, 78.7], [512, 252], [1024, 514], [2048, 716], [4096, 771], [8192, 695]],
-              "fp32": [[256, 66.0], [512, 143], [1024, 269], [2048, 313], [4096, 333], [8192, 342]]}
-_H200_SDPA = {"bf16": [[256, 5.46], [512, 21.3], [1024, 91.1], [2048, 183], [4096, 285]],
-              "fp32": [[256, 3.94], [512, 11.7], [1024, 17.6], [2048, 27.1], [4096, 33.5]]}
-_H200_MEASURED = dict(memory_gbps=3073.0, kernel_overhead_s=11.0e-6, zero3_module_s=224e-6, zero3_param_s=246e-6)
+# H200: measured, not read off datasheets. `launcher calibrate` (its calls queued as a step queues them) on one
+# NVIDIA H200 (141 GB, driver 580.159.04, torch 2.11.0+cu130, DeepSpeed 0.19.8; a Firecracker VM, 16 cores), twice
+# on 2026-11-28 in different device sessions: bench/gpu/results/2026-11-28-h200{,-2}/profile-h200.yaml, the mean
+# of the two files rounded to 3 digits (they differ by 0-8% a figure, 15% at the smallest GEMM side).
+# GEMMs as autograd issues them (X W^T, dY W, dY^T X on 16,384 tokens) by the smallest side; "fp32" ran as TF32
+# (calibrate sets allow_tf32, as training does); torch SDPA causal forward + backward by sequence length at 4
+# sequences (cuDNN's flash kernel, as `launcher train` gets: bench/gpu checks.json), and past 4,096 at 32,768 tokens
+# a call (bench/gpu/long_attention.py, the second session: 491 / 527 / 540 at 8k / 16k / 32k; its 4,096 read 445,
+# calibrate's 432); a 256 MiB device copy (4.12 TB/s, 86% of the datasheet's 4.8); the device's gap between
+# queued kernels (a CUDA-graph replay of 200 tiny kernels: 1.1 us); DeepSpeed's engine per parameter element and
+# tensor by ZeRO stage; the host's issue time of the runtime's own models at near-zero compute, per block and
+# per model (host_s: llama bf16 1.41 + 1.78 ms a block, 2.65 a model; the two sessions 1.35-1.47, 1.46-2.09,
+# 2.39-2.91); ZeRO-3's hooks per module and per parameter tensor (the two calibrations split a Linear's 1.07-1.16 ms
+# 0 / 1,074 and 1,164 / 0 us: the probe cannot tell the two apart on a GPU, where the 1B model's modules and
+# tensors are as many; the 2026-11-26 calibration, timed one call per synchronisation, read 224 + 246 us).
+# Links are not measured (one GPU): the H100's below. Against the 1B runs on H200s (bench/gpu/results.md, held
+# by tests/plan/test_gpu_measured.py).
+_H200_GEMM = {"bf16": [[256, 117.0], [512, 458], [1024, 629], [2048, 660], [4096, 656], [8192, 657]],
+              "fp32": [[256, 101.0], [512, 202], [1024, 252], [2048, 284], [4096, 286], [8192, 317]]}
+_H200_SDPA = {"bf16": [[256, 18.1], [512, 65.2], [1024, 222], [2048, 345], [4096, 432], [8192, 491], [16384, 527],
+                       [32768, 540]],
+              "fp32": [[256, 11.9], [512, 20.1], [1024, 27.7], [2048, 33.6], [4096, 37.4]]}
+_H200_HOST = {"llama": {"bf16": [1.41e-3, 1.78e-3, 2.65e-3], "fp32": [1.39e-3, 1.98e-3, 2.43e-3]},
+              "gpt": {"bf16": [0.573e-3, 0.944e-3, 2.08e-3], "fp32": [0.497e-3, 0.967e-3, 2.14e-3]},
+              "bloom": {"bf16": [1.15e-3, 1.59e-3, 2.37e-3], "fp32": [0.908e-3, 1.48e-3, 2.21e-3]}}
+_H200_MEASURED = dict(memory_gbps=4120.0, kernel_overhead_s=1.1e-6, zero3_module_s=582e-6, zero3_param_s=537e-6,
+                      engine_element_s={"bf16": [9.54e-12, 1.06e-11, 3.25e-11, 6.97e-12],
+                                        "fp32": [4.73e-12, 1.92e-11, 1.49e-12, 3.83e-11]},
+                      engine_tensor_s={"bf16": [231e-6, 392e-6, 303e-6, 0.0], "fp32": [54.3e-6, 177e-6, 205e-6, 0.0]},
+                      host_s=_H200_HOST)
 
 
 def _measured_h200() -> Profile:
@@ -354,7 +381,7 @@ def _measured_h200() -> Profile:
     return replace(base, gemm_table={**_H200_GEMM, "fp16": _H200_GEMM["bf16"]},
                    attention_table={**_H200_SDPA, "fp16": _H200_SDPA["bf16"]}, **_H200_MEASURED,
                    source="built-in h200 profile (launcher/plan/profile.py): measured by `launcher calibrate` on one "
-                          "H200, 2026-11-26 (bench/gpu/results/2026-11-26-h200); links from H100 benchmarks")
+                          "H200, 2026-11-28 (bench/gpu/results/2026-11-28-h200*); links from H100 benchmarks")
 
 
 BUILTIN: dict[str, Profile] = {
@@ -475,6 +502,8 @@ def load_profile(path: str) -> Profile:
             release={int(g): [[float(t), float(c)] for t, c in rows] for g, rows in (doc.get("release") or {}).items()},
             framework_s={str(a): {str(d): [float(x) for x in v] for d, v in by_dtype.items()}
                          for a, by_dtype in (doc.get("framework_s") or {}).items()},
+            host_s={str(a): {str(d): [float(x) for x in v] for d, v in by_dtype.items()}
+                    for a, by_dtype in (doc.get("host_s") or {}).items()},
             source=f"{p} ({doc.get('source', 'launcher calibrate')})")
     except (TypeError, ValueError, KeyError, AttributeError) as err:
         raise ConfigError(key, path, f"has a malformed field ({type(err).__name__}: {err})", fix)
@@ -492,9 +521,10 @@ def load_profile(path: str) -> Profile:
         if any(len(v) != 4 or any(x < 0 for x in v) for v in table.values()):
             raise ConfigError(key, path, f"has an {name} that is not 4 non-negative seconds (ZeRO stages 0-3) "
                               "per dtype", fix)
-    if any(len(v) != 3 or any(x < 0 for x in v) for by_dtype in prof.framework_s.values() for v in by_dtype.values()):
-        raise ConfigError(key, path, "has a framework_s that is not 3 non-negative seconds (block forward, block "
-                          "backward, model) per architecture and dtype", fix)
+    for name, table in (("framework_s", prof.framework_s), ("host_s", prof.host_s)):
+        if any(len(v) != 3 or any(x < 0 for x in v) for by_dtype in table.values() for v in by_dtype.values()):
+            raise ConfigError(key, path, f"has a {name} that is not 3 non-negative seconds (block forward, block "
+                              "backward, model) per architecture and dtype", fix)
     if not prof.gemm_tflops or not prof.attention_tflops or any(not (r > 0) for r in rates) \
             or any(v < 0 for v in (*prof.gemm_half_dim.values(), *prof.attention_half_seq.values())):
         raise ConfigError(key, path, "has a rate that is not positive (every TFLOP/s and GB/s must be > 0)", fix)

@@ -91,8 +91,8 @@ One micro-batch on one rank (n = b s / sp tokens outside attention; t = TP, sp =
                             part over the 1/r partition is charged over the whole rank's parameters (the probe
                             runs at r = 1), an over-charge at r > 1. On a 2-core CPU box: 0.6-2 (ZeRO-0), 10-15
                             (ZeRO-1, 2), 4-12 (ZeRO-3) ns per fp32 element, 7-17 ms a step for recipe=tiny at
-                            ZeRO 1-3 (bench/steptime/results.md); 0 in the built-in GPU profiles (not measured
-                            there). Plus its work per parameter tensor, whatever the size (per-tensor gradient
+                            ZeRO 1-3 (bench/steptime/results.md); 0 in the built-in A100 / H100 profiles (not
+                            measured there; the H200's is). Plus its work per parameter tensor, whatever the size (per-tensor gradient
                             hooks and bucket bookkeeping): the stage's parameter tensors x engine_tensor_s, charged
                             as the per-element part (ZeRO-3's is zero3_param_s). On the 2-core box, fp32, 0.09
                             (ZeRO-0), 0.26 (ZeRO-1) and 0.19 (ZeRO-2) ms a tensor; the ZeRO-2 figure is what
@@ -107,8 +107,15 @@ One micro-batch on one rank (n = b s / sp tokens outside attention; t = TP, sp =
                             (framework_residual): per block forward and backward, and per model, charged every
                             micro-batch (the block forward again under full recompute). On a 2-core CPU box 2.7-3.1
                             ms a llama block and 2.5-3.2 ms a model, forward + backward (bench/steptime/results.md); 0
-                            in the built-in GPU profiles (not measured there: a GPU's Python runs ahead of its
-                            kernels unless the kernels are as short as the Python).
+                            on a GPU, where the Python runs ahead of the kernels (the host floor instead).
+    host floor (GPU)        the host issues a micro-batch's kernels ahead of the device, so its Python costs
+                            nothing until it takes longer than those kernels; then the device waits for it. A
+                            stage's micro-batch takes max(its compute, the host's issue time), the latter the same
+                            probe's times kept whole (profile.host_s: per block forward and backward, the forward
+                            again under full recompute, and per model, half on each end stage: host_issue_s). On
+                            one H200 2.9-3.4 ms a llama block and 2.4-2.9 ms a model: the ~1B LLaMA at micro-batch
+                            1 is host-bound (bench/gpu/results.md). It does not count what DeepSpeed's engine and
+                            the training loop issue per micro-batch.
     stragglers              every rank computes the same segment between two synchronisations of its group, yet
                             not in the same time (other processes, the shared memory bus, a rank's own jitter):
                             the group waits for its slowest rank. Per micro-batch a stage meets its TP
@@ -454,7 +461,7 @@ def framework_residual(arch: str, dtype: str, measured: dict, prof: Profile) -> 
 
     from launcher.plan.params import ParamCount
 
-    lo, hi = FRAMEWORK_PROBE["layers"]
+    lo = FRAMEWORK_PROBE["layers"][0]
     h, a, f, v, s = (FRAMEWORK_PROBE[k] for k in ("hidden_size", "num_heads", "intermediate_size", "vocab_size",
                                                    "seq_length"))
     shape = ModelShape(arch=arch, hidden_size=h, num_layers=lo, num_heads=a, num_kv_heads=a, intermediate_size=f,
@@ -466,11 +473,28 @@ def framework_residual(arch: str, dtype: str, measured: dict, prof: Profile) -> 
     links = _links(st, bare)
     bf, bb = block_costs(shape, st, bare, links)
     first, last = end_costs(shape, st, bare, links)
-    (f_lo, b_lo), (f_hi, b_hi) = measured[lo], measured[hi]
-    block_f, block_b = (f_hi - f_lo) / (hi - lo), (b_hi - b_lo) / (hi - lo)
-    model = (f_lo - lo * block_f) + (b_lo - lo * block_b)
+    block_f, block_b, model = probe_split(measured)
     return [max(0.0, block_f - bf.compute), max(0.0, block_b - bb.compute),
             max(0.0, model - first.compute - last.compute)]
+
+
+def probe_split(measured: dict) -> list:
+    """[block forward, block backward, model] seconds from the framework probe's {layers: (forward s, backward s)}
+    at FRAMEWORK_PROBE's two block counts: the difference over the blocks added is a block's, what is left at one
+    block the model's (clipped at 0). On a GPU these are the host's issue time as measured (profile.host_s)."""
+    lo, hi = FRAMEWORK_PROBE["layers"]
+    (f_lo, b_lo), (f_hi, b_hi) = measured[lo], measured[hi]
+    block_f, block_b = (f_hi - f_lo) / (hi - lo), (b_hi - b_lo) / (hi - lo)
+    return [max(0.0, block_f), max(0.0, block_b), max(0.0, (f_lo - lo * block_f) + (b_lo - lo * block_b))]
+
+
+def host_issue_s(shape: ModelShape, st: Strategy, prof: Profile, stage: int) -> float:
+    """Seconds the host takes to issue one micro-batch of a pipeline stage on a GPU (profile.host_s): its blocks'
+    forward and backward (the forward again under full recompute), and the model's own part, half on each end
+    stage as framework's. 0 without the measurement (CPU ranks, where framework_s charges the Python instead)."""
+    hf, hb, model = prof.host(shape.arch, st.dtype)
+    ends = (stage == 0) + (stage == st.pipeline_degree - 1)
+    return blocks_in_stage(shape, st, stage) * (hf + hb + (hf if st.recompute == "full" else 0.0)) + model / 2 * ends
 
 
 # ---- the step -----------------------------------------------------------------------------------------------------
@@ -498,6 +522,7 @@ class StepTime:
     recompute_s: float = 0.0
     optimizer_s: float = 0.0
     framework_s: float = 0.0         # dispatch, autograd and module Python per micro-batch (profile.framework_s)
+    host_bound_s: float = 0.0        # the device waiting for the host's issue of its kernels (GPU; profile.host_s)
     engine_s: float = 0.0            # DeepSpeed's ZeRO-3 hooks (profile.zero3_module_s, zero3_param_s) and its
                                      # per-element work (profile.engine_element_s)
     straggler_s: float = 0.0         # the waits for the slowest rank at synchronisations (profile.straggler)
@@ -507,7 +532,7 @@ class StepTime:
         """Seconds per step by term; they add up to step_time_s (recompute is inside gemm/attention/memory_bound)."""
         return {"gemm": self.gemm_s, "attention": self.attention_s, "memory_bound": self.memory_bound_s,
                 "optimizer": self.optimizer_s, "tp_comm": self.tp_comm_s,
-                "framework": self.framework_s,
+                "framework": self.framework_s, "host_bound": self.host_bound_s,
                 "sp_comm": self.sp_comm_s, "pp_comm": self.pp_comm_s, "bubble": self.bubble_s, "engine": self.engine_s,
                 "dp_comm_exposed": self.dp_comm_exposed_s, "straggler": self.straggler_s}
 
@@ -593,12 +618,17 @@ def estimate_step_time(shape: ModelShape, st: Strategy, hw: Hardware, train_toke
     for stage, c in enumerate(costs):
         neighbours = (stage > 0) + (stage < p - 1)
         compute = c.compute * k
-        busy = compute + hooks[stage]     # what a rank of the stage computes between its synchronisations
+        # The host floor (GPU): the host issues a micro-batch's kernels ahead of the device, so its Python is hidden
+        # until it takes longer than the kernels; then the device waits for it (bench/gpu/results.md: the ~1B LLaMA
+        # on one H200 at micro-batch 1 took 0.61 s a step where its kernels need 0.33).
+        host_wait = max(0.0, host_issue_s(shape, st, prof, stage) - compute)
+        busy = compute + host_wait + hooks[stage]     # what a rank of the stage computes between its synchronisations
         # counted only where there is a fraction to charge (the built-ins have none: --search's hot path)
         syncs, group = _syncs_per_micro_batch(shape, st, stage) if prof.straggler or prof.release else (0, 1)
         wait = (prof.straggler_fraction(group, busy / syncs) * busy
                 + syncs * _release_beyond_latency(prof, group, busy / syncs, st)) if syncs else 0.0
-        stages.append({"cost": c, "compute": compute, "pp": 2 * neighbours * p2p, "wait": wait, "syncs": syncs,
+        stages.append({"cost": c, "compute": compute, "host_wait": host_wait, "pp": 2 * neighbours * p2p, "wait": wait,
+                       "syncs": syncs,
                        "busy": busy, "time": busy + c.tp + c.sp + 2 * neighbours * p2p + wait,
                        "recompute": bf.compute * blocks_in_stage(shape, st, stage) * k if full else 0.0})
     slow = max(stages, key=lambda x: x["time"])
@@ -669,6 +699,7 @@ def estimate_step_time(shape: ModelShape, st: Strategy, hw: Hardware, train_toke
         train_tokens=tokens, train_days=tokens / tokens_per_s / 86400 if tokens else 0.0,
         gemm_s=m * c.gemm * k, attention_s=m * c.attention * k, memory_bound_s=m * c.memory * k,
         framework_s=m * c.framework * k,
+        host_bound_s=m * slow["host_wait"],
         engine_s=m * hooks[stages.index(slow)] + engine_step[i_tail],
         straggler_s=m * slow["wait"] + end_wait[i_tail],
         sp_comm_s=m * c.sp, recompute_s=m * slow["recompute"], optimizer_s=opt[i_tail], profile=prof.name)

@@ -10,7 +10,7 @@ memory bus and cores as they will in training, measures:
                        X W^T, input gradient dY W, weight gradient dY^T X), d = 32..512 (GPU: 256..8192), in fp32
                        and bf16, operands rotated through 64 MiB (read from beyond the cache, as in a step);
                        the table by d, and a fit to rate = P d / (d + d_half) (1/rate = 1/P + (d_half / P) / d)
-    attention rate     causal SDPA forward + backward, head dim 64, sequence 64..1024 (GPU: to 4096); same fit
+    attention rate     causal SDPA forward + backward, head dim 64, sequence 64..1024 (GPU: to 4096, bf16 to 16384); same fit
     memory bandwidth   a 64 MiB copy (read + write), every rank copying for 0.25 s at once, the slowest rank's
                        rate (GPU: 256 MiB, the median of 10)
     kernel overhead    a chain of tiny autograd ops, forward + backward, seconds per op (GPU: the device's gap
@@ -49,7 +49,8 @@ memory bus and cores as they will in training, measures:
                        fp32 and bf16, forward and backward timed apart: what every micro-batch pays in dispatch,
                        autograd and module Python, less what the step-time model charges for that model
                        (framework_s: per block forward, backward, and per model). On a GPU the same probe
-                       times the host's issue time per micro-batch, recorded (measurements) and not charged
+                       times the host's issue time per micro-batch (host_s, whole): the plan's floor under
+                       each micro-batch's kernels
     host memory        /proc/meminfo MemTotal; compute slots: cores / threads per rank (CPU ranks)
 
 The compute rates (GEMM, attention, memory, kernel overhead) are the median of COMPUTE_ROUNDS sweeps: one sweep
@@ -78,6 +79,10 @@ from launcher.runtime.launch import rank_env
 GEMM_SIDES = (32, 64, 128, 256, 512)
 ATTN_SEQS_CPU = (64, 128, 256, 512, 1024)
 ATTN_SEQS_GPU = (256, 512, 1024, 2048, 4096)
+# 16-bit only, at 16,384 tokens a call (batch 2, 1): long-context layouts (bench/published's 16k-65k rows) read the
+# table there, and one H200's cuDNN flash kernel still gains 445 -> 491 -> 527 TFLOP/s from 4k to 8k to 16k
+# (bench/gpu/long_attention.py); fp32's kernel takes ~15x as long for nothing a layout plans in fp32.
+ATTN_SEQS_GPU_LONG = (8192, 16384)
 ALLREDUCE_BYTES = (4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20)
 COMPUTE_ROUNDS = 3
 COPY_WINDOW_S = 0.25
@@ -117,7 +122,7 @@ def write_profile(raw: dict, out: str, seconds: float) -> Path:
     import yaml
 
     from launcher.plan.profile import PROFILE_VERSION, Link, Profile, profile_to_dict
-    from launcher.plan.steptime import framework_residual
+    from launcher.plan.steptime import framework_residual, probe_split
     from launcher.runtime.durable import write_atomic
 
     device = "cpu" if raw["device_name"] == "cpu" else "cuda"
@@ -156,11 +161,16 @@ def write_profile(raw: dict, out: str, seconds: float) -> Path:
                 f"{threads} thread(s) per rank, torch {raw['torch']}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"))
     # What a micro-batch pays beyond the operator terms (CPU ranks): the probe's measured times less what the
     # step-time model charges for the same model on the rates just fitted (launcher/plan/steptime.py
-    # framework_residual). On a GPU the probe's times are the host's issue time, kept in the measurements only.
+    # framework_residual). On a GPU the probe's times are the host's issue time, which the plan holds as a floor
+    # under each micro-batch's kernels (host_s; steptime.host_issue_s), whole.
+    probe = {arch: {d: {int(k): v for k, v in by_layers.items()} for d, by_layers in by_dtype.items()}
+             for arch, by_dtype in raw["framework"].items()}
     if device == "cpu":
-        prof = replace(prof, framework_s={
-            arch: {d: framework_residual(arch, d, {int(k): v for k, v in by_layers.items()}, prof)
-                   for d, by_layers in by_dtype.items()} for arch, by_dtype in raw["framework"].items()})
+        prof = replace(prof, framework_s={arch: {d: framework_residual(arch, d, m, prof) for d, m in by_dtype.items()}
+                                          for arch, by_dtype in probe.items()})
+    else:
+        prof = replace(prof, host_s={arch: {d: probe_split(m) for d, m in by_dtype.items()}
+                                     for arch, by_dtype in probe.items()})
     kept = ("gemm", "attention", "all_reduce", "all_reduce_after_compute", "all_to_all_after_compute",
             "all_reduce_groups_after_compute", "all_reduce_rail_after_compute", "all_reduce_world_after_compute",
             "straggler", "release", "zero3", "engine", "framework", "world", "local_world", "nodes", "backend",
@@ -633,11 +643,13 @@ def _compute_sweep(dev, device, dtypes, sync, dist) -> dict:
                 out["gemm"][dname].append([d, 2.0 * tokens * d * d / t])
 
         # Causal SDPA forward + backward, counted in causal FLOPs (launcher/plan/steptime.py attention_fwd_flops).
-        # On a GPU 4 sequences: one has too few (heads x query tiles) blocks for 132 SMs at the shorter lengths
+        # On a GPU 4 sequences (16,384 tokens past 4,096): one has too few (heads x query tiles) blocks for 132 SMs at the shorter lengths
         # (H100, s 2,048, back to back: 215 TFLOP/s at batch 1, 317 at batch 4, sync_probe.py).
         heads, hd, batch = (4, 64, 1) if device == "cpu" else (16, 128, 4)
         out["attention"][dname] = []
-        for s in ATTN_SEQS_CPU if device == "cpu" else ATTN_SEQS_GPU:
+        long = ATTN_SEQS_GPU_LONG if device != "cpu" and tdtype != torch.float32 else ()
+        for s in ATTN_SEQS_CPU if device == "cpu" else ATTN_SEQS_GPU + long:
+            batch = max(1, min(batch, 4 * 4096 // s)) if device != "cpu" else batch
             q, k, v = (torch.randn(batch, heads, s, hd, device=dev, dtype=tdtype, requires_grad=True) for _ in range(3))
             g = torch.randn(batch, heads, s, hd, device=dev, dtype=tdtype)
 
@@ -919,8 +931,8 @@ def _framework(dev, device: str, dtypes) -> dict:
     device is synchronised after each round, outside the timed spans). That is not added to the kernels: the host
     runs ahead of them. It bounds a micro-batch from below instead, and where the device's work is shorter the
     step is host-bound: the ~1B LLaMA on one H100 at micro-batch 2 took 94 ms a micro-batch where its kernels need
-    ~70 (bench/gpu/results.md, 2026-11-27). calibrate records it (measurements.framework); the plan does not use
-    it yet (framework_s stays {} on a GPU)."""
+    ~70 (bench/gpu/results.md, 2026-11-27). write_profile keeps it as host_s, the plan's floor under a micro-batch's
+    kernels (launcher/plan/steptime.py host_issue_s)."""
     import torch
     from omegaconf import OmegaConf
 

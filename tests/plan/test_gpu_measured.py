@@ -1,8 +1,8 @@
-"""The plan held to training runs measured on a GPU (bench/gpu/results/2026-11-26-h200: a ~1B LLaMA, bf16, on one
-NVIDIA H200 with `launcher train`, run by bench/gpu/train_1b.py; the numbers are the runs' own metrics.jsonl).
+"""The plan held to training runs measured on a GPU (a ~1B LLaMA, bf16, on one NVIDIA H200 with `launcher train`,
+run by bench/gpu/train_1b.py on 2026-11-26 and 2026-11-28; the numbers are the runs' own metrics.jsonl).
 
-The built-in h200 profile is what `launcher calibrate` measured on that machine before the runs (its GEMM, SDPA,
-copy and ZeRO-3-hook micro-benchmarks, launcher/plan/profile.py); the runs themselves fed nothing into it. No GPU
+The built-in h200 profile is the mean of two `launcher calibrate` runs on H200s on 2026-11-28 (its GEMM, SDPA, copy,
+engine and host-issue micro-benchmarks, launcher/plan/profile.py); the training runs fed nothing into it. No GPU
 is needed here: the test plans, and reads the committed measurements.
 """
 
@@ -13,20 +13,29 @@ import statistics
 from pathlib import Path
 
 import pytest
+import yaml
 
 from launcher.config.compose import compose
 from launcher.config.layout import resolve_layout
+from launcher.plan.profile import BUILTIN
 from launcher.plan.report import plan_summary
 
-RESULTS = Path(__file__).parents[2] / "bench" / "gpu" / "results" / "2026-11-26-h200"
-H100_RESULTS = RESULTS.parent / "2026-11-27-h100"
+GPU_RESULTS = Path(__file__).parents[2] / "bench" / "gpu" / "results"
+RESULTS = GPU_RESULTS / "2026-11-26-h200"
+H100_RESULTS = GPU_RESULTS / "2026-11-27-h100"
+CALIBRATED = [GPU_RESULTS / "2026-11-28-h200" / "profile-h200.yaml", GPU_RESULTS / "2026-11-28-h200-2" / "profile-h200.yaml"]
 WARMUP_STEPS = 10  # bench/gpu/train_1b.py: the first steps carry the allocator's growth and cuBLAS's heuristics
 
-# planned / measured step time: (low, high). ZeRO-3 on one GPU is under-planned (0.81): its hooks run on the host
-# while the GPU waits, and the per-module cost calibrate measured on a Linear stack covers about half of what
-# the 1B model's step pays (bench/gpu/results.md). The bound keeps that gap from growing unseen.
-STEP_BOUNDS = {"train-1b": (0.93, 1.10), "train-1b-base": (0.93, 1.10), "train-1b-ckpt": (0.93, 1.10),
-               "train-1b-seq4096": (0.93, 1.10), "train-1b-zero3": (0.75, 1.10)}
+# planned / measured step time: (low, high), by results folder and run. At micro-batches of 1 and 2 the step is
+# host-bound, and the host floor (profile.host_s: the host's issue time of the model at near-zero compute) counts
+# the model's Python but not what DeepSpeed's engine and the training loop issue per micro-batch: 0.83 and 0.90
+# (bench/gpu/results.md). The bounds keep those gaps from growing unseen.
+STEP_BOUNDS = {("2026-11-26-h200", "train-1b"): (0.93, 1.10), ("2026-11-26-h200", "train-1b-base"): (0.93, 1.10),
+               ("2026-11-26-h200", "train-1b-ckpt"): (0.93, 1.10), ("2026-11-26-h200", "train-1b-seq4096"): (0.90, 1.10),
+               ("2026-11-26-h200", "train-1b-zero3"): (0.90, 1.10),
+               ("2026-11-28-h200", "train-1b"): (0.93, 1.10),
+               ("2026-11-28-h200-2", "train-1b-base"): (0.93, 1.10), ("2026-11-28-h200-2", "train-1b-seq8192"): (0.93, 1.10),
+               ("2026-11-28-h200-2", "train-1b-mb2"): (0.86, 1.10), ("2026-11-28-h200-2", "train-1b-mb1"): (0.78, 1.10)}
 
 
 def measured(name: str, results: Path = RESULTS) -> tuple[list[str], float, int]:
@@ -38,26 +47,55 @@ def measured(name: str, results: Path = RESULTS) -> tuple[list[str], float, int]
     return run["overrides"], statistics.median(r["step_time_s"] for r in steady), max(r["peak_memory_bytes"] for r in steady)
 
 
-@pytest.mark.parametrize("name", sorted(STEP_BOUNDS))
-def test_plan_matches_the_h200_runs(name):
-    overrides, step_s, peak = measured(name)
+@pytest.mark.parametrize("folder,name", sorted(STEP_BOUNDS))
+def test_plan_matches_the_h200_runs(folder, name):
+    overrides, step_s, peak = measured(name, GPU_RESULTS / folder)
     cfg = compose(overrides)
     plan = plan_summary(cfg, resolve_layout(cfg))
     assert "measured by `launcher calibrate`" in plan["profile"]
-    low, high = STEP_BOUNDS[name]
+    low, high = STEP_BOUNDS[folder, name]
     assert low <= plan["step_time_s"] / step_s <= high, (name, plan["step_time_s"], step_s)
     # Peak memory: params, grads, AdamW state, activations and overhead against torch.cuda.max_memory_allocated.
     assert 0.98 <= plan["memory_per_gpu_bytes"]["total"] / peak <= 1.08, (name, plan["memory_per_gpu_bytes"], peak)
 
 
-def test_the_calibrated_profile_file_plans_as_the_builtin():
-    """The committed profile file (what `cluster.profile=` reads) and the built-in constants copied from it agree."""
-    overrides, _, _ = measured("train-1b-base")
-    cfg = compose(overrides)
-    builtin = plan_summary(cfg, resolve_layout(cfg))["step_time_s"]
-    cfg = compose(overrides + [f"cluster.profile={RESULTS / 'profile-h200.yaml'}"])
-    from_file = plan_summary(cfg, resolve_layout(cfg))["step_time_s"]
-    assert from_file == pytest.approx(builtin, rel=0.01)
+def test_the_builtin_h200_is_the_mean_of_its_calibrations():
+    """The built-in h200 constants are the two committed calibrate files' mean (3 digits), figure by figure; the
+    SDPA rows past 4,096 come from bench/gpu/long_attention.py (long-attention.json)."""
+    docs = [yaml.safe_load(p.read_text()) for p in CALIBRATED]
+    h200 = BUILTIN["h200"]
+    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    for table, builtin in (("gemm_table", h200.gemm_table), ("attention_table", h200.attention_table)):
+        for dtype in ("bf16", "fp32"):
+            rows = dict(builtin[dtype])
+            for i, (size, _) in enumerate(docs[0][table][dtype]):
+                assert rows[size] == pytest.approx(mean([d[table][dtype][i][1] for d in docs]), rel=0.01), (table, size)
+    long = json.loads((CALIBRATED[1].parent / "long-attention.json").read_text())["rows"]
+    for row in long:
+        if row["seq"] > 4096:
+            assert dict(h200.attention_table["bf16"])[row["seq"]] == pytest.approx(row["tflops"], rel=0.01)
+    for key in ("memory_gbps", "kernel_overhead_s", "zero3_module_s", "zero3_param_s"):
+        assert getattr(h200, key) == pytest.approx(mean([d[key] for d in docs]), rel=0.01, abs=1e-7), key
+    for key in ("engine_element_s", "engine_tensor_s", "host_s"):
+        ours = getattr(h200, key)
+        for path, value in _leaves(docs[0][key]):
+            got = _at(ours, path)
+            assert got == pytest.approx(mean([_at(d[key], path) for d in docs]), rel=0.01, abs=1e-14), (key, path)
+
+
+def _leaves(tree, path=()):
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            yield from _leaves(v, path + (k,))
+    else:
+        for i, x in enumerate(tree):
+            yield path + (i,), x
+
+
+def _at(tree, path):
+    for k in path:
+        tree = tree[k]
+    return tree
 
 
 # The H100 runs (2026-11-27) against the built-in h100-80gb profile, which is datasheet constants (never calibrated

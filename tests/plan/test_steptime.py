@@ -522,6 +522,52 @@ def test_framework_in_profile_files(tmp_path):
             load_profile(str(path))
 
 
+def test_host_floor_bounds_a_micro_batch_from_below():
+    # profile.host_s[arch][dtype] = [block forward, block backward, model]: on a GPU the host issues a micro-batch's
+    # kernels ahead of the device, so the step pays max(kernels, host issue) per micro-batch, not their sum.
+    # recipe=tiny (4 llama blocks, fp32) on one GPU, 2 micro-batches: only GEMMs cost (ideal), at 1 TFLOP/s.
+    _, shape, st = setup("cluster.gpus_per_node=1", "batch.global_batch_size=16")
+    assert st.grad_accum_steps == 2 and shape.num_layers == 4 and st.pipeline_degree == 1
+    base = steptime.estimate_step_time(shape, st, hardware(ideal()))
+    kernels = base.gemm_s / 2                         # one micro-batch's device time
+    hf, hb, model = 0.3 * kernels / 4, 0.5 * kernels / 4, 0.6 * kernels   # host 4 (hf + hb) + model = 1.4 x kernels
+    slow = steptime.estimate_step_time(shape, st, hardware(ideal(host_s={"llama": {"fp32": [hf, hb, model]}})))
+    assert slow.host_bound_s == pytest.approx(2 * (4 * (hf + hb) + model - kernels), rel=1e-9)
+    assert slow.step_time_s - base.step_time_s == pytest.approx(2 * 0.4 * kernels, rel=1e-9)
+    assert sum(slow.breakdown().values()) == pytest.approx(slow.step_time_s, rel=1e-9)
+    # A host faster than the kernels is hidden behind them: nothing is added.
+    fast = steptime.estimate_step_time(shape, st, hardware(ideal(host_s={"llama": {"fp32": [hf / 2, hb / 2, model / 2]}})))
+    assert fast.step_time_s == pytest.approx(base.step_time_s, rel=1e-12) and fast.host_bound_s == 0.0
+    # Full recompute issues every block's forward again (and runs the blocks' forward GEMMs again).
+    _, _, full = setup("cluster.gpus_per_node=1", "batch.global_batch_size=16", "model.activation_checkpointing=true")
+    recomputed = steptime.estimate_step_time(shape, full, hardware(ideal())).gemm_s / 2
+    assert recomputed > kernels
+    rec = steptime.estimate_step_time(shape, full, hardware(ideal(host_s={"llama": {"fp32": [hf, hb, model]}})))
+    assert rec.host_bound_s == pytest.approx(2 * (4 * (2 * hf + hb) + model - recomputed), rel=1e-9)
+    # PP2: each stage issues its own 2 blocks and half the model; the slower stage sets the pace.
+    assert steptime.host_issue_s(shape, dataclasses.replace(st, pipeline_degree=2), ideal(host_s={"llama": {"fp32": [
+        hf, hb, model]}}), 1) == pytest.approx(2 * (hf + hb) + model / 2)
+
+
+def test_host_in_profile_files(tmp_path):
+    import yaml
+
+    path = tmp_path / "p.yaml"
+    prof = ideal(host_s={"llama": {"bf16": [1e-3, 2e-3, 3e-3]}})
+    path.write_text(yaml.safe_dump(profile_to_dict(prof)))
+    assert load_profile(str(path)).host("mistral", "fp16") == (1e-3, 2e-3, 3e-3)
+    assert load_profile(str(path)).host("gpt", "bf16") == (0.0, 0.0, 0.0)
+    path.write_text(yaml.safe_dump(profile_to_dict(ideal(host_s={"llama": {"bf16": [1e-3, -1e-3, 0.0]}}))))
+    with pytest.raises(ConfigError, match="host_s.*block forward"):
+        load_profile(str(path))
+
+
+def test_probe_split_blocks_and_model():
+    # FRAMEWORK_PROBE runs 1 and 3 blocks: a block is half the difference, the model what is left at one block.
+    assert steptime.FRAMEWORK_PROBE["layers"] == (1, 3)
+    assert steptime.probe_split({1: (5e-3, 4e-3), 3: (9e-3, 10e-3)}) == pytest.approx([2e-3, 3e-3, 4e-3])
+
+
 def test_ulysses_four_all_to_alls_each_way():
     # SP2, one micro-batch: per block q, k, v and the output each cross by their own all-to-all forward and again
     # backward (DeepSpeed _SeqAllToAll), each tensor n/sp tokens x a d: 8 all-to-alls of L + 1/2 x bytes / B.
