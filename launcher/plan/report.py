@@ -255,7 +255,8 @@ def _performance_rows(s: dict) -> list[tuple[str, str, str]]:
         ("step time", _s(step),
          f"GEMM {_s(bd['gemm'])} + attention {_s(bd['attention'])} + element-wise {_s(bd['memory_bound'])} + "
          + (f"framework {_s(bd['framework'])} + " if bd.get("framework") else "")
-         + (f"waiting for the host's Python {_s(bd['host_bound'])} + " if bd.get("host_bound") else "") +
+         + (f"waiting for the host's Python {_s(bd['host_bound'])} (host-bound: issuing a micro-batch takes longer "
+            "than its kernels; a larger batch.micro_batch_size amortises it) + " if bd.get("host_bound") else "") +
          f"optimizer {_s(bd['optimizer'])} + TP {_s(bd['tp_comm'])} + SP {_s(bd['sp_comm'])} + PP {_s(bd['pp_comm'])} + "
          f"bubble {_s(bd['bubble'])} + DP/ZeRO exposed {_s(bd['dp_comm_exposed'])}"
          + (f" + DeepSpeed engine {_s(bd['engine'])}" if bd.get("engine") else "")

@@ -59,6 +59,20 @@ def test_plan_matches_the_h200_runs(folder, name):
     assert 0.98 <= plan["memory_per_gpu_bytes"]["total"] / peak <= 1.08, (name, plan["memory_per_gpu_bytes"], peak)
 
 
+def test_plan_says_when_a_layout_is_host_bound():
+    """The 1B at micro-batch 1 on an H200 waits for the host (measured 0.61 s a step where its kernels need ~0.33): the
+    plan's step-time row names the wait and the knob; at micro-batch 4 there is none."""
+    from launcher.plan.report import _performance_rows
+
+    for name, bound in (("train-1b-mb1", True), ("train-1b-base", False)):
+        overrides, _, _ = measured(name, GPU_RESULTS / "2026-11-28-h200-2")
+        cfg = compose(overrides)
+        summary = plan_summary(cfg, resolve_layout(cfg))
+        assert (summary["step_time_breakdown_s"]["host_bound"] > 0.1 * summary["step_time_s"]) == bound
+        [row] = [r for r in _performance_rows(summary) if r[0] == "step time"]
+        assert ("host-bound" in row[2] and "batch.micro_batch_size" in row[2]) == bound
+
+
 def test_the_builtin_h200_is_the_mean_of_its_calibrations():
     """The built-in h200 constants are the two committed calibrate files' mean (3 digits), figure by figure; the
     SDPA rows past 4,096 come from bench/gpu/long_attention.py (long-attention.json)."""
