@@ -1,10 +1,11 @@
 """Causal SDPA forward + backward at long sequences (4k-32k), as the plan's attention table would need them.
 
-`launcher calibrate` times SDPA on a GPU to sequence 4,096 (calibrate.ATTN_SEQS_GPU) and the plan holds the last
-rate beyond it (profile.interpolate clamps). Published long-sequence runs (bench/published: MosaicML's 16k-65k rows)
-are where the planner misses most, so this measures what the same kernel call does past the table: bf16, head
-dim 128, 16 heads, the batch that keeps 32,768 tokens per call, 10 calls queued per synchronisation (as calibrate
-times on a GPU), counted in causal FLOPs exactly as calibrate counts them (4 s^2 h d / 2 x 3.5 per sequence).
+`launcher calibrate` timed SDPA on a GPU only to sequence 4,096 until 2026-11-28 (bf16 now to 16,384:
+calibrate.ATTN_SEQS_GPU_LONG), and the plan holds the last rate of its table beyond it (profile.interpolate clamps).
+Published long-sequence runs (bench/published: MosaicML's 16k-65k rows) are where the planner misses most, so this
+measures what the same kernel call does past that: bf16, head dim 128, 16 heads, the batch that keeps 32,768 tokens
+per call, 10 calls queued per synchronisation as calibrate times on a GPU (sync_probe.per_call, median of 5),
+counted in causal FLOPs exactly as calibrate counts them (4 s^2 h d / 2 x 3.5 per sequence).
 Plain torch: runs on a bare GPU image.
 
     python3 bench/gpu/long_attention.py --out DIR     # DIR/long-attention.json, rewritten after each length
@@ -14,8 +15,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
+
+from sync_probe import per_call  # this folder's: the median of queued calls between two synchronisations
 
 SEQS = (2048, 4096, 8192, 16384, 32768)
 TOKENS = 32768
@@ -39,19 +41,9 @@ def main() -> None:
 
         def step(q=q, k=k, v=v, g=g):
             F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(g)
-        step()
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(5):
-            t0 = time.perf_counter()
-            for _ in range(10):
-                step()
-            torch.cuda.synchronize()
-            times.append((time.perf_counter() - t0) / 10)
-        t = sorted(times)[len(times) // 2]
+        t = per_call(step, 10, repeats=5)
         flops = b * 4.0 * s * s * HEADS * HEAD_DIM / 2 * 3.5
-        result["rows"].append({"seq": s, "batch": b, "seconds": t, "tflops": flops / t / 1e12,
-                               "all_tflops": [flops / x / 1e12 for x in times]})
+        result["rows"].append({"seq": s, "batch": b, "seconds": t, "tflops": flops / t / 1e12})
         print(result["rows"][-1], flush=True)
         (out / "long-attention.json").write_text(json.dumps(result, indent=1) + "\n")
         del q, k, v, g, step

@@ -51,8 +51,9 @@ A profile says how fast one accelerator (or one CPU rank) runs each kind of oper
     host_s[arch][dt]        [block forward, block backward, model] seconds the host takes to issue one micro-batch
                             on a GPU: the same probe, its times kept whole. They are not added to the kernels
                             (the host runs ahead of them) but bound a micro-batch from below (steptime's host
-                            floor); {} on CPU ranks and where not measured (the built-in A100 / H100: the host's speed is the
-                            node's CPU, not the GPU's, and only the H200's host has been measured)
+                            floor); {} on CPU ranks and where not measured (the built-in A100 / H100: the
+                            host's speed is the node's CPU, not the GPU's, and only the H200's host has been
+                            measured)
     release[g]              optional: what a synchronisation of g ranks costs once the last arrived, by the compute
                             before it (seconds by segment seconds; calibrate's _release, which writes one figure
                             at every length, its rows pooled: calibrate.pooled_release): the plan charges what it

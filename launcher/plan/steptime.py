@@ -92,12 +92,13 @@ One micro-batch on one rank (n = b s / sp tokens outside attention; t = TP, sp =
                             runs at r = 1), an over-charge at r > 1. On a 2-core CPU box: 0.6-2 (ZeRO-0), 10-15
                             (ZeRO-1, 2), 4-12 (ZeRO-3) ns per fp32 element, 7-17 ms a step for recipe=tiny at
                             ZeRO 1-3 (bench/steptime/results.md); 0 in the built-in A100 / H100 profiles (not
-                            measured there; the H200's is). Plus its work per parameter tensor, whatever the size (per-tensor gradient
-                            hooks and bucket bookkeeping): the stage's parameter tensors x engine_tensor_s, charged
-                            as the per-element part (ZeRO-3's is zero3_param_s). On the 2-core box, fp32, 0.09
-                            (ZeRO-0), 0.26 (ZeRO-1) and 0.19 (ZeRO-2) ms a tensor; the ZeRO-2 figure is what
-                            recipe=tiny's near-zero-width model paid per extra micro-batch over ZeRO-0 (39 tensors,
-                            +5.9 ms: 0.15 ms a tensor, bench/steptime/results.md).
+                            measured there; the H200's is). Plus its work per parameter tensor, whatever the
+                            size (per-tensor gradient hooks and bucket bookkeeping): the stage's parameter
+                            tensors x engine_tensor_s, charged as the per-element part (ZeRO-3's is
+                            zero3_param_s). On the 2-core box, fp32, 0.09 (ZeRO-0), 0.26 (ZeRO-1) and 0.19
+                            (ZeRO-2) ms a tensor; the ZeRO-2 figure is what recipe=tiny's near-zero-width model
+                            paid per extra micro-batch over ZeRO-0 (39 tensors, +5.9 ms: 0.15 ms a tensor,
+                            bench/steptime/results.md).
     framework               what a micro-batch pays beyond its operators' arithmetic and the per-kernel cost the
                             terms above count: PyTorch dispatch and autograd for every view, reshape, cast and
                             small op, and the transformers modules' Python (recipe=tiny's 4 blocks run ~2,400

@@ -10,7 +10,8 @@ memory bus and cores as they will in training, measures:
                        X W^T, input gradient dY W, weight gradient dY^T X), d = 32..512 (GPU: 256..8192), in fp32
                        and bf16, operands rotated through 64 MiB (read from beyond the cache, as in a step);
                        the table by d, and a fit to rate = P d / (d + d_half) (1/rate = 1/P + (d_half / P) / d)
-    attention rate     causal SDPA forward + backward, head dim 64, sequence 64..1024 (GPU: to 4096, bf16 to 16384); same fit
+    attention rate     causal SDPA forward + backward, head dim 64, sequence 64..1024 (GPU: to 4096, bf16 to
+                       16384); same fit
     memory bandwidth   a 64 MiB copy (read + write), every rank copying for 0.25 s at once, the slowest rank's
                        rate (GPU: 256 MiB, the median of 10)
     kernel overhead    a chain of tiny autograd ops, forward + backward, seconds per op (GPU: the device's gap
@@ -643,21 +644,22 @@ def _compute_sweep(dev, device, dtypes, sync, dist) -> dict:
                 out["gemm"][dname].append([d, 2.0 * tokens * d * d / t])
 
         # Causal SDPA forward + backward, counted in causal FLOPs (launcher/plan/steptime.py attention_fwd_flops).
-        # On a GPU 4 sequences (16,384 tokens past 4,096): one has too few (heads x query tiles) blocks for 132 SMs at the shorter lengths
-        # (H100, s 2,048, back to back: 215 TFLOP/s at batch 1, 317 at batch 4, sync_probe.py).
+        # On a GPU 4 sequences (16,384 tokens a call past 4,096): one has too few (heads x query tiles) blocks for
+        # 132 SMs at the shorter lengths (H100, s 2,048, back to back: 215 TFLOP/s at batch 1, 317 at batch 4,
+        # sync_probe.py).
         heads, hd, batch = (4, 64, 1) if device == "cpu" else (16, 128, 4)
         out["attention"][dname] = []
         long = ATTN_SEQS_GPU_LONG if device != "cpu" and tdtype != torch.float32 else ()
         for s in ATTN_SEQS_CPU if device == "cpu" else ATTN_SEQS_GPU + long:
-            batch = max(1, min(batch, 4 * 4096 // s)) if device != "cpu" else batch
-            q, k, v = (torch.randn(batch, heads, s, hd, device=dev, dtype=tdtype, requires_grad=True) for _ in range(3))
-            g = torch.randn(batch, heads, s, hd, device=dev, dtype=tdtype)
+            b = min(batch, max(1, 4 * 4096 // s))
+            q, k, v = (torch.randn(b, heads, s, hd, device=dev, dtype=tdtype, requires_grad=True) for _ in range(3))
+            g = torch.randn(b, heads, s, hd, device=dev, dtype=tdtype)
 
             def step():
                 F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(g)
             dist.barrier()
             t = _median_time(step, sync, 10, calls=queued)
-            out["attention"][dname].append([s, batch * 4.0 * s * s * heads * hd / 2 * 3.5 / t])
+            out["attention"][dname].append([s, b * 4.0 * s * s * heads * hd / 2 * 3.5 / t])
 
     # Memory bandwidth: a copy reads and writes its size each; 64 MiB on CPU ranks, 256 MiB on a GPU (a 1B model's
     # element-wise operands are 32-88 MiB; queued, an H100 copies 64 MiB at 2,739 GB/s, 256 MiB at 2,942, 1 GiB at

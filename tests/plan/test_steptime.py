@@ -536,7 +536,8 @@ def test_host_floor_bounds_a_micro_batch_from_below():
     assert slow.step_time_s - base.step_time_s == pytest.approx(2 * 0.4 * kernels, rel=1e-9)
     assert sum(slow.breakdown().values()) == pytest.approx(slow.step_time_s, rel=1e-9)
     # A host faster than the kernels is hidden behind them: nothing is added.
-    fast = steptime.estimate_step_time(shape, st, hardware(ideal(host_s={"llama": {"fp32": [hf / 2, hb / 2, model / 2]}})))
+    half = {"llama": {"fp32": [hf / 2, hb / 2, model / 2]}}
+    fast = steptime.estimate_step_time(shape, st, hardware(ideal(host_s=half)))
     assert fast.step_time_s == pytest.approx(base.step_time_s, rel=1e-12) and fast.host_bound_s == 0.0
     # Full recompute issues every block's forward again (and runs the blocks' forward GEMMs again).
     _, _, full = setup("cluster.gpus_per_node=1", "batch.global_batch_size=16", "model.activation_checkpointing=true")
