@@ -91,13 +91,14 @@ One micro-batch on one rank (n = b s / sp tokens outside attention; t = TP, sp =
                             part over the 1/r partition is charged over the whole rank's parameters (the probe
                             runs at r = 1), an over-charge at r > 1. On a 2-core CPU box: 0.6-2 (ZeRO-0), 10-15
                             (ZeRO-1, 2), 4-12 (ZeRO-3) ns per fp32 element, 7-17 ms a step for recipe=tiny at
-                            ZeRO 1-3 (bench/steptime/results.md); 0 in the built-in A100 / H100 profiles (not
-                            measured there; the H200's is). Plus its work per parameter tensor, whatever the
-                            size (per-tensor gradient hooks and bucket bookkeeping): the stage's parameter
+                            ZeRO 1-3 (bench/steptime/results.md); 0 in the built-in A100 / H100 profiles (device
+                            work, not measured there; the H200's is). Plus its work per parameter tensor, whatever
+                            the size (per-tensor gradient hooks and bucket bookkeeping): the stage's parameter
                             tensors x engine_tensor_s, charged as the per-element part (ZeRO-3's is
-                            zero3_param_s). On the 2-core box, fp32, 0.09 (ZeRO-0), 0.26 (ZeRO-1) and 0.19
-                            (ZeRO-2) ms a tensor; the ZeRO-2 figure is what recipe=tiny's near-zero-width model
-                            paid per extra micro-batch over ZeRO-0 (39 tensors, +5.9 ms: 0.15 ms a tensor,
+                            zero3_param_s); host work, so the A100 / H100 built-ins take the H200 node's. On
+                            the 2-core box, fp32, 0.09 (ZeRO-0), 0.26 (ZeRO-1) and 0.19 (ZeRO-2) ms a tensor;
+                            the ZeRO-2 figure is what recipe=tiny's near-zero-width model paid per extra
+                            micro-batch over ZeRO-0 (39 tensors, +5.9 ms: 0.15 ms a tensor,
                             bench/steptime/results.md).
     framework               what a micro-batch pays beyond its operators' arithmetic and the per-kernel cost the
                             terms above count: PyTorch dispatch and autograd for every view, reshape, cast and
@@ -116,7 +117,8 @@ One micro-batch on one rank (n = b s / sp tokens outside attention; t = TP, sp =
                             again under full recompute, and per model, half on each end stage: host_issue_s). On
                             one H200 2.9-3.4 ms a llama block and 2.4-2.9 ms a model: the ~1B LLaMA at micro-batch
                             1 is host-bound (bench/gpu/results.md). It does not count what DeepSpeed's engine and
-                            the training loop issue per micro-batch.
+                            the training loop issue per micro-batch. The A100 / H100 built-ins take the H200
+                            node's host_s (the CPU's speed, not the GPU's).
     stragglers              every rank computes the same segment between two synchronisations of its group, yet
                             not in the same time (other processes, the shared memory bus, a rank's own jitter):
                             the group waits for its slowest rank. Per micro-batch a stage meets its TP

@@ -114,18 +114,21 @@ def _at(tree, path):
     return tree
 
 
-# The H100 runs (2026-11-27) against the built-in h100-80gb profile, which is datasheet constants (never calibrated
-# into the built-ins: the calibrate that ran there used the one-call-per-sync timing since corrected,
-# bench/gpu/results.md). Memory is held as on the H200; step time only from below, so that the known under-plan
-# (0.88 base; micro-batch 2 host-bound, 0.73; ZeRO-3's host hooks, 0.49) cannot grow unseen.
-H100_STEP_LOW = {"train-1b-base": 0.83, "train-1b-mb2": 0.68, "train-1b-zero3": 0.45}
+# The H100 runs (2026-11-27) against the built-in h100-80gb profile: the device from datasheet constants (the
+# calibrate that ran there used the one-call-per-sync timing since corrected, bench/gpu/results.md), the host (the
+# model's issue time, DeepSpeed's per-tensor engine work, ZeRO-3's hooks) from the H200 node's calibrations, which
+# these runs held out of sample: 1.06 / 0.87 / 1.17 planned / measured, where the datasheet alone planned 0.88 / 0.73
+# / 0.49. Memory is held as on the H200.
+H100_STEP_BOUNDS = {"train-1b-base": (0.93, 1.12), "train-1b-mb2": (0.82, 1.10), "train-1b-zero3": (0.93, 1.22)}
 
 
-@pytest.mark.parametrize("name", sorted(H100_STEP_LOW))
+@pytest.mark.parametrize("name", sorted(H100_STEP_BOUNDS))
 def test_plan_against_the_h100_runs(name):
     overrides, step_s, peak = measured(name, H100_RESULTS)
     assert "cluster=h100-80gb" in overrides
     cfg = compose(overrides)
     plan = plan_summary(cfg, resolve_layout(cfg))
-    assert H100_STEP_LOW[name] <= plan["step_time_s"] / step_s <= 1.10, (name, plan["step_time_s"], step_s)
+    assert "host (Python issue, engine per tensor, ZeRO-3 hooks) measured on an H200" in plan["profile"]
+    low, high = H100_STEP_BOUNDS[name]
+    assert low <= plan["step_time_s"] / step_s <= high, (name, plan["step_time_s"], step_s)
     assert 0.98 <= plan["memory_per_gpu_bytes"]["total"] / peak <= 1.08, (name, plan["memory_per_gpu_bytes"], peak)
