@@ -114,7 +114,7 @@ One micro-batch on one rank (n = b s / sp tokens outside attention; t = TP, sp =
                             nothing until it takes longer than those kernels; then the device waits for it. A
                             stage's micro-batch takes max(its compute, the host's issue time), the latter the same
                             probe's times kept whole (profile.host_s: per block forward and backward, the forward
-                            again under full recompute, and per model, half on each end stage: host_issue_s). On
+                            again under full recompute, and per model, half on each end stage: Cost.host). On
                             one H200 2.9-3.4 ms a llama block and 2.4-2.9 ms a model: the ~1B LLaMA at micro-batch
                             1 is host-bound (bench/gpu/results.md). It does not count what DeepSpeed's engine and
                             the training loop issue per micro-batch. The A100 / H100 built-ins take the H200
@@ -253,6 +253,8 @@ class Cost:
     tp: float = 0.0
     sp: float = 0.0
     framework: float = 0.0          # dispatch, autograd and module Python beyond the operator terms (profile.framework)
+    host: float = 0.0               # the host's issue time on a GPU (profile.host): not device time, so in neither
+                                    # compute nor total; it bounds a micro-batch from below (the host floor)
 
     @property
     def compute(self) -> float:
@@ -264,10 +266,11 @@ class Cost:
 
     def __add__(self, o: "Cost") -> "Cost":
         return Cost(self.gemm + o.gemm, self.attention + o.attention, self.memory + o.memory, self.tp + o.tp, self.sp + o.sp,
-                    self.framework + o.framework)
+                    self.framework + o.framework, self.host + o.host)
 
     def __mul__(self, k: float) -> "Cost":
-        return Cost(self.gemm * k, self.attention * k, self.memory * k, self.tp * k, self.sp * k, self.framework * k)
+        return Cost(self.gemm * k, self.attention * k, self.memory * k, self.tp * k, self.sp * k, self.framework * k,
+                    self.host * k)
 
 
 def _norm_bytes(x: float, arch: str, w: int) -> tuple[float, int]:
@@ -401,6 +404,9 @@ def block_costs(shape: ModelShape, st: Strategy, prof: Profile, links: dict) -> 
     fb, bb, _ = prof.framework(shape.arch, st.dtype)
     fwd.framework += fb
     bwd.framework += bb
+    hf, hb, _ = prof.host(shape.arch, st.dtype)
+    fwd.host += hf
+    bwd.host += hb
     return fwd, bwd
 
 
@@ -443,6 +449,9 @@ def end_costs(shape: ModelShape, st: Strategy, prof: Profile, links: dict) -> tu
     model = prof.framework(shape.arch, st.dtype)[2]
     first.framework += model / 2
     last.framework += model / 2
+    host = prof.host(shape.arch, st.dtype)[2]     # the same part of the host's issue time (GPU), split alike
+    first.host += host / 2
+    last.host += host / 2
     return first, last
 
 
@@ -489,15 +498,6 @@ def probe_split(measured: dict) -> list:
     (f_lo, b_lo), (f_hi, b_hi) = measured[lo], measured[hi]
     block_f, block_b = (f_hi - f_lo) / (hi - lo), (b_hi - b_lo) / (hi - lo)
     return [max(0.0, block_f), max(0.0, block_b), max(0.0, (f_lo - lo * block_f) + (b_lo - lo * block_b))]
-
-
-def host_issue_s(shape: ModelShape, st: Strategy, prof: Profile, stage: int) -> float:
-    """Seconds the host takes to issue one micro-batch of a pipeline stage on a GPU (profile.host_s): its blocks'
-    forward and backward (the forward again under full recompute), and the model's own part, half on each end
-    stage as framework's. 0 without the measurement (CPU ranks, where framework_s charges the Python instead)."""
-    hf, hb, model = prof.host(shape.arch, st.dtype)
-    ends = (stage == 0) + (stage == st.pipeline_degree - 1)
-    return blocks_in_stage(shape, st, stage) * (hf + hb + (hf if st.recompute == "full" else 0.0)) + model / 2 * ends
 
 
 # ---- the step -----------------------------------------------------------------------------------------------------
@@ -624,7 +624,9 @@ def estimate_step_time(shape: ModelShape, st: Strategy, hw: Hardware, train_toke
         # The host floor (GPU): the host issues a micro-batch's kernels ahead of the device, so its Python is hidden
         # until it takes longer than the kernels; then the device waits for it (bench/gpu/results.md: the ~1B LLaMA
         # on one H200 at micro-batch 1 took 0.61 s a step where its kernels need 0.33).
-        host_wait = max(0.0, host_issue_s(shape, st, prof, stage) - compute)
+        # The issue time is the stage's Cost.host (its blocks' forward and backward, the forward again under full
+        # recompute, half the model's own on each end stage; 0 without profile.host_s), not stretched (k: CPU ranks).
+        host_wait = max(0.0, c.host - compute)
         busy = compute + host_wait + hooks[stage]     # what a rank of the stage computes between its synchronisations
         # counted only where there is a fraction to charge (the built-ins have none: --search's hot path)
         syncs, group = _syncs_per_micro_batch(shape, st, stage) if prof.straggler or prof.release else (0, 1)

@@ -163,7 +163,7 @@ def write_profile(raw: dict, out: str, seconds: float) -> Path:
     # What a micro-batch pays beyond the operator terms (CPU ranks): the probe's measured times less what the
     # step-time model charges for the same model on the rates just fitted (launcher/plan/steptime.py
     # framework_residual). On a GPU the probe's times are the host's issue time, which the plan holds as a floor
-    # under each micro-batch's kernels (host_s; steptime.host_issue_s), whole.
+    # under each micro-batch's kernels (host_s; steptime Cost.host), whole.
     probe = {arch: {d: {int(k): v for k, v in by_layers.items()} for d, by_layers in by_dtype.items()}
              for arch, by_dtype in raw["framework"].items()}
     if device == "cpu":
@@ -934,7 +934,7 @@ def _framework(dev, device: str, dtypes) -> dict:
     runs ahead of them. It bounds a micro-batch from below instead, and where the device's work is shorter the
     step is host-bound: the ~1B LLaMA on one H100 at micro-batch 2 took 94 ms a micro-batch where its kernels need
     ~70 (bench/gpu/results.md, 2026-11-27). write_profile keeps it as host_s, the plan's floor under a micro-batch's
-    kernels (launcher/plan/steptime.py host_issue_s)."""
+    kernels (launcher/plan/steptime.py Cost.host)."""
     import torch
     from omegaconf import OmegaConf
 

@@ -545,9 +545,13 @@ def test_host_floor_bounds_a_micro_batch_from_below():
     assert recomputed > kernels
     rec = steptime.estimate_step_time(shape, full, hardware(ideal(host_s={"llama": {"fp32": [hf, hb, model]}})))
     assert rec.host_bound_s == pytest.approx(2 * (4 * (2 * hf + hb) + model - recomputed), rel=1e-9)
-    # PP2: each stage issues its own 2 blocks and half the model; the slower stage sets the pace.
-    assert steptime.host_issue_s(shape, dataclasses.replace(st, pipeline_degree=2), ideal(host_s={"llama": {"fp32": [
-        hf, hb, model]}}), 1) == pytest.approx(2 * (hf + hb) + model / 2)
+    # PP2, every stage host-bound: each issues its own 2 blocks and half the model, H = 2 (hf + hb) + model / 2, and
+    # 1F1B runs p + m - 1 = 3 such slots; doubling the host's figures adds 3 H to the step.
+    pp2 = dataclasses.replace(st, pipeline_degree=2)
+    slow_host = [20 * hf, 20 * hb, 20 * model]          # far above either stage's kernels
+    step = {x: steptime.estimate_step_time(shape, pp2, hardware(ideal(host_s={"llama": {"fp32": [
+        x * v for v in slow_host]}}))).step_time_s for x in (1, 2)}
+    assert step[2] - step[1] == pytest.approx(3 * (2 * (20 * hf + 20 * hb) + 20 * model / 2), rel=1e-9)
 
 
 def test_host_in_profile_files(tmp_path):
