@@ -62,7 +62,7 @@ def _launch(mode: str, tmp_path) -> dict:
         # step was OOM-killed by the 14 GiB cgroup.
         env |= CPU_MALLOC_ENV
     torchrun = str(Path(sys.executable).parent / "torchrun")
-    proc = subprocess.run([torchrun, "--nproc_per_node", "4", "--master_port", "29731", str(DRIVER), str(out), mode],
+    proc = subprocess.run([torchrun, "--nproc_per_node", "4", "--standalone", str(DRIVER), str(out), mode],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return json.loads(out.read_text())
@@ -96,7 +96,7 @@ def test_init_from_read_per_rank_equals_the_saved_model(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO), "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext"), "OMP_NUM_THREADS": "1"}
     torchrun = str(Path(sys.executable).parent / "torchrun")
     out = tmp_path / "init_from.json"
-    proc = subprocess.run([torchrun, "--nproc_per_node", "2", "--master_port", "29733",
+    proc = subprocess.run([torchrun, "--nproc_per_node", "2", "--standalone",
                            str(REPO / "tests" / "parallel" / "init_from_driver.py"), str(tmp_path / "ckpt"), str(out)],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]

@@ -71,7 +71,7 @@ def _launch(key: str, tmp_path) -> list[dict]:
     out = tmp_path / f"{key}.json"
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext")}
     torchrun = str(Path(sys.executable).parent / "torchrun")
-    proc = subprocess.run([torchrun, "--nproc_per_node", str(nproc), "--master_port", "29741", str(DRIVER), str(out), *cases],
+    proc = subprocess.run([torchrun, "--nproc_per_node", str(nproc), "--standalone", str(DRIVER), str(out), *cases],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return json.loads(out.read_text())

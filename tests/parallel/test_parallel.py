@@ -100,7 +100,7 @@ def _launch(nproc: int, tmp_path_factory) -> dict:
     ext = tmp_path_factory.mktemp("torch_extensions")
     env = {**os.environ, "PYTHONPATH": str(REPO), "TORCH_EXTENSIONS_DIR": str(ext), "OMP_NUM_THREADS": "1"}
     torchrun = str(Path(sys.executable).parent / "torchrun")
-    proc = subprocess.run([torchrun, "--nproc_per_node", str(nproc), "--master_port", str(29600 + nproc), str(DRIVER), str(out),
+    proc = subprocess.run([torchrun, "--nproc_per_node", str(nproc), "--standalone", str(DRIVER), str(out),
                            *LAUNCHES[nproc]], cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     # Nothing may be JIT-compiled on CPU ranks (the shm comm op is skipped, AdamW is torch's).

@@ -24,7 +24,7 @@ DRIVER = REPO / "tests" / "parallel" / "resume_memory_driver.py"
 
 def _run(phase, out, ckpt, env):
     torchrun = str(Path(sys.executable).parent / "torchrun")
-    proc = subprocess.run([torchrun, "--nproc_per_node", "4", "--master_port", "29735", str(DRIVER), str(out), "pp2-tp2",
+    proc = subprocess.run([torchrun, "--nproc_per_node", "4", "--standalone", str(DRIVER), str(out), "pp2-tp2",
                            phase, str(ckpt)], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return json.loads(out.read_text())["ranks"]
