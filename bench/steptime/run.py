@@ -34,6 +34,9 @@ LAYOUTS = {
     "DP2 ZeRO-1": (2, ["parallel.zero_stage=1"]),
     "DP2 ZeRO-2": (2, ["parallel.zero_stage=2"]),
     "DP2 ZeRO-3": (2, ["parallel.zero_stage=3"]),
+    # beyond the list: ZeRO-3 at 4 micro-batches a step, where its per-step and per-micro-batch engine work
+    # part (calibrate's probe at 1 and 3 micro-batches a step)
+    "DP2 ZeRO-3 mb2": (2, ["parallel.zero_stage=3", "batch.micro_batch_size=2"]),
     "TP2": (2, ["parallel.tensor_degree=2", "parallel.zero_stage=1"]),
     "PP2": (2, ["parallel.pipeline_degree=2", "parallel.zero_stage=1"]),
     "SP2": (2, ["parallel.sequence_degree=2", "parallel.zero_stage=1"]),

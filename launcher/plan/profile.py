@@ -29,6 +29,11 @@ A profile says how fast one accelerator (or one CPU rank) runs each kind of oper
                             the hooks are not hidden), and the A100 / H100 built-ins take it (host work)
     zero3_param_s           the same per parameter tensor, on top of its module's (a profile without it, from
                             before it was measured apart: zero3_module_s then covers a module's parameters too)
+    zero3_module_step_s     the part of ZeRO-3's engine work per module (and zero3_param_step_s: per parameter
+    zero3_param_step_s      tensor) that comes once a step, not every micro-batch (the boundary's partitioned
+                            optimizer step and what follows it), measured by running the same probe at 1 and 3
+                            micro-batches a step; then zero3_module_s / zero3_param_s are the per-micro-batch part.
+                            0 where not measured apart (the built-ins, older files): all of it every micro-batch
     engine_element_s[dtype] DeepSpeed's own work per parameter element and optimizer step, by ZeRO stage 0..3
                             (a list of 4): what its engine does beyond a plain forward + backward + optimizer
                             step (gradient buckets flattened and copied, fp32 partitions, the clipping norm, ZeRO-3
@@ -172,6 +177,8 @@ class Profile:
     attention_table: dict = field(default_factory=dict)
     zero3_module_s: float = 0.0
     zero3_param_s: float = 0.0
+    zero3_module_step_s: float = 0.0
+    zero3_param_step_s: float = 0.0
     engine_element_s: dict = field(default_factory=dict)
     engine_tensor_s: dict = field(default_factory=dict)
     # All-to-all (Ulysses) inside a node where measured apart from the all-reduce (gloo runs them by different
@@ -514,6 +521,8 @@ def load_profile(path: str) -> Profile:
             attention_table={str(k): [[float(a), float(b)] for a, b in v] for k, v in (doc.get("attention_table") or {}).items()},
             zero3_module_s=float(doc.get("zero3_module_s") or 0.0),
             zero3_param_s=float(doc.get("zero3_param_s") or 0.0),
+            zero3_module_step_s=float(doc.get("zero3_module_step_s") or 0.0),
+            zero3_param_step_s=float(doc.get("zero3_param_step_s") or 0.0),
             engine_element_s={str(k): [float(x) for x in v] for k, v in (doc.get("engine_element_s") or {}).items()},
             engine_tensor_s={str(k): [float(x) for x in v] for k, v in (doc.get("engine_tensor_s") or {}).items()},
             all_to_all=(Link(float(doc["all_to_all"]["latency_s"]), float(doc["all_to_all"]["bus_gbps"]))
@@ -583,6 +592,7 @@ def alone_rates(prof: Profile, measured_ranks) -> Profile:
                    gemm_table=table(prof.gemm_table), attention_table=table(prof.attention_table),
                    memory_gbps=prof.memory_gbps * f, kernel_overhead_s=prof.kernel_overhead_s / f,
                    zero3_module_s=prof.zero3_module_s / f, zero3_param_s=prof.zero3_param_s / f,
+                   zero3_module_step_s=prof.zero3_module_step_s / f, zero3_param_step_s=prof.zero3_param_step_s / f,
                    engine_element_s={d: [x / f for x in v] for d, v in prof.engine_element_s.items()},
                    engine_tensor_s={d: [x / f for x in v] for d, v in prof.engine_tensor_s.items()},
                    framework_s={a: {d: [x / f for x in v] for d, v in by.items()} for a, by in prof.framework_s.items()})

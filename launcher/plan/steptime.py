@@ -79,7 +79,10 @@ One micro-batch on one rank (n = b s / sp tokens outside attention; t = TP, sp =
                             engine and ZeRO 0 reduce after the flush, exposed; on CPU ranks (overlap_comm off)
                             everything is exposed. ZeRO-3 also runs Python hooks on every module, forward and
                             backward: modules x the profile's measured zero3_module_s + parameter tensors x
-                            its zero3_param_s per micro-batch.
+                            its zero3_param_s per micro-batch, and the part that comes once a step (the
+                            boundary's partitioned optimizer step: zero3_module_step_s, zero3_param_step_s) once.
+                            On 2 CPU ranks most of it is the step's: calibrate's probe paid ~1.05 ms a parameter
+                            tensor a step and ~0.11 a micro-batch (bench/steptime/results.md).
     DeepSpeed's engine      its own work per parameter element beyond a plain forward + backward + optimizer
                             step (gradients flattened into buckets and copied, fp32 partitions, the clipping
                             norm, ZeRO-3's flat gather buffers): the rank's parameters (TP-sharded, before ZeRO)
@@ -604,7 +607,7 @@ def estimate_step_time(shape: ModelShape, st: Strategy, hw: Hardware, train_toke
         if stage == p - 1:
             c = c + last
         costs.append(c)
-    hooks = _zero3_hooks_s(shape, st, prof, costs)
+    hooks, hooks_step = _zero3_hooks_s(shape, st, prof, costs)
     # DeepSpeed's per-element and per-tensor work (module docstring): per micro-batch under ZeRO 2/3, per step
     # under ZeRO 0/1.
     per_element = prof.engine_element(st.dtype, st.zero_stage)
@@ -614,7 +617,7 @@ def estimate_step_time(shape: ModelShape, st: Strategy, hw: Hardware, train_toke
                for stage in range(p)]
     per_mb = st.zero_stage >= 2
     hooks = [hk + (e if per_mb else 0.0) for hk, e in zip(hooks, element)]
-    engine_step = [0.0 if per_mb else e for e in element]
+    engine_step = [(0.0 if per_mb else e) + once for e, once in zip(element, hooks_step)]
     k = _compute_stretch(costs, hooks, m, p, ranks_here, prof, stretch, p2p)
 
     stages = []
@@ -805,16 +808,21 @@ def _hooked_modules(shape: ModelShape, blocks: int, stage: int, p: int) -> int:
     return blocks * per_block + (outside if p == 1 else 3 * ((stage == 0) + (stage == p - 1)))
 
 
-def _zero3_hooks_s(shape: ModelShape, st: Strategy, prof: Profile, costs: list) -> list:
-    """Per micro-batch and stage: ZeRO-3's hooks (forward and backward bookkeeping: fetch / release / partition
-    decisions in Python), the profile's measured seconds per hooked module and per parameter tensor and pass
-    (`launcher calibrate`: a ZeRO-3 engine against a plain model); 0 without ZeRO-3."""
-    if st.zero_stage != 3 or not (prof.zero3_module_s or prof.zero3_param_s):
-        return [0.0] * len(costs)
+def _zero3_hooks_s(shape: ModelShape, st: Strategy, prof: Profile, costs: list) -> tuple[list, list]:
+    """(per micro-batch, per step) by stage: ZeRO-3's engine work beyond a plain model (forward and backward hooks:
+    fetch / release / partition decisions in Python; the boundary's partitioned step), the profile's measured
+    seconds per hooked module and per parameter tensor, every micro-batch (zero3_module_s, zero3_param_s) and once
+    a step (zero3_module_step_s, zero3_param_step_s; `launcher calibrate`: a ZeRO-3 engine against a plain model at
+    1 and 3 micro-batches a step); 0 without ZeRO-3."""
+    zero = [0.0] * len(costs)
+    if st.zero_stage != 3:
+        return zero, zero
     p = st.pipeline_degree
     blocks = [blocks_in_stage(shape, st, s) for s in range(p)]
-    return [_hooked_modules(shape, blocks[s], s, p) * prof.zero3_module_s
-            + _parameter_tensors(shape, blocks[s], s, p) * prof.zero3_param_s for s in range(p)]
+    modules = [_hooked_modules(shape, blocks[s], s, p) for s in range(p)]
+    params = [_parameter_tensors(shape, blocks[s], s, p) for s in range(p)]
+    return ([mo * prof.zero3_module_s + pa * prof.zero3_param_s for mo, pa in zip(modules, params)],
+            [mo * prof.zero3_module_step_s + pa * prof.zero3_param_step_s for mo, pa in zip(modules, params)])
 
 
 def _parameter_tensors(shape: ModelShape, blocks: int, stage: int, p: int) -> int:

@@ -36,8 +36,9 @@ memory bus and cores as they will in training, measures:
                        arrival to its exit, by segment length (profile.release; the plan charges what it
                        exceeds the link's latency by)
     ZeRO-3 hooks       a DeepSpeed ZeRO-3 engine over 8 and 40 small Linear modules (bare, then each in a
-                       wrapper module) against the same modules plain, forward + backward: seconds per module
-                       (zero3_module_s) and per parameter tensor (zero3_param_s)
+                       wrapper module) against the same modules plain, forward + backward, at 1 and 3
+                       micro-batches a step: seconds per module and per parameter tensor, every micro-batch
+                       (zero3_module_s, zero3_param_s) and once a step (zero3_module_step_s, zero3_param_step_s)
     engine per element a DeepSpeed engine at each ZeRO stage 0-3, fp32 and bf16, over 8 and 40 Linear(d, d)
                        against the same layers plain with the same SGD step, each rank its own data-parallel
                        group (no collective: the plan charges traffic apart), at d = 32 and d = 384 (GPU: 2,048;
@@ -152,6 +153,7 @@ def write_profile(raw: dict, out: str, seconds: float) -> Path:
         memory_gbps=raw["memory_gbps"], kernel_overhead_s=raw["kernel_overhead_s"],
         intra=intra, inter=inter, all_to_all=a2a, intra_groups=intra_groups, host_memory_gb=raw["host_memory_gb"],
         zero3_module_s=raw["zero3_module_s"], zero3_param_s=raw["zero3_param_s"],
+        zero3_module_step_s=raw.get("zero3_module_step_s", 0.0), zero3_param_step_s=raw.get("zero3_param_step_s", 0.0),
         engine_element_s=raw["engine_element_s"], engine_tensor_s=raw["engine_tensor_s"],
         straggler={int(g): rows for g, rows in raw["straggler"].items()},
         release={int(g): pooled_release(rows, device) for g, rows in raw.get("release", {}).items()},
@@ -183,7 +185,9 @@ def write_profile(raw: dict, out: str, seconds: float) -> Path:
                                    "each node's ranks (intra, all_to_all), {size: ...} smaller groups in a node "
                                    "(intra_groups), one rank a node (rail: inter) and all ranks "
                                    "across nodes (world: measured, not charged); zero3: seconds "
-                                   "per forward + backward [unit, modules, zero-3 engine, plain]; straggler: {group size: [mean segment seconds, (slowest - mean) / mean]}; engine: seconds per step [dtype, ZeRO stage, "
+                                   "per step [unit, micro-batches a step, modules, zero-3 engine, plain]; straggler: "
+                                   "{group size: [mean segment seconds, (slowest - mean) / mean]}; engine: seconds per "
+                                   "step [dtype, ZeRO stage, "
                                    "side d, Linear(d, d) layers, engine, plain]; framework: {arch: {dtype: {blocks: "
                                    "[forward s, backward s]}} of the near-zero-compute probe model "
                                    "(steptime.FRAMEWORK_PROBE); "
@@ -377,7 +381,8 @@ def _worker(raw_path: str, device: str, grad_clip: str) -> None:
 
     out["straggler"] = _straggler(dev, device, sync, dist)
     out["release"] = _release(dev, device, sync, dist, [*_sub_node_sizes(local), local]) if local > 1 else {}
-    out["zero3"], out["zero3_module_s"], out["zero3_param_s"] = _zero3_hooks(dev, sync, agree, float(grad_clip))
+    out["zero3"], zero3 = _zero3_hooks(dev, sync, agree, float(grad_clip))
+    out |= zero3
     out["engine"], out["engine_element_s"], out["engine_tensor_s"] = _engine_per_element(dev, device, dtypes, sync, agree, float(grad_clip))
     out["framework"] = _framework(dev, device, dtypes)
     out["host_memory_gb"] = _host_memory_gb()
@@ -762,15 +767,24 @@ def _median_of(sweeps: list) -> dict:
     return out
 
 
-def _zero3_hooks(dev, sync, agree, grad_clip: float) -> tuple[list, float, float]:
-    """(rows, seconds per module, seconds per parameter tensor) of DeepSpeed ZeRO-3's hooks, forward + backward (and
-    an SGD step, on both sides): a ZeRO-3 engine over K small bias-free Linear layers (under
-    the persistence threshold, so nothing is fetched: the hooks alone) less the same layers plain, at K = 8 and
-    40, the difference of the differences over 32 (the constant costs cancel); then the same with each Linear
-    inside a parameter-less wrapper module. A Linear unit is 1 module + 1 parameter, a wrapped one 2 modules + 1
-    parameter: per module = wrapped - linear, per parameter = linear - per module. Measured apart because the
-    cost follows the parameters more than the modules (2 CPU ranks: Linear with a bias 2.4 ms, without 1.1 ms,
-    each parameter-less wrapper +0.3 ms), and a model's modules and parameter tensors differ in number."""
+# Micro-batches a step of the ZeRO-3 probe's second run: against one a step, what every micro-batch pays comes
+# apart from what the step pays once (its boundary: the optimizer step over the partitions and what follows it).
+ZERO3_SPLIT_MICRO_BATCHES = 3
+
+
+def _zero3_hooks(dev, sync, agree, grad_clip: float) -> tuple[list, dict]:
+    """(rows, {zero3_module_s, zero3_param_s, zero3_module_step_s, zero3_param_step_s}) of DeepSpeed ZeRO-3's
+    engine work beyond a plain model, forward + backward (and an SGD step, on both sides): a ZeRO-3 engine over K
+    small bias-free Linear layers (under the persistence threshold, so nothing is fetched: the hooks and the
+    partitioned step alone) less the same layers plain, at K = 8 and 40, the difference of the differences over
+    32 (the constant costs cancel); then the same with each Linear inside a parameter-less wrapper module. A Linear
+    unit is 1 module + 1 parameter, a wrapped one 2 modules + 1 parameter: per module = wrapped - linear, per
+    parameter = linear - per module. Measured apart because the cost follows the parameters more than the modules
+    (2 CPU ranks: Linear with a bias 2.4 ms, without 1.1 ms, each parameter-less wrapper +0.3 ms), and a model's
+    modules and parameter tensors differ in number. Each at 1 and ZERO3_SPLIT_MICRO_BATCHES micro-batches a step:
+    per micro-batch = (the second - the first) / (micro-batches - 1), per step = the first - that. On 2 CPU ranks
+    the parameter's ~1.16 ms split ~0.11 a micro-batch and ~1.05 a step (bench/steptime/results.md); charged all
+    per micro-batch, recipe=tiny at ZeRO-3 and micro-batch 1 (8 a step) was planned at 1.9x its measured step."""
     import importlib.util
     import logging
 
@@ -790,23 +804,34 @@ def _zero3_hooks(dev, sync, agree, grad_clip: float) -> tuple[list, float, float
 
     units = {"linear": lambda: nn.Linear(32, 32, bias=False), "wrapped": lambda: Wrap(nn.Linear(32, 32, bias=False))}
     rows, slope = [], {}
+    m = ZERO3_SPLIT_MICRO_BATCHES
     for kind, unit in units.items():
-        measured, slope[kind] = engine_cost_per_unit(unit, 32, dev, sync, agree, grad_clip=grad_clip)
-        rows += [[kind, *row] for row in measured]
-    module_s = max(0.0, slope["wrapped"] - slope["linear"])
-    return rows, module_s, max(0.0, slope["linear"] - module_s)
+        for micro_batches in (1, m):
+            measured, slope[kind, micro_batches] = engine_cost_per_unit(unit, 32, dev, sync, agree, grad_clip=grad_clip,
+                                                                        micro_batches=micro_batches)
+            rows += [[kind, micro_batches, *row] for row in measured]
+    out = {}
+    for part in ("micro", "step"):
+        per = {}
+        for kind in units:
+            micro = max(0.0, (slope[kind, m] - slope[kind, 1]) / (m - 1))
+            per[kind] = micro if part == "micro" else max(0.0, slope[kind, 1] - micro)
+        suffix = "_s" if part == "micro" else "_step_s"
+        out["zero3_module" + suffix] = module = max(0.0, per["wrapped"] - per["linear"])
+        out["zero3_param" + suffix] = max(0.0, per["linear"] - module)
+    return rows, out
 
 
 def engine_cost_per_unit(unit, width: int, dev, sync, agree=None, budget_s: float = 0.5, stage: int = 3,
-                         dtype=None, mpu=None, *, grad_clip: float) -> tuple[list, float]:
-    """([[K, engine step s, plain step s], ...], seconds per unit) of a DeepSpeed engine at ZeRO `stage` over K units
-    `unit()` (each taking and giving `width` features) less the same units plain, each a forward + backward + SGD
-    step on a micro-batch of 4, at K = 8 and 40: the difference of the differences over 32, so the constant costs
-    cancel. `dtype` torch.bfloat16 runs the engine with bf16 on (its fp32 master weights) and the plain units in
-    bf16; `mpu` (_AloneGroups) makes each rank its own data-parallel group; `grad_clip`, the run's
-    optimizer.grad_clip, is always written (DeepSpeed clips at 1.0 where the key is absent, and the clipping norm is
-    a pass per parameter tensor the run pays). Run by _zero3_hooks,
-    _engine_per_element and bench/steptime/zero3_fetch.py."""
+                         dtype=None, mpu=None, *, grad_clip: float, micro_batches: int = 1) -> tuple[list, float]:
+    """([[K, engine step s, plain step s], ...], seconds per unit and step) of a DeepSpeed engine at ZeRO `stage` over
+    K units `unit()` (each taking and giving `width` features) less the same units plain, each `micro_batches`
+    forwards + backwards of 4 samples and one SGD step, at K = 8 and 40: the difference of the differences over 32,
+    so the constant costs cancel. `dtype` torch.bfloat16 runs the engine with bf16 on (its fp32 master weights) and
+    the plain units in bf16; `mpu` (_AloneGroups) makes each rank its own data-parallel group; `grad_clip`, the
+    run's optimizer.grad_clip, is always written (DeepSpeed clips at 1.0 where the key is absent, and the clipping
+    norm is a pass per parameter tensor the run pays). Run by _zero3_hooks, _engine_per_element and
+    bench/steptime/zero3_fetch.py."""
     import deepspeed
     import torch
     from torch import nn
@@ -822,19 +847,22 @@ def engine_cost_per_unit(unit, width: int, dev, sync, agree=None, budget_s: floa
         x = torch.randn(4, width, device=dev, dtype=dtype)
 
         def step():
-            plain(x).float().sum().backward()
+            for _ in range(micro_batches):
+                plain(x).float().sum().backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
         t_plain = _median_time(step, sync, 20, budget_s)
         model = nn.Sequential(*[unit() for _ in range(k)])
         engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=1e-3), mpu=mpu, config={
-            "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1, "gradient_clipping": grad_clip,
+            "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": micro_batches,
+            "gradient_clipping": grad_clip,
             "bf16": {"enabled": dtype == torch.bfloat16}, "zero_optimization": zero_optimization_base(stage, torch.device(dev).type),
             "zero_allow_untested_optimizer": True})
 
         def run():
-            engine.backward(engine(x).float().sum())
-            engine.step()
+            for _ in range(micro_batches):       # engine.step() applies the optimizer at the last one only
+                engine.backward(engine(x).float().sum())
+                engine.step()
         t_engine = _median_time(run, sync, 20, budget_s, agree=agree)   # the ranks stop together (collectives)
         rows.append([k, t_engine, t_plain])
         extra.append(t_engine - t_plain)

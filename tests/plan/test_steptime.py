@@ -362,6 +362,44 @@ def test_zero3_parameter_hooks_cost_per_parameter_tensor():
         == pytest.approx(2 * 38 * 1e-4)
 
 
+def test_zero3_step_part_is_paid_once_a_step_whatever_the_micro_batches():
+    # zero3_module_step_s / zero3_param_step_s: the part of ZeRO-3's engine work that comes at the step's boundary
+    # (calibrate's probe at 1 and 3 micro-batches a step), paid once however many micro-batches the step has, while
+    # zero3_module_s / zero3_param_s are paid by every one. recipe=tiny: 59 hooked modules, 39 parameter tensors.
+    per_step = ideal(zero3_module_step_s=1e-3, zero3_param_step_s=1e-4)
+    every = ideal(zero3_module_s=1e-3, zero3_param_s=1e-4)
+    for global_batch, m in ((16, 1), (32, 2), (128, 8)):
+        _, shape, st = setup("parallel.zero_stage=3", f"batch.global_batch_size={global_batch}")
+        assert st.grad_accum_steps == m
+        base = steptime.estimate_step_time(shape, st, hardware(ideal(), device="cpu"))
+        once = steptime.estimate_step_time(shape, st, hardware(per_step, device="cpu"))
+        assert once.engine_s == pytest.approx(59 * 1e-3 + 39 * 1e-4)
+        assert once.step_time_s - base.step_time_s == pytest.approx(59 * 1e-3 + 39 * 1e-4, rel=1e-9)
+        assert steptime.estimate_step_time(shape, st, hardware(every, device="cpu")).engine_s \
+            == pytest.approx(m * (59 * 1e-3 + 39 * 1e-4))
+    zero2 = setup("parallel.zero_stage=2", "batch.global_batch_size=32")
+    assert steptime.estimate_step_time(zero2[1], zero2[2], hardware(per_step, device="cpu")).engine_s == 0.0
+
+
+def test_zero3_step_part_in_profile_files(tmp_path):
+    import yaml
+
+    path = tmp_path / "p.yaml"
+    prof = ideal(zero3_module_step_s=2e-4, zero3_param_step_s=3e-4, compute_slots=2)
+    path.write_text(yaml.safe_dump(profile_to_dict(prof)))
+    back = load_profile(str(path))
+    assert (back.zero3_module_step_s, back.zero3_param_step_s) == (2e-4, 3e-4)
+    # Measured by 4 ranks on 2 cores: one rank alone pays half, as for the per-micro-batch part (alone_rates).
+    path.write_text(yaml.safe_dump(profile_to_dict(prof, measured={"world": 4})))
+    back = load_profile(str(path))
+    assert (back.zero3_module_step_s, back.zero3_param_step_s) == pytest.approx((1e-4, 1.5e-4))
+    # A file from before the split has neither: everything stays per micro-batch.
+    doc = profile_to_dict(ideal(zero3_param_s=1e-4))
+    del doc["zero3_module_step_s"], doc["zero3_param_step_s"]
+    path.write_text(yaml.safe_dump(doc))
+    assert load_profile(str(path)).zero3_param_step_s == 0.0
+
+
 def test_mistral_and_qwen2_are_planned_as_the_llama_blocks_they_run():
     # Mistral and Qwen2 run transformers' llama code path (separate q, k, v with rotary, RMSNorm in fp32, SwiGLU with
     # gate and up): every operator term is llama's for the same shape, under a profile where element-wise work and

@@ -48,6 +48,14 @@ def test_calibrate_two_cpu_ranks_then_plan(tmp_path, capsys):
     # One dtype's figure is a difference of two differences of medians and came out 0 once in a run here (2026-11-28,
     # fp32), so the probe is held to seeing the per-tensor work in at least one of the two.
     assert max(prof.engine_tensor("fp32", 1), prof.engine_tensor("bf16", 1)) > 0
+    # ZeRO-3's probe: both units (bare and wrapped Linear) at 1 and 3 micro-batches a step, K = 8 and 40, engine and
+    # plain timed; the profile carries a per-micro-batch and a per-step part, none negative. On these 2 ranks most of
+    # it is the step's (~1 ms a parameter tensor against ~0.1-0.35 a micro-batch), so the step part shows.
+    assert sorted({(r[0], r[1], r[2]) for r in raw["zero3"]}) == sorted(
+        (u, m, k) for u in ("linear", "wrapped") for m in (1, 3) for k in (8, 40))
+    assert all(r[3] > 0 and r[4] > 0 for r in raw["zero3"])
+    parts = (prof.zero3_module_s, prof.zero3_param_s, prof.zero3_module_step_s, prof.zero3_param_step_s)
+    assert min(parts) >= 0 and prof.zero3_module_step_s + prof.zero3_param_step_s > 0
     # The framework probe: every architecture and dtype timed at both block counts, forward and backward; three
     # blocks take longer than one (each block is ~100 more operators forward); the residual is what the profile
     # carries, and for llama's many small operators it is positive (~1-2 ms a block on this box).
