@@ -45,6 +45,12 @@ A profile says how fast one accelerator (or one CPU rank) runs each kind of oper
                             tensor at a time): the probe's cost of its smallest Linear less that Linear's elements
                             x engine_element_s; stage 3 is 0 (ZeRO-3's per-tensor cost is zero3_param_s); host
                             work, so the built-in A100 / H100 take the H200 node's
+    engine_element_micro_s  the part of engine_element_s (and engine_tensor_micro_s: of engine_tensor_s) that
+    engine_tensor_micro_s   recurs every micro-batch, by dtype and ZeRO stage 0..3, measured by running the same
+                            probe at 1 and 3 micro-batches a step; where a dtype has it, engine_element_s /
+                            engine_tensor_s are the rest, paid once a step at every stage. {} where not measured
+                            apart (the built-ins, older files): ZeRO 2 / 3 pay the whole figure every micro-batch,
+                            ZeRO 0 / 1 once a step
     framework_s[arch][dt]   [block forward, block backward, model] seconds per micro-batch that the operator terms
                             do not count: the PyTorch dispatch, autograd and transformers module Python of the
                             runtime's own model classes (views, reshapes, casts, masks: ~2,400 operators a
@@ -181,6 +187,8 @@ class Profile:
     zero3_param_step_s: float = 0.0
     engine_element_s: dict = field(default_factory=dict)
     engine_tensor_s: dict = field(default_factory=dict)
+    engine_element_micro_s: dict = field(default_factory=dict)
+    engine_tensor_micro_s: dict = field(default_factory=dict)
     # All-to-all (Ulysses) inside a node where measured apart from the all-reduce (gloo runs them by different
     # algorithms); None: the intra link.
     all_to_all: Optional[Link] = None
@@ -238,6 +246,17 @@ class Profile:
         """Seconds per parameter tensor and step of DeepSpeed's engine at `zero_stage` in `dtype` (as
         engine_element); 0 where the profile has none."""
         return _by_stage(self.engine_tensor_s, dtype, zero_stage)
+
+    def engine_split(self, dtype: str) -> bool:
+        """Whether the engine's figures in `dtype` come split into a per-micro-batch part (engine_*_micro_s) and a
+        per-step rest (fp16 as bf16)."""
+        return any(self.engine_element_micro_s.get(d) for d in (dtype, "bf16" if dtype == "fp16" else None) if d)
+
+    def engine_micro(self, dtype: str, zero_stage: int) -> tuple[float, float]:
+        """(seconds per parameter element, per parameter tensor) of the engine's work every micro-batch; (0, 0)
+        where not measured apart (engine_split)."""
+        return (_by_stage(self.engine_element_micro_s, dtype, zero_stage),
+                _by_stage(self.engine_tensor_micro_s, dtype, zero_stage))
 
     def gemm_rate(self, dtype: str) -> tuple[float, float]:
         """(plateau FLOP/s, half-rate dimension) of GEMMs in `dtype`."""
@@ -525,6 +544,10 @@ def load_profile(path: str) -> Profile:
             zero3_param_step_s=float(doc.get("zero3_param_step_s") or 0.0),
             engine_element_s={str(k): [float(x) for x in v] for k, v in (doc.get("engine_element_s") or {}).items()},
             engine_tensor_s={str(k): [float(x) for x in v] for k, v in (doc.get("engine_tensor_s") or {}).items()},
+            engine_element_micro_s={str(k): [float(x) for x in v]
+                                    for k, v in (doc.get("engine_element_micro_s") or {}).items()},
+            engine_tensor_micro_s={str(k): [float(x) for x in v]
+                                   for k, v in (doc.get("engine_tensor_micro_s") or {}).items()},
             all_to_all=(Link(float(doc["all_to_all"]["latency_s"]), float(doc["all_to_all"]["bus_gbps"]))
                         if doc.get("all_to_all") else None),
             intra_groups={int(g): Link(float(v["latency_s"]), float(v["bus_gbps"]))
@@ -551,7 +574,9 @@ def load_profile(path: str) -> Profile:
     if any(g < 2 or not rows or any(t <= 0 or c < 0 for t, c in rows) for g, rows in prof.release.items()):
         raise ConfigError(key, path, "has a release table that is not [[segment seconds > 0, seconds >= 0], ...] "
                           "per group size >= 2", fix)
-    for name, table in (("engine_element_s", prof.engine_element_s), ("engine_tensor_s", prof.engine_tensor_s)):
+    for name, table in (("engine_element_s", prof.engine_element_s), ("engine_tensor_s", prof.engine_tensor_s),
+                        ("engine_element_micro_s", prof.engine_element_micro_s),
+                        ("engine_tensor_micro_s", prof.engine_tensor_micro_s)):
         if any(len(v) != 4 or any(x < 0 for x in v) for v in table.values()):
             raise ConfigError(key, path, f"has an {name} that is not 4 non-negative seconds (ZeRO stages 0-3) "
                               "per dtype", fix)
@@ -595,4 +620,6 @@ def alone_rates(prof: Profile, measured_ranks) -> Profile:
                    zero3_module_step_s=prof.zero3_module_step_s / f, zero3_param_step_s=prof.zero3_param_step_s / f,
                    engine_element_s={d: [x / f for x in v] for d, v in prof.engine_element_s.items()},
                    engine_tensor_s={d: [x / f for x in v] for d, v in prof.engine_tensor_s.items()},
+                   engine_element_micro_s={d: [x / f for x in v] for d, v in prof.engine_element_micro_s.items()},
+                   engine_tensor_micro_s={d: [x / f for x in v] for d, v in prof.engine_tensor_micro_s.items()},
                    framework_s={a: {d: [x / f for x in v] for d, v in by.items()} for a, by in prof.framework_s.items()})

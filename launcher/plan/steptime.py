@@ -87,10 +87,12 @@ One micro-batch on one rank (n = b s / sp tokens outside attention; t = TP, sp =
                             step (gradients flattened into buckets and copied, fp32 partitions, the clipping
                             norm, ZeRO-3's flat gather buffers): the rank's parameters (TP-sharded, before ZeRO)
                             x the profile's engine_element_s for the run's dtype and ZeRO stage, which `launcher
-                            calibrate` measures per step at one micro-batch with no collective in it (the
-                            traffic is the DP / ZeRO term above). ZeRO 2 and 3 reduce in every micro-batch's
-                            backward, so they pay it per micro-batch (over-charging its step-time part when m >
-                            1); ZeRO 0 and 1 reduce once after the last backward and pay it once per step. The
+                            calibrate` measures per step with no collective in it (the traffic is the DP / ZeRO
+                            term above), at 1 and 3 micro-batches a step: the part every micro-batch pays
+                            (engine_element_micro_s) is charged every micro-batch, the rest once a step. A profile
+                            without the split charges ZeRO 2 and 3 all of it every micro-batch (they reduce in
+                            every backward; an over-charge of the step's part when m > 1) and ZeRO 0 and 1 once a
+                            step (they reduce after the last backward; an under-charge of what each backward pays). The
                             part over the 1/r partition is charged over the whole rank's parameters (the probe
                             runs at r = 1), an over-charge at r > 1. On a 2-core CPU box: 0.6-2 (ZeRO-0), 10-15
                             (ZeRO-1, 2), 4-12 (ZeRO-3) ns per fp32 element, 7-17 ms a step for recipe=tiny at
@@ -608,16 +610,22 @@ def estimate_step_time(shape: ModelShape, st: Strategy, hw: Hardware, train_toke
             c = c + last
         costs.append(c)
     hooks, hooks_step = _zero3_hooks_s(shape, st, prof, costs)
-    # DeepSpeed's per-element and per-tensor work (module docstring): per micro-batch under ZeRO 2/3, per step
-    # under ZeRO 0/1.
-    per_element = prof.engine_element(st.dtype, st.zero_stage)
-    per_tensor = prof.engine_tensor(st.dtype, st.zero_stage)
-    element = [(stage_params(shape, st, stage) * per_element if per_element else 0.0)
-               + (_parameter_tensors(shape, blocks_in_stage(shape, st, stage), stage, p) * per_tensor if per_tensor else 0.0)
-               for stage in range(p)]
-    per_mb = st.zero_stage >= 2
-    hooks = [hk + (e if per_mb else 0.0) for hk, e in zip(hooks, element)]
-    engine_step = [(0.0 if per_mb else e) + once for e, once in zip(element, hooks_step)]
+    # DeepSpeed's per-element and per-tensor work (module docstring): where calibrate measured it apart, the part
+    # every micro-batch pays and the step's rest; otherwise all of it per micro-batch under ZeRO 2/3 (they reduce in
+    # every backward) and per step under ZeRO 0/1.
+    def engine_work(per_element: float, per_tensor: float) -> list:
+        if not (per_element or per_tensor):     # the built-ins under ZeRO 0-2: --search's hot path
+            return [0.0] * p
+        return [stage_params(shape, st, stage) * per_element
+                + _parameter_tensors(shape, blocks_in_stage(shape, st, stage), stage, p) * per_tensor
+                for stage in range(p)]
+    rest = engine_work(prof.engine_element(st.dtype, st.zero_stage), prof.engine_tensor(st.dtype, st.zero_stage))
+    if prof.engine_split(st.dtype):
+        every = engine_work(*prof.engine_micro(st.dtype, st.zero_stage))
+    else:
+        every, rest = (rest, [0.0] * p) if st.zero_stage >= 2 else ([0.0] * p, rest)
+    hooks = [hk + e for hk, e in zip(hooks, every)]
+    engine_step = [r + once for r, once in zip(rest, hooks_step)]
     k = _compute_stretch(costs, hooks, m, p, ranks_here, prof, stretch, p2p)
 
     stages = []

@@ -45,7 +45,9 @@ memory bus and cores as they will in training, measures:
                        above ZeRO-3's persistence threshold, so gathered): seconds per parameter element and step
                        (engine_element_s), the difference of the two sizes' per-layer costs over that of their
                        elements (the per-module and per-tensor costs cancel); and per parameter tensor
-                       (engine_tensor_s), the small layer's cost less its elements at that rate
+                       (engine_tensor_s), the small layer's cost less its elements at that rate; each at 1 and
+                       3 micro-batches a step, so that what every micro-batch pays (engine_element_micro_s,
+                       engine_tensor_micro_s) comes apart from the step's rest
     framework          CPU ranks: one micro-batch through the runtime's own llama, gpt and bloom models at a
                        near-zero-compute shape (launcher/plan/steptime.py FRAMEWORK_PROBE) with 1 and 3 blocks,
                        fp32 and bf16, forward and backward timed apart: what every micro-batch pays in dispatch,
@@ -155,6 +157,8 @@ def write_profile(raw: dict, out: str, seconds: float) -> Path:
         zero3_module_s=raw["zero3_module_s"], zero3_param_s=raw["zero3_param_s"],
         zero3_module_step_s=raw.get("zero3_module_step_s", 0.0), zero3_param_step_s=raw.get("zero3_param_step_s", 0.0),
         engine_element_s=raw["engine_element_s"], engine_tensor_s=raw["engine_tensor_s"],
+        engine_element_micro_s=raw.get("engine_element_micro_s", {}),
+        engine_tensor_micro_s=raw.get("engine_tensor_micro_s", {}),
         straggler={int(g): rows for g, rows in raw["straggler"].items()},
         release={int(g): pooled_release(rows, device) for g, rows in raw.get("release", {}).items()},
         compute_slots=max(1, (raw["cores"] // threads)) if device == "cpu" else None,
@@ -187,8 +191,8 @@ def write_profile(raw: dict, out: str, seconds: float) -> Path:
                                    "across nodes (world: measured, not charged); zero3: seconds "
                                    "per step [unit, micro-batches a step, modules, zero-3 engine, plain]; straggler: "
                                    "{group size: [mean segment seconds, (slowest - mean) / mean]}; engine: seconds per "
-                                   "step [dtype, ZeRO stage, "
-                                   "side d, Linear(d, d) layers, engine, plain]; framework: {arch: {dtype: {blocks: "
+                                   "step [dtype, ZeRO stage, side d, micro-batches a step, Linear(d, d) layers, "
+                                   "engine, plain]; framework: {arch: {dtype: {blocks: "
                                    "[forward s, backward s]}} of the near-zero-compute probe model "
                                    "(steptime.FRAMEWORK_PROBE); "
                                    + ("inter = intra (one node measured)" if nodes == 1 else
@@ -383,7 +387,8 @@ def _worker(raw_path: str, device: str, grad_clip: str) -> None:
     out["release"] = _release(dev, device, sync, dist, [*_sub_node_sizes(local), local]) if local > 1 else {}
     out["zero3"], zero3 = _zero3_hooks(dev, sync, agree, float(grad_clip))
     out |= zero3
-    out["engine"], out["engine_element_s"], out["engine_tensor_s"] = _engine_per_element(dev, device, dtypes, sync, agree, float(grad_clip))
+    out["engine"], engine = _engine_per_element(dev, device, dtypes, sync, agree, float(grad_clip))
+    out |= engine
     out["framework"] = _framework(dev, device, dtypes)
     out["host_memory_gb"] = _host_memory_gb()
     out["seconds"] = time.perf_counter() - started
@@ -909,14 +914,16 @@ class _AloneGroups:
 ENGINE_UNIT_SIDES = {"cpu": (32, 384), "cuda": (32, 2048)}
 
 
-def _engine_per_element(dev, device: str, dtypes, sync, agree, grad_clip: float) -> tuple[list, dict, dict]:
-    """(rows, {dtype: [seconds per parameter element and step at ZeRO stage 0, 1, 2, 3]}, {dtype: [seconds per
-    parameter tensor and step, the same stages]}): engine_cost_per_unit per stage and dtype on Linear(d, d) units (one
-    weight tensor each) at a small and a large d, each rank alone in its groups. Per element: (large unit's cost -
-    small unit's) / (large d^2 - small d^2), so what a layer costs whatever its size (hooks, per-tensor Python)
-    cancels. Per tensor: that size-free part, the small unit's cost less its d^2 elements at the per-element figure;
-    at ZeRO-3 it is 0 here, since zero3_module_s / zero3_param_s charge it. Both clipped at 0 (a difference of
-    medians can come out below it). On a 2-core box, fp32: ZeRO-0 0.6-2, ZeRO-1/2 10-15, ZeRO-3 4-12 ns an element
+def _engine_per_element(dev, device: str, dtypes, sync, agree, grad_clip: float) -> tuple[list, dict]:
+    """(rows, {engine_element_s, engine_tensor_s, engine_element_micro_s, engine_tensor_micro_s}: {dtype: [seconds per
+    parameter element (tensor) at ZeRO stage 0, 1, 2, 3]}): engine_cost_per_unit per stage and dtype on Linear(d, d)
+    units (one weight tensor each) at a small and a large d, each rank alone in its groups, at 1 and
+    ZERO3_SPLIT_MICRO_BATCHES micro-batches a step: what each micro-batch pays (the _micro_s figures: the difference
+    over the added micro-batches) and the step's rest. Per element: (large unit's cost - small unit's) / (large d^2 -
+    small d^2), so what a layer costs whatever its size (hooks, per-tensor Python) cancels. Per tensor: that
+    size-free part, the small unit's cost less its d^2 elements at the per-element figure; at ZeRO-3 it is 0 here,
+    since zero3_module_s / zero3_param_s charge it. All clipped at 0 (a difference of medians can come out below
+    it). On a 2-core box, fp32: ZeRO-0 0.6-2, ZeRO-1/2 10-15, ZeRO-3 4-12 ns an element
     (bench/steptime/results.md); 0.09 (ZeRO-0), 0.26 (ZeRO-1), 0.19 (ZeRO-2) ms a tensor (14:36 profile)."""
     import importlib.util
     import logging
@@ -931,19 +938,31 @@ def _engine_per_element(dev, device: str, dtypes, sync, agree, grad_clip: float)
     groups = [dist.new_group([r]) for r in range(dist.get_world_size())]    # every rank creates every group
     mpu = _AloneGroups(groups[rank], rank)
     small, large = ENGINE_UNIT_SIDES[device]
-    rows, out, tensor = [], {}, {}
+    m = ZERO3_SPLIT_MICRO_BATCHES
+    rows = []
+    out: dict = {key: {} for key in ("engine_element_s", "engine_tensor_s", "engine_element_micro_s",
+                                     "engine_tensor_micro_s")}
     for dname, tdtype in dtypes:
-        out[dname], tensor[dname] = [], []
+        for key in out:
+            out[key][dname] = []
         for stage in range(4):
             per_unit = {}
             for d in (small, large):
-                measured, per_unit[d] = engine_cost_per_unit(lambda: nn.Linear(d, d, bias=False), d, dev, sync, agree,
-                                                             stage=stage, dtype=tdtype, mpu=mpu, grad_clip=grad_clip)
-                rows += [[dname, stage, d, *row] for row in measured]
-            element = max(0.0, per_unit[large] - per_unit[small]) / (large * large - small * small)
-            out[dname].append(element)
-            tensor[dname].append(0.0 if stage == 3 else max(0.0, per_unit[small] - small * small * element))
-    return rows, out, tensor
+                for micro_batches in (1, m):
+                    measured, per_unit[d, micro_batches] = engine_cost_per_unit(
+                        lambda: nn.Linear(d, d, bias=False), d, dev, sync, agree, stage=stage, dtype=tdtype, mpu=mpu,
+                        grad_clip=grad_clip, micro_batches=micro_batches)
+                    rows += [[dname, stage, d, micro_batches, *row] for row in measured]
+            for suffix in ("_micro_s", "_s"):
+                unit = {}
+                for d in (small, large):
+                    micro = max(0.0, (per_unit[d, m] - per_unit[d, 1]) / (m - 1))
+                    unit[d] = micro if suffix == "_micro_s" else max(0.0, per_unit[d, 1] - micro)
+                element = max(0.0, unit[large] - unit[small]) / (large * large - small * small)
+                out["engine_element" + suffix][dname].append(element)
+                out["engine_tensor" + suffix][dname].append(
+                    0.0 if stage == 3 else max(0.0, unit[small] - small * small * element))
+    return rows, out
 
 
 # The architectures whose transformers code paths the framework probe measures (mistral and qwen2 run llama's:

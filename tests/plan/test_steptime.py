@@ -478,6 +478,48 @@ def test_engine_per_tensor_work_by_the_stage_s_parameter_tensors():
     assert [steptime._parameter_tensors(shape, 2, s, 2) for s in (0, 1)] == [19, 20]
 
 
+def test_engine_work_split_into_every_micro_batch_and_once_a_step():
+    # Where calibrate measured the engine at 1 and 3 micro-batches a step, engine_element_micro_s /
+    # engine_tensor_micro_s are paid by every micro-batch and engine_element_s / engine_tensor_s (the rest) once a
+    # step, at every ZeRO stage, instead of the stage's all-or-nothing rule. recipe=tiny fp32: N parameters, 39
+    # tensors; 1, 2 and 8 micro-batches a step.
+    N = count_params(compose(["recipe=tiny"]).model).total
+    micro_el, micro_t = [1e-9, 2e-9, 3e-9, 4e-9], [1e-4, 2e-4, 3e-4, 0.0]
+    rest_el, rest_t = [5e-9, 6e-9, 7e-9, 8e-9], [5e-4, 6e-4, 7e-4, 0.0]
+    prof = ideal(engine_element_s={"fp32": rest_el}, engine_tensor_s={"fp32": rest_t},
+                 engine_element_micro_s={"fp32": micro_el}, engine_tensor_micro_s={"fp32": micro_t})
+    assert prof.engine_split("fp32") and not prof.engine_split("bf16")
+    for stage in range(4):
+        for global_batch, m in ((16, 1), (32, 2), (128, 8)):
+            _, shape, st = setup(f"parallel.zero_stage={stage}", f"batch.global_batch_size={global_batch}")
+            assert st.grad_accum_steps == m
+            base = steptime.estimate_step_time(shape, st, hardware(ideal(), device="cpu"))
+            charged = steptime.estimate_step_time(shape, st, hardware(prof, device="cpu"))
+            want = m * (micro_el[stage] * N + micro_t[stage] * 39) + rest_el[stage] * N + rest_t[stage] * 39
+            assert charged.engine_s == pytest.approx(want, rel=1e-9), (stage, m)
+            assert charged.step_time_s - base.step_time_s == pytest.approx(want, rel=1e-9), (stage, m)
+    # bf16 has no split row: its figures (none here) keep the stage rule.
+    _, shape, st = setup("parallel.zero_stage=2", "precision=bf16", "batch.global_batch_size=32")
+    bf = ideal(engine_element_s={"bf16": rest_el}, engine_element_micro_s={"fp32": micro_el})
+    assert steptime.estimate_step_time(shape, st, hardware(bf, device="cpu")).engine_s \
+        == pytest.approx(2 * rest_el[2] * N, rel=1e-9)
+
+
+def test_engine_split_in_profile_files(tmp_path):
+    import yaml
+
+    path = tmp_path / "p.yaml"
+    prof = ideal(engine_element_micro_s={"fp32": [1e-9, 2e-9, 3e-9, 4e-9]},
+                 engine_tensor_micro_s={"fp32": [1e-4, 2e-4, 3e-4, 0.0]}, compute_slots=2)
+    path.write_text(yaml.safe_dump(profile_to_dict(prof, measured={"world": 4})))
+    back = load_profile(str(path))
+    assert back.engine_element_micro_s == {"fp32": [0.5e-9, 1e-9, 1.5e-9, 2e-9]}
+    assert back.engine_tensor_micro_s == {"fp32": [0.5e-4, 1e-4, 1.5e-4, 0.0]}
+    path.write_text(yaml.safe_dump(profile_to_dict(ideal(engine_tensor_micro_s={"fp32": [1e-4, -1e-4, 0.0, 0.0]}))))
+    with pytest.raises(ConfigError, match="engine_tensor_micro_s.*ZeRO stages 0-3"):
+        load_profile(str(path))
+
+
 def test_engine_per_element_in_profile_files(tmp_path):
     import yaml
 

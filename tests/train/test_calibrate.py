@@ -33,12 +33,16 @@ def test_calibrate_two_cpu_ranks_then_plan(tmp_path, capsys):
     # ZeRO-1 in fp32 (flattened gradients, an fp32 partition, copies back) costs an engine step over 40
     # Linear(384, 384) well beyond the plain one (~80 against ~20 ms here), so its per-element figure is positive.
     rows = raw["engine"]
-    assert sorted({(r[0], r[1], r[2], r[3]) for r in rows}) == sorted(
-        (dt, z, d, k) for dt in ("fp32", "bf16") for z in range(4) for d in (32, 384) for k in (8, 40))
-    assert all(r[4] > 0 and r[5] > 0 for r in rows)
-    big = next(r for r in rows if r[:4] == ["fp32", 1, 384, 40])
-    assert big[4] > big[5]
-    assert set(prof.engine_element_s) == {"fp32", "bf16"} and all(len(v) == 4 for v in prof.engine_element_s.values())
+    assert sorted({(r[0], r[1], r[2], r[3], r[4]) for r in rows}) == sorted(
+        (dt, z, d, mb, k)
+        for dt in ("fp32", "bf16") for z in range(4) for d in (32, 384) for mb in (1, 3) for k in (8, 40))
+    assert all(r[5] > 0 and r[6] > 0 for r in rows)
+    big = next(r for r in rows if r[:5] == ["fp32", 1, 384, 1, 40])
+    assert big[5] > big[6]
+    for table in (prof.engine_element_s, prof.engine_tensor_s, prof.engine_element_micro_s, prof.engine_tensor_micro_s):
+        assert set(table) == {"fp32", "bf16"} and all(len(v) == 4 and min(v) >= 0 for v in table.values())
+    # ZeRO-1's per-element work (its fp32 partition and the copies back) is the step's: the rest, not the
+    # per-micro-batch part, carries it.
     assert prof.engine_element("fp32", 1) > 0
     # Per parameter tensor: the d = 32 layer's cost less its 1,024 elements at the per-element figure, for every dtype
     # and stage; ZeRO-3's is 0 (zero3_param_s charges it). ZeRO-1's engine does per-tensor work at d = 32 (~0.26 ms a
