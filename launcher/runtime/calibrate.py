@@ -772,9 +772,17 @@ def _median_of(sweeps: list) -> dict:
     return out
 
 
-# Micro-batches a step of the ZeRO-3 probe's second run: against one a step, what every micro-batch pays comes
-# apart from what the step pays once (its boundary: the optimizer step over the partitions and what follows it).
-ZERO3_SPLIT_MICRO_BATCHES = 3
+# Micro-batches a step of the engine probes' second run (ZeRO-3 hooks, engine per element): against one a step, what
+# every micro-batch pays comes apart from what the step pays once (its boundary: the optimizer step and what follows).
+SPLIT_MICRO_BATCHES = 3
+
+
+def split_by_micro_batches(one: float, many: float) -> tuple[float, float]:
+    """(per micro-batch, once a step) from a probe's cost at 1 and at SPLIT_MICRO_BATCHES micro-batches a step: the
+    difference over the added micro-batches, and what is left of the first; both clipped at 0 (differences of
+    medians)."""
+    micro = max(0.0, (many - one) / (SPLIT_MICRO_BATCHES - 1))
+    return micro, max(0.0, one - micro)
 
 
 def _zero3_hooks(dev, sync, agree, grad_clip: float) -> tuple[list, dict]:
@@ -786,8 +794,8 @@ def _zero3_hooks(dev, sync, agree, grad_clip: float) -> tuple[list, dict]:
     unit is 1 module + 1 parameter, a wrapped one 2 modules + 1 parameter: per module = wrapped - linear, per
     parameter = linear - per module. Measured apart because the cost follows the parameters more than the modules
     (2 CPU ranks: Linear with a bias 2.4 ms, without 1.1 ms, each parameter-less wrapper +0.3 ms), and a model's
-    modules and parameter tensors differ in number. Each at 1 and ZERO3_SPLIT_MICRO_BATCHES micro-batches a step:
-    per micro-batch = (the second - the first) / (micro-batches - 1), per step = the first - that. On 2 CPU ranks
+    modules and parameter tensors differ in number. Each at 1 and SPLIT_MICRO_BATCHES micro-batches a step, split by
+    split_by_micro_batches. On 2 CPU ranks
     the parameter's ~1.16 ms split ~0.11 a micro-batch and ~1.05 a step (bench/steptime/results.md); charged all
     per micro-batch, recipe=tiny at ZeRO-3 and micro-batch 1 (8 a step) was planned at 1.9x its measured step."""
     import importlib.util
@@ -809,21 +817,17 @@ def _zero3_hooks(dev, sync, agree, grad_clip: float) -> tuple[list, dict]:
 
     units = {"linear": lambda: nn.Linear(32, 32, bias=False), "wrapped": lambda: Wrap(nn.Linear(32, 32, bias=False))}
     rows, slope = [], {}
-    m = ZERO3_SPLIT_MICRO_BATCHES
+    m = SPLIT_MICRO_BATCHES
     for kind, unit in units.items():
         for micro_batches in (1, m):
             measured, slope[kind, micro_batches] = engine_cost_per_unit(unit, 32, dev, sync, agree, grad_clip=grad_clip,
                                                                         micro_batches=micro_batches)
             rows += [[kind, micro_batches, *row] for row in measured]
+    split = {kind: split_by_micro_batches(slope[kind, 1], slope[kind, m]) for kind in units}
     out = {}
-    for part in ("micro", "step"):
-        per = {}
-        for kind in units:
-            micro = max(0.0, (slope[kind, m] - slope[kind, 1]) / (m - 1))
-            per[kind] = micro if part == "micro" else max(0.0, slope[kind, 1] - micro)
-        suffix = "_s" if part == "micro" else "_step_s"
-        out["zero3_module" + suffix] = module = max(0.0, per["wrapped"] - per["linear"])
-        out["zero3_param" + suffix] = max(0.0, per["linear"] - module)
+    for part, suffix in enumerate(("_s", "_step_s")):      # (per micro-batch, once a step)
+        out["zero3_module" + suffix] = module = max(0.0, split["wrapped"][part] - split["linear"][part])
+        out["zero3_param" + suffix] = max(0.0, split["linear"][part] - module)
     return rows, out
 
 
@@ -918,8 +922,8 @@ def _engine_per_element(dev, device: str, dtypes, sync, agree, grad_clip: float)
     """(rows, {engine_element_s, engine_tensor_s, engine_element_micro_s, engine_tensor_micro_s}: {dtype: [seconds per
     parameter element (tensor) at ZeRO stage 0, 1, 2, 3]}): engine_cost_per_unit per stage and dtype on Linear(d, d)
     units (one weight tensor each) at a small and a large d, each rank alone in its groups, at 1 and
-    ZERO3_SPLIT_MICRO_BATCHES micro-batches a step: what each micro-batch pays (the _micro_s figures: the difference
-    over the added micro-batches) and the step's rest. Per element: (large unit's cost - small unit's) / (large d^2 -
+    SPLIT_MICRO_BATCHES micro-batches a step: what each micro-batch pays (the _micro_s figures) and the step's rest
+    (split_by_micro_batches). Per element: (large unit's cost - small unit's) / (large d^2 -
     small d^2), so what a layer costs whatever its size (hooks, per-tensor Python) cancels. Per tensor: that
     size-free part, the small unit's cost less its d^2 elements at the per-element figure; at ZeRO-3 it is 0 here,
     since zero3_module_s / zero3_param_s charge it. All clipped at 0 (a difference of medians can come out below
@@ -938,7 +942,7 @@ def _engine_per_element(dev, device: str, dtypes, sync, agree, grad_clip: float)
     groups = [dist.new_group([r]) for r in range(dist.get_world_size())]    # every rank creates every group
     mpu = _AloneGroups(groups[rank], rank)
     small, large = ENGINE_UNIT_SIDES[device]
-    m = ZERO3_SPLIT_MICRO_BATCHES
+    m = SPLIT_MICRO_BATCHES
     rows = []
     out: dict = {key: {} for key in ("engine_element_s", "engine_tensor_s", "engine_element_micro_s",
                                      "engine_tensor_micro_s")}
@@ -953,11 +957,9 @@ def _engine_per_element(dev, device: str, dtypes, sync, agree, grad_clip: float)
                         lambda: nn.Linear(d, d, bias=False), d, dev, sync, agree, stage=stage, dtype=tdtype, mpu=mpu,
                         grad_clip=grad_clip, micro_batches=micro_batches)
                     rows += [[dname, stage, d, micro_batches, *row] for row in measured]
-            for suffix in ("_micro_s", "_s"):
-                unit = {}
-                for d in (small, large):
-                    micro = max(0.0, (per_unit[d, m] - per_unit[d, 1]) / (m - 1))
-                    unit[d] = micro if suffix == "_micro_s" else max(0.0, per_unit[d, 1] - micro)
+            split = {d: split_by_micro_batches(per_unit[d, 1], per_unit[d, m]) for d in (small, large)}
+            for part, suffix in enumerate(("_micro_s", "_s")):      # (per micro-batch, once a step)
+                unit = {d: split[d][part] for d in (small, large)}
                 element = max(0.0, unit[large] - unit[small]) / (large * large - small * small)
                 out["engine_element" + suffix][dname].append(element)
                 out["engine_tensor" + suffix][dname].append(

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.runtime.calibrate import (_median_of, _median_time, fit_alpha_beta, fit_saturation, pooled_release,
-                                        probe_repeats, release_seconds, wait_fraction)
+from launcher.runtime.calibrate import (SPLIT_MICRO_BATCHES, _median_of, _median_time, fit_alpha_beta, fit_saturation,
+                                        pooled_release, probe_repeats, release_seconds, split_by_micro_batches,
+                                        wait_fraction)
 
 
 def _sweep(scale: float, overhead: float, gbps: float) -> dict:
@@ -112,3 +113,12 @@ def test_release_rows_are_pooled_by_their_synchronisations():
     pooled = pooled_release(rows, "cpu")
     assert [t for t, _ in pooled] == [t for t, _ in rows]
     assert [c for _, c in pooled] == pytest.approx([0.405 / 210] * 4)
+
+
+def test_split_by_micro_batches_takes_the_added_micro_batches_apart_from_the_step():
+    assert SPLIT_MICRO_BATCHES == 3
+    # 1.16 ms a step with one micro-batch, 1.38 with three: 0.11 each micro-batch, 1.05 once a step.
+    assert split_by_micro_batches(1.16e-3, 1.38e-3) == pytest.approx((0.11e-3, 1.05e-3))
+    # Differences of medians can come out below 0: clipped.
+    assert split_by_micro_batches(1e-3, 0.9e-3) == (0.0, 1e-3)
+    assert split_by_micro_batches(1e-3, 5e-3) == (2e-3, 0.0)
