@@ -62,11 +62,15 @@ that another process slowed is dropped, and the rate is the one a step's many ke
 
 Rank 0 writes the raw measurements to a JSON file; the parent fits them and writes the versioned YAML
 (write_profile; under SLURM the job's batch shell, `python -m launcher.runtime.calibrate --fit RAW OUT`).
-Every fit is to microbenchmarks of this machine, never to training runs.
+Every fit is to microbenchmarks of this machine, never to training runs. Rank 0 says on stderr as each probe
+ends what it took (`calibrate: ZeRO-3 hooks 8 s (30 s so far)`); the profile keeps the seconds
+(measurements.phase_seconds) and lists them in its header. 2 CPU ranks here: 63-67 s, 32 of them DeepSpeed's
+engine probe.
 """
 
 from __future__ import annotations
 
+import collections
 import itertools
 import json
 import os
@@ -97,10 +101,13 @@ GEMM_POOL_BYTES = 64 << 20
 
 # ---- the parent: start the ranks, fit, write -----------------------------------------------------------------------
 
-def calibrate(cfg, out: str, console=None) -> Path:
-    """Run the measurement on cluster.gpus_per_node local ranks and write the profile YAML to `out`."""
+def calibrate(cfg, out: str, progress=None) -> Path:
+    """Run the measurement on cluster.gpus_per_node local ranks and write the profile YAML to `out`. `progress`
+    (default: print to stderr) gets a line as each probe finishes, with its seconds: a calibration takes 1-3
+    minutes, and a user (or a GPU session on a clock) sees where they go."""
     from launcher.config import hardware
 
+    progress = progress or (lambda line: print(line, file=sys.stderr, flush=True))
     nproc = int(cfg.cluster.gpus_per_node)
     device = "cpu" if cfg.cluster.gpu.lower() == hardware.CPU else "cuda"
     started = time.perf_counter()
@@ -111,11 +118,41 @@ def calibrate(cfg, out: str, console=None) -> Path:
         env = {**rank_env(nproc, device == "cpu"), "PYTHONUNBUFFERED": "1"}
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
                "-m", "launcher.runtime.calibrate", str(raw_path), device, str(float(cfg.optimizer.grad_clip))]
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        # The ranks' stdout (DeepSpeed's banners) goes to a file; their stderr is read as it comes, the phase lines
+        # passed on and the rest kept for the error message.
+        tail: collections.deque = collections.deque(maxlen=200)
+        with open(Path(tmp) / "stdout", "w") as sink:
+            proc = subprocess.Popen(cmd, env=env, stdout=sink, stderr=subprocess.PIPE, text=True)
+            for line in proc.stderr:
+                if line.startswith(PHASE_PREFIX):
+                    progress(line.rstrip())
+                else:
+                    tail.append(line)
+            proc.wait()
         if proc.returncode != 0 or not raw_path.exists():
-            raise RuntimeError(f"calibration ranks failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+            raise RuntimeError(f"calibration ranks failed (exit {proc.returncode}):\n{''.join(tail)[-3000:]}")
         raw = json.loads(raw_path.read_text())
     return write_profile(raw, out, time.perf_counter() - started)
+
+
+PHASE_PREFIX = "calibrate: "
+
+
+class _Phases:
+    """Seconds each probe of _worker takes (raw["phase_seconds"], in the profile's measurements and its header), and
+    a line on stderr from rank 0 as each ends, which calibrate() passes on."""
+
+    def __init__(self, rank: int):
+        self.rank, self.seconds, self._t = rank, {}, time.perf_counter()
+        self._start = self._t
+
+    def done(self, name: str) -> None:
+        now = time.perf_counter()
+        self.seconds[name] = now - self._t
+        self._t = now
+        if self.rank == 0:
+            print(f"{PHASE_PREFIX}{name} {self.seconds[name]:.0f} s ({now - self._start:.0f} s so far)",
+                  file=sys.stderr, flush=True)
 
 
 def write_profile(raw: dict, out: str, seconds: float) -> Path:
@@ -181,7 +218,7 @@ def write_profile(raw: dict, out: str, seconds: float) -> Path:
     kept = ("gemm", "attention", "all_reduce", "all_reduce_after_compute", "all_to_all_after_compute",
             "all_reduce_groups_after_compute", "all_reduce_rail_after_compute", "all_reduce_world_after_compute",
             "straggler", "release", "zero3", "engine", "framework", "world", "local_world", "nodes", "backend",
-            "device_name", "cores", "seconds")
+            "device_name", "cores", "seconds", "phase_seconds")
     doc = profile_to_dict(prof, measured={k: raw[k] for k in kept if k in raw}
                                          | ({"kernel_host_s": raw["kernel_host_s"]} if device != "cpu" else {}))
     doc["measurements"]["note"] = ("gemm: [side, FLOP/s]; attention: [seq, causal FLOP/s fwd+bwd]; all_reduce (bare, "
@@ -200,8 +237,9 @@ def write_profile(raw: dict, out: str, seconds: float) -> Path:
     assert doc["version"] == PROFILE_VERSION
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
+    phases = "".join(f"\n#   {name}: {t:.0f} s" for name, t in raw.get("phase_seconds", {}).items())
     write_atomic(path, f"# hardware profile, version {PROFILE_VERSION}: written by `launcher calibrate` in "
-                       f"{seconds:.0f} s; read by cluster.profile=PATH\n" + yaml.safe_dump(doc, sort_keys=False))
+                       f"{seconds:.0f} s; read by cluster.profile=PATH{phases}\n" + yaml.safe_dump(doc, sort_keys=False))
     return path
 
 
@@ -351,8 +389,10 @@ def _worker(raw_path: str, device: str, grad_clip: str) -> None:
     # The compute rates, the median of COMPUTE_ROUNDS sweeps: one sweep's 20-run medians (milliseconds each on CPU)
     # move 2x when another process lands on it (the fp32 GEMM rate at side 128 on this 2-core box: 0.097 TFLOP/s
     # one calibration, 0.049 the next, bench/steptime/results.md); the median of three drops one such sweep.
+    phases = _Phases(rank)
     sweeps = [_compute_sweep(dev, device, dtypes, sync, dist) for _ in range(COMPUTE_ROUNDS)]
     out.update(_median_of(sweeps))
+    phases.done("compute rates (GEMM, attention, memory, kernel overhead)")
 
     # All-reduce over every rank: latency + bytes / bandwidth, back to back (kept beside the fit's input).
     out["all_reduce"] = []
@@ -382,15 +422,21 @@ def _worker(raw_path: str, device: str, grad_clip: str) -> None:
     if nodes > 1:
         for name, group in (("all_reduce_rail_after_compute", rail_group), ("all_reduce_world_after_compute", None)):
             out[name] = _after_compute(dev, device, sync, agree, dist, group)["all_reduce_after_compute"]
+    phases.done("collectives")
 
     out["straggler"] = _straggler(dev, device, sync, dist)
     out["release"] = _release(dev, device, sync, dist, [*_sub_node_sizes(local), local]) if local > 1 else {}
+    phases.done("stragglers and release")
     out["zero3"], zero3 = _zero3_hooks(dev, sync, agree, float(grad_clip))
     out |= zero3
+    phases.done("ZeRO-3 hooks")
     out["engine"], engine = _engine_per_element(dev, device, dtypes, sync, agree, float(grad_clip))
     out |= engine
+    phases.done("DeepSpeed engine per element and tensor")
     out["framework"] = _framework(dev, device, dtypes)
     out["host_memory_gb"] = _host_memory_gb()
+    phases.done("framework / host issue time")
+    out["phase_seconds"] = phases.seconds
     out["seconds"] = time.perf_counter() - started
     if rank == 0:
         Path(raw_path).write_text(json.dumps(out))

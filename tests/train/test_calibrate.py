@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import yaml
@@ -85,7 +86,19 @@ def test_calibrate_two_cpu_ranks_then_plan(tmp_path, capsys):
     assert len({c for _, c in prof.release[2]}) == 1
     rel = raw["release"]["2"]
     assert len(rel) == 4 and all(c > 0 for _, c in rel) and [r[0] for r in rel] == sorted(r[0] for r in rel)
-    capsys.readouterr()
+    # Where the time went: every probe's seconds, in the order run, in the measurements and the file's header, and a
+    # line on stderr as each ended (the ranks' own stderr, passed on while they ran); together no more than the run.
+    phases = raw["phase_seconds"]
+    assert list(phases) == ["compute rates (GEMM, attention, memory, kernel overhead)", "collectives",
+                            "stragglers and release", "ZeRO-3 hooks", "DeepSpeed engine per element and tensor",
+                            "framework / host issue time"]
+    assert all(t > 0 for t in phases.values()) and sum(phases.values()) <= raw["seconds"]
+    header = [line for line in out.read_text().splitlines() if line.startswith("#")]
+    assert [line.split(":")[0].strip("# ") for line in header[1:]] == list(phases)
+    err = capsys.readouterr().err
+    said = [re.fullmatch(r"calibrate: (.+) \d+ s \(\d+ s so far\)", line) for line in err.splitlines()
+            if line.startswith("calibrate: ")]
+    assert [m and m.group(1) for m in said] == list(phases)
 
     assert main(["plan", "recipe=tiny", f"cluster.profile={out}", "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
