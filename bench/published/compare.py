@@ -220,7 +220,18 @@ def summary(rows: list[dict]) -> dict:
 
 # Written by hand after the runs of 2026-11-28 10:00 UTC, 2026-11-26 21:10 UTC, 2026-11-26 18:00 UTC and 2026-11-25
 # 05:10 UTC (re-read it when the table is regenerated).
-READING = """Reading (2026-11-28 evening, the host terms held apart). This table did not move. The A100 / H100 built-ins
+READING = """Reading (2026-11-29, attention by head dimension). The built-in A100 / H100 attention rates were
+FlashAttention-2's head-dimension-128 bars (fig. 4(d) / 7(d)) for every model; the same figures' panel (c), head
+dimension 64, runs 11-14% below them (A100 seq 2k 140 against 155 TFLOP/s, H100 4k 257 against 294). The plan now
+reads a model's head dimension between the two panels, log-linear (launcher/plan/profile.py
+Profile.attention_table_for), and `launcher calibrate` measures the table at more than one head dimension. Cited,
+not fitted. 42 rows moved (the 39 MosaicML rows of 125m / 350m, head dimension 64; TinyLlama, 64; Narayanan's
+1.7B / 3.6B, 96); within 10% 49.8% -> 49.8% (2 in: the A100-80GB 125m / 350m s8192 rows +13.3 / +11.6% -> +9.9 /
++8.1%; 2 out: two A100 125m s2048 rows -9.0 / -9.4% -> -10.0 / -10.3%), within 20% 75.3% -> 75.3%, median 10.0%,
+worst 73.9% -> 64.5% (the MosaicML 350m s65536 row +73.9% -> +60.7%; the worst is now NeMo's 70B CP2 row). The
+long-sequence MosaicML rows stay far off (+55% mean at 64k): their Triton kernel, not the head dimension.
+
+Reading (2026-11-28 evening, the host terms held apart). This table did not move. The A100 / H100 built-ins
 now carry the H200 node's host terms (our runtime's Python: the model's kernel issue, DeepSpeed's engine per
 parameter tensor, ZeRO-3's hooks at 582 us a module and 537 us a parameter tensor; launcher/plan/profile.py), which
 took the three 1B runs on one H100 from 0.88 / 0.73 / 0.49 planned / measured to 1.06 / 0.87 / 1.17. No run here ran

@@ -8,6 +8,13 @@ A profile says how fast one accelerator (or one CPU rank) runs each kind of oper
     attention_tflops[dtype] plateau rate of causal fused attention (SDPA / flash), forward + backward,
                             counted in causal FLOPs (half the square)
     attention_half_seq[dt]  sequence length at which attention runs at half its plateau
+    attention_head_dim      the head dimension attention_table (and the curve) was measured at (128 for the GPU
+                            built-ins and a GPU calibration, 64 for a CPU one)
+    attention_table_by_head_dim  optional {head dim: {dtype: table}}: the same rates at other head dimensions; a
+                            model's head dimension then reads the two nearest, log-linear in the head dimension,
+                            clamped outside them (a FlashAttention kernel's rate falls with the head dimension:
+                            fewer FLOPs per byte of q, k, v it loads; FlashAttention-2 fig. 4(c) / 4(d), A100
+                            at seq 2k, 140 TFLOP/s at 64 against 155 at 128)
     memory_gbps             attainable memory bandwidth for element-wise operators (GB/s, read + write)
     kernel_overhead_s       fixed cost of one operator (kernel launch on a GPU, dispatch + autograd on a CPU)
     intra / inter           collective link inside / across nodes: latency_s per collective call and
@@ -181,6 +188,8 @@ class Profile:
     # once the operands leave the caches.
     gemm_table: dict = field(default_factory=dict)
     attention_table: dict = field(default_factory=dict)
+    attention_head_dim: float = 128.0
+    attention_table_by_head_dim: dict = field(default_factory=dict)
     zero3_module_s: float = 0.0
     zero3_param_s: float = 0.0
     zero3_module_step_s: float = 0.0
@@ -234,8 +243,28 @@ class Profile:
     def gemm_table_for(self, dtype: str) -> Optional[list]:
         return _table(self.gemm_table, dtype)
 
-    def attention_table_for(self, dtype: str) -> Optional[list]:
-        return _table(self.attention_table, dtype)
+    def attention_table_for(self, dtype: str, head_dim: Optional[float] = None) -> Optional[list]:
+        """The attention rate table in `dtype` at `head_dim` ([(seq, FLOP/s)], or None where the profile has no
+        table): the measured table where only one head dimension was measured or none is asked for; else the
+        two nearest measured head dimensions (the nearest one outside their span), log-linear in the head
+        dimension at every sequence length either table has."""
+        tables = {float(self.attention_head_dim): _table(self.attention_table, dtype)}
+        tables |= {float(hd): _table(t, dtype) for hd, t in self.attention_table_by_head_dim.items()}
+        tables = {hd: t for hd, t in sorted(tables.items()) if t}
+        if not tables:
+            return None
+        if head_dim is None or len(tables) == 1:
+            return tables.get(float(self.attention_head_dim)) or next(iter(tables.values()))
+        dims = list(tables)
+        lo = max([x for x in dims if x <= head_dim] or dims[:1])
+        hi = min([x for x in dims if x >= head_dim] or dims[-1:])
+        if lo == hi:
+            return tables[lo]
+        import math
+        f = (math.log(head_dim) - math.log(lo)) / (math.log(hi) - math.log(lo))
+        seqs = sorted({x for x, _ in tables[lo]} | {x for x, _ in tables[hi]})
+        return [(x, interpolate(tables[lo], x) + f * (interpolate(tables[hi], x) - interpolate(tables[lo], x)))
+                for x in seqs]
 
     def engine_element(self, dtype: str, zero_stage: int) -> float:
         """Seconds per parameter element and step of DeepSpeed's engine at `zero_stage` in `dtype` (fp16 takes
@@ -326,11 +355,16 @@ def interpolate(table: list, x: float) -> float:
 # (the same PNGs are in the flash-attention repository, assets/flash2_{a100,h100}_fwd_bwd_benchmark.png), by
 # sequence length 512 ... 16k. The model interpolates them (log-linear, clamped at the ends: attention_table).
 # They replace a saturation curve (plateau 190 / 335, half-rate at seq 256) that ran 28% / 37% above the bars at
-# seq 512. H200 uses the H100 bars (same SMs and clocks; attention is compute-bound), A100 40GB the A100 80GB
-# ones. Head dimension 64 runs ~10% below these (fig. 4(c), 7(c)); not modelled. tf32 (fp32 training) keeps the
-# plateau / 2 curve below.
+# seq 512. A100 40GB uses the A100 80GB bars. Head dimension 64 runs 11-14% below these (fig. 4(c), 7(c)): below.
+# tf32 (fp32 training) keeps the plateau / 2 curve below.
 _FA2_A100 = [[512, 99], [1024, 133], [2048, 155], [4096, 173], [8192, 182], [16384, 189]]
 _FA2_H100 = [[512, 163], [1024, 221], [2048, 265], [4096, 294], [8192, 308], [16384, 328]]
+# Head dimension 64, the same benchmark's panel (c) (causal, head dimension 64, the same 2,048 hidden: 32 heads):
+# 11% (A100) / 13% (H100) below the 128 bars at seq 2k, 13% / 14% at 16k (panel values read as printed; the
+# repository's assets/flash2_{a100,h100}_fwd_bwd_benchmark.png). The plan reads a model's head dimension between
+# the two (Profile.attention_table_for); H200 measured 128 only, so its table serves every head dimension.
+_FA2_A100_HD64 = [[512, 88], [1024, 119], [2048, 140], [4096, 156], [8192, 165], [16384, 171]]
+_FA2_H100_HD64 = [[512, 141], [1024, 192], [2048, 232], [4096, 257], [8192, 273], [16384, 284]]
 # Memory bandwidth: datasheets (A100 40GB 1,555 GB/s, 80GB 2,039; H100 SXM 3,350; H200 4,800) x 0.85, the
 # fraction BabelStream-style copy kernels reach on HBM (Deakin et al., BabelStream results on A100/H100:
 # 85-92%); a stated round number.
@@ -351,14 +385,16 @@ _FA2_H100 = [[512, 163], [1024, 221], [2048, 265], [4096, 294], [8192, 308], [16
 _NVLINK_LAT, _IB_LAT = 10e-6, 20e-6
 
 
-def _gpu(name, peak_bf16, gemm_frac, attn, hbm_gbps, intra_bus, inter_bus, host_gb, note, attn_table):
+def _gpu(name, peak_bf16, gemm_frac, attn, hbm_gbps, intra_bus, inter_bus, host_gb, note, attn_table,
+         attn_table_hd64=None):
     return Profile(
         name=name,
         gemm_tflops={"bf16": peak_bf16 * gemm_frac, "fp16": peak_bf16 * gemm_frac, "tf32": peak_bf16 / 2 * gemm_frac},
         gemm_half_dim={"any": 128.0},
         attention_tflops={"bf16": attn, "fp16": attn, "tf32": attn / 2},
         attention_half_seq={"any": 256.0},
-        attention_table={"bf16": attn_table, "fp16": attn_table},
+        attention_table={"bf16": attn_table, "fp16": attn_table}, attention_head_dim=128.0,
+        attention_table_by_head_dim={64: {"bf16": attn_table_hd64, "fp16": attn_table_hd64}} if attn_table_hd64 else {},
         memory_gbps=hbm_gbps * 0.85,
         kernel_overhead_s=5e-6,
         intra=Link(_NVLINK_LAT, intra_bus),
@@ -434,11 +470,11 @@ def _datasheet_gpu(*args) -> Profile:
 
 BUILTIN: dict[str, Profile] = {
     "a100-40gb": _datasheet_gpu("a100-40gb", 312.0, 0.85, 190.0, 1555.0, 230.0, 22.0, 1000.0,
-                                "A100 SXM4 40GB datasheet + cited benchmarks", _FA2_A100),
+                                "A100 SXM4 40GB datasheet + cited benchmarks", _FA2_A100, _FA2_A100_HD64),
     "a100-80gb": _datasheet_gpu("a100-80gb", 312.0, 0.85, 190.0, 2039.0, 230.0, 22.0, 2000.0,
-                                "A100 SXM4 80GB datasheet + cited benchmarks", _FA2_A100),
+                                "A100 SXM4 80GB datasheet + cited benchmarks", _FA2_A100, _FA2_A100_HD64),
     "h100-80gb": _datasheet_gpu("h100-80gb", 989.4, 0.75, 335.0, 3350.0, 360.0, 45.0, 2000.0,
-                                "H100 SXM5 datasheet + cited benchmarks", _FA2_H100),
+                                "H100 SXM5 datasheet + cited benchmarks", _FA2_H100, _FA2_H100_HD64),
     "h200": _measured_h200(),
 }
 
@@ -466,6 +502,8 @@ def scaled(p: Profile, compute: float = 1.0, intra_gbps: Optional[float] = None,
         attention_tflops={k: v * compute for k, v in p.attention_tflops.items()},
         attention_table={k: [[x, r * compute] for x, r in v] for k, v in p.attention_table.items()},
         gemm_table={k: [[x, r * compute] for x, r in v] for k, v in p.gemm_table.items()},
+        attention_table_by_head_dim={hd: {k: [[x, r * compute] for x, r in v] for k, v in by.items()}
+                                     for hd, by in p.attention_table_by_head_dim.items()},
         intra=p.intra if intra_gbps is None else Link(p.intra.latency_s, intra_gbps * 0.8),
         inter=p.inter if inter_gbps is None else Link(p.inter.latency_s, inter_gbps * 0.9))
 
@@ -538,6 +576,9 @@ def load_profile(path: str) -> Profile:
             compute_slots=None if doc.get("compute_slots") is None else int(doc["compute_slots"]),
             gemm_table={str(k): [[float(a), float(b)] for a, b in v] for k, v in (doc.get("gemm_table") or {}).items()},
             attention_table={str(k): [[float(a), float(b)] for a, b in v] for k, v in (doc.get("attention_table") or {}).items()},
+            attention_head_dim=float(doc.get("attention_head_dim") or 128.0),
+            attention_table_by_head_dim={int(hd): {str(k): [[float(a), float(b)] for a, b in v] for k, v in by.items()}
+                                         for hd, by in (doc.get("attention_table_by_head_dim") or {}).items()},
             zero3_module_s=float(doc.get("zero3_module_s") or 0.0),
             zero3_param_s=float(doc.get("zero3_param_s") or 0.0),
             zero3_module_step_s=float(doc.get("zero3_module_step_s") or 0.0),
@@ -615,6 +656,7 @@ def alone_rates(prof: Profile, measured_ranks) -> Profile:
     return replace(prof, gemm_tflops={d: r * f for d, r in prof.gemm_tflops.items()},
                    attention_tflops={d: r * f for d, r in prof.attention_tflops.items()},
                    gemm_table=table(prof.gemm_table), attention_table=table(prof.attention_table),
+                   attention_table_by_head_dim={hd: table(by) for hd, by in prof.attention_table_by_head_dim.items()},
                    memory_gbps=prof.memory_gbps * f, kernel_overhead_s=prof.kernel_overhead_s / f,
                    zero3_module_s=prof.zero3_module_s / f, zero3_param_s=prof.zero3_param_s / f,
                    zero3_module_step_s=prof.zero3_module_step_s / f, zero3_param_step_s=prof.zero3_param_step_s / f,

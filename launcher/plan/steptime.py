@@ -359,7 +359,7 @@ def block_costs(shape: ModelShape, st: Strategy, prof: Profile, links: dict) -> 
             bwd.memory += rep
     heads = a / (t * sp * cp)        # CP: 1/cp of the causal work, expressed as a share of the heads
     if shape.flash_attention:
-        af, ab = attention_s(b, s, heads, d, prof, prof.attention_table_for(st.dtype) or prof.attention_rate(st.dtype))
+        af, ab = attention_s(b, s, heads, d, prof, prof.attention_table_for(st.dtype, d) or prof.attention_rate(st.dtype))
         fwd.attention += af
         bwd.attention += ab
         if cp > 1:

@@ -10,8 +10,9 @@ memory bus and cores as they will in training, measures:
                        X W^T, input gradient dY W, weight gradient dY^T X), d = 32..512 (GPU: 256..8192), in fp32
                        and bf16, operands rotated through 64 MiB (read from beyond the cache, as in a step);
                        the table by d, and a fit to rate = P d / (d + d_half) (1/rate = 1/P + (d_half / P) / d)
-    attention rate     causal SDPA forward + backward, head dim 64, sequence 64..1024 (GPU: to 4096, bf16 to
-                       16384); same fit
+    attention rate     causal SDPA forward + backward, head dim 64, sequence 64..1024 (GPU: head dim 128, to
+                       4096, bf16 to 16384); same fit; and the table at head dims 32 and 128 (GPU: 64, bf16) beside
+                       it (attention_table_by_head_dim), the heads x head dim kept
     memory bandwidth   a 64 MiB copy (read + write), every rank copying for 0.25 s at once, the slowest rank's
                        rate (GPU: 256 MiB, the median of 10)
     kernel overhead    a chain of tiny autograd ops, forward + backward, seconds per op (GPU: the device's gap
@@ -91,6 +92,12 @@ ATTN_SEQS_GPU = (256, 512, 1024, 2048, 4096)
 # table there, and one H200's cuDNN flash kernel still gains 445 -> 491 -> 527 TFLOP/s from 4k to 8k to 16k
 # (bench/gpu/long_attention.py); fp32's kernel takes ~15x as long for nothing a layout plans in fp32.
 ATTN_SEQS_GPU_LONG = (8192, 16384)
+# Attention's head dimensions: the profile's table at ATTN_HEAD_DIM, the others beside it (attention_table_by_head_dim)
+# at the same width (heads x head dim). 2 CPU ranks, fp32, seq 128 (recipe=tiny's head dimension is 32): 28 GFLOP/s
+# at 32, 36 at 64, 40 at 128; FlashAttention-2 on an A100, seq 2k: 140 TFLOP/s at 64, 155 at 128 (fig. 4(c), 4(d)).
+ATTN_WIDTH = {"cpu": 256, "cuda": 2048}
+ATTN_HEAD_DIM = {"cpu": 64, "cuda": 128}
+ATTN_EXTRA_HEAD_DIMS = {"cpu": (32, 128), "cuda": (64,)}
 ALLREDUCE_BYTES = (4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20)
 COMPUTE_ROUNDS = 3
 COPY_WINDOW_S = 0.25
@@ -201,6 +208,9 @@ def write_profile(raw: dict, out: str, seconds: float) -> Path:
         compute_slots=max(1, (raw["cores"] // threads)) if device == "cpu" else None,
         gemm_table={d: _median_by_size(points) for d, points in raw["gemm"].items()},
         attention_table={d: _median_by_size(points) for d, points in raw["attention"].items()},
+        attention_head_dim=float(raw.get("attention_head_dim", ATTN_HEAD_DIM[device])),
+        attention_table_by_head_dim={int(hd): {d: _median_by_size(points) for d, points in by.items()}
+                                     for hd, by in raw.get("attention_hd", {}).items()},
         source=(f"launcher calibrate on {raw['hostname']}, {span}, {raw['backend']}, "
                 f"{threads} thread(s) per rank, torch {raw['torch']}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"))
     # What a micro-batch pays beyond the operator terms (CPU ranks): the probe's measured times less what the
@@ -215,7 +225,7 @@ def write_profile(raw: dict, out: str, seconds: float) -> Path:
     else:
         prof = replace(prof, host_s={arch: {d: probe_split(m) for d, m in by_dtype.items()}
                                      for arch, by_dtype in probe.items()})
-    kept = ("gemm", "attention", "all_reduce", "all_reduce_after_compute", "all_to_all_after_compute",
+    kept = ("gemm", "attention", "attention_hd", "attention_head_dim", "all_reduce", "all_reduce_after_compute", "all_to_all_after_compute",
             "all_reduce_groups_after_compute", "all_reduce_rail_after_compute", "all_reduce_world_after_compute",
             "straggler", "release", "zero3", "engine", "framework", "world", "local_world", "nodes", "backend",
             "device_name", "cores", "seconds", "phase_seconds")
@@ -392,6 +402,7 @@ def _worker(raw_path: str, device: str, grad_clip: str) -> None:
     phases = _Phases(rank)
     sweeps = [_compute_sweep(dev, device, dtypes, sync, dist) for _ in range(COMPUTE_ROUNDS)]
     out.update(_median_of(sweeps))
+    out["attention_head_dim"] = ATTN_HEAD_DIM[device]
     phases.done("compute rates (GEMM, attention, memory, kernel overhead)")
 
     # All-reduce over every rank: latency + bytes / bandwidth, back to back (kept beside the fit's input).
@@ -703,19 +714,15 @@ def _compute_sweep(dev, device, dtypes, sync, dist) -> dict:
         # On a GPU 4 sequences (16,384 tokens a call past 4,096): one has too few (heads x query tiles) blocks for
         # 132 SMs at the shorter lengths (H100, s 2,048, back to back: 215 TFLOP/s at batch 1, 317 at batch 4,
         # sync_probe.py).
-        heads, hd, batch = (4, 64, 1) if device == "cpu" else (16, 128, 4)
-        out["attention"][dname] = []
+        # Then the same at the other head dimensions (ATTN_EXTRA_HEAD_DIMS; the heads x head dim kept, as
+        # FlashAttention-2's benchmark keeps its 2,048 hidden), bf16 only on a GPU.
         long = ATTN_SEQS_GPU_LONG if device != "cpu" and tdtype != torch.float32 else ()
-        for s in ATTN_SEQS_CPU if device == "cpu" else ATTN_SEQS_GPU + long:
-            b = min(batch, max(1, 4 * 4096 // s))
-            q, k, v = (torch.randn(b, heads, s, hd, device=dev, dtype=tdtype, requires_grad=True) for _ in range(3))
-            g = torch.randn(b, heads, s, hd, device=dev, dtype=tdtype)
-
-            def step():
-                F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(g)
-            dist.barrier()
-            t = _median_time(step, sync, 10, calls=queued)
-            out["attention"][dname].append([s, b * 4.0 * s * s * heads * hd / 2 * 3.5 / t])
+        seqs = ATTN_SEQS_CPU if device == "cpu" else ATTN_SEQS_GPU + long
+        main = ATTN_HEAD_DIM[device]
+        out["attention"][dname] = _attention_rates(dev, tdtype, main, seqs, device, sync, dist, queued)
+        for hd in ATTN_EXTRA_HEAD_DIMS[device] if device == "cpu" or tdtype != torch.float32 else ():
+            out.setdefault("attention_hd", {}).setdefault(hd, {})[dname] = _attention_rates(
+                dev, tdtype, hd, seqs, device, sync, dist, queued)
 
     # Memory bandwidth: a copy reads and writes its size each; 64 MiB on CPU ranks, 256 MiB on a GPU (a 1B model's
     # element-wise operands are 32-88 MiB; queued, an H100 copies 64 MiB at 2,739 GB/s, 256 MiB at 2,942, 1 GiB at
@@ -743,6 +750,27 @@ def _compute_sweep(dev, device, dtypes, sync, dist) -> dict:
     out["kernel_host_s"] = host_per_op
     out["kernel_overhead_s"] = _median_time(tiny_kernel_graph(dev, 200).replay, sync, 10, calls=queued) / 200
     return out
+
+
+def _attention_rates(dev, tdtype, hd: int, seqs, device: str, sync, dist, queued: int) -> list:
+    """[[seq, causal FLOP/s forward + backward], ...] of torch SDPA at head dimension `hd`, ATTN_WIDTH[device] / hd
+    heads; on a GPU 4 sequences a call (16,384 tokens past 4,096)."""
+    import torch
+    import torch.nn.functional as F
+
+    heads, batch = ATTN_WIDTH[device] // hd, 1 if device == "cpu" else 4
+    rows = []
+    for s in seqs:
+        b = min(batch, max(1, 4 * 4096 // s))
+        q, k, v = (torch.randn(b, heads, s, hd, device=dev, dtype=tdtype, requires_grad=True) for _ in range(3))
+        g = torch.randn(b, heads, s, hd, device=dev, dtype=tdtype)
+
+        def step():
+            F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(g)
+        dist.barrier()
+        t = _median_time(step, sync, 10, calls=queued)
+        rows.append([s, b * 4.0 * s * s * heads * hd / 2 * 3.5 / t])
+    return rows
 
 
 def _shared_copy_s(dst, src, dist) -> float:
@@ -812,9 +840,12 @@ def _median_of(sweeps: list) -> dict:
            "memory_gbps": med(x["memory_gbps"] for x in sweeps)}
     if "kernel_host_s" in sweeps[0]:    # GPU: the host's cost per operator, kept beside the device's gap
         out["kernel_host_s"] = med(x["kernel_host_s"] for x in sweeps)
+    def rows_median(pick):
+        return {d: [[row[0], med(pick(x)[d][i][1] for x in sweeps)] for i, row in enumerate(rows)]
+                for d, rows in pick(sweeps[0]).items()}
     for key in ("gemm", "attention"):
-        out[key] = {d: [[row[0], med(x[key][d][i][1] for x in sweeps)] for i, row in enumerate(rows)]
-                    for d, rows in sweeps[0][key].items()}
+        out[key] = rows_median(lambda x: x[key])
+    out["attention_hd"] = {hd: rows_median(lambda x: x["attention_hd"][hd]) for hd in sweeps[0].get("attention_hd", {})}
     return out
 
 

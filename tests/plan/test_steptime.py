@@ -753,6 +753,39 @@ def test_builtin_attention_rates_are_flashattention2_figure_bars():
     assert interpolate(a100, 65536) == pytest.approx(189e12)   # clamped at the last bar (16k)
 
 
+def test_attention_rate_by_head_dimension():
+    # FlashAttention-2 fig. 4(c) / 7(c), head dimension 64: A100 140 TFLOP/s at seq 2k (155 at 128), H100 257 at 4k
+    # (294). Between the two measured head dimensions log-linear in the head dimension (96: 0.585 of the way from
+    # 64 in log2); outside them the nearest (a 32 or a 256 head dimension reads 64's or 128's bars).
+    import math
+
+    from launcher.plan.profile import BUILTIN, interpolate
+
+    a100, h100 = BUILTIN["a100-80gb"], BUILTIN["h100-80gb"]
+    assert interpolate(a100.attention_table_for("bf16", 64), 2048) == pytest.approx(140e12)
+    assert interpolate(h100.attention_table_for("bf16", 64), 4096) == pytest.approx(257e12)
+    assert interpolate(a100.attention_table_for("bf16", 128), 2048) == pytest.approx(155e12)
+    assert a100.attention_table_for("bf16", 256) == a100.attention_table_for("bf16") == a100.attention_table_for("bf16", 128)
+    assert a100.attention_table_for("bf16", 32) == a100.attention_table_for("bf16", 64)
+    f = math.log(96 / 64) / math.log(2)
+    assert interpolate(a100.attention_table_for("bf16", 96), 2048) == pytest.approx((140 + f * (155 - 140)) * 1e12)
+    # fp16 reads bf16's; the H200 measured one head dimension, which then serves all.
+    assert a100.attention_table_for("fp16", 64) == a100.attention_table_for("bf16", 64)
+    h200 = BUILTIN["h200"]
+    assert h200.attention_table_for("bf16", 64) == h200.attention_table_for("bf16", 128)
+
+    # The plan charges it: the same 2,048-wide model at 32 heads of 64 against 16 heads of 128 (same FLOPs), seq 2k
+    # on one A100, attention alone slower by the bars' ratio 155 / 140.
+    def attention(heads):
+        _, shape, st = setup("model.num_hidden_layers=2", "model.hidden_size=2048",
+                             "model.intermediate_size=5504", f"model.num_attention_heads={heads}",
+                             f"model.num_key_value_heads={heads}", "data.seq_length=2048", "precision=bf16",
+                             "cluster=a100-80gb", "cluster.gpus_per_node=1", "batch.micro_batch_size=1",
+                             "batch.global_batch_size=1", "parallel.zero_stage=0")
+        return steptime.estimate_step_time(shape, st, hardware(a100)).attention_s
+    assert attention(32) - 4 * a100.kernel_overhead_s == pytest.approx((attention(16) - 4 * a100.kernel_overhead_s) * 155 / 140, rel=1e-6)
+
+
 def _compute(t) -> float:
     return t.gemm_s + t.attention_s + t.memory_bound_s
 

@@ -26,10 +26,20 @@ def test_calibrate_two_cpu_ranks_then_plan(tmp_path, capsys):
     # Every measured rate is a real, positive number; all-reduce time grows with the bytes (16 MiB vs 4 KiB).
     for dtype in ("fp32", "bf16"):
         assert all(r > 0 for _, r in raw["gemm"][dtype]) and all(r > 0 for _, r in raw["attention"][dtype])
+    # Attention at the profile's head dimension (64 on CPU ranks) and at 32 and 128 beside it, both dtypes, every
+    # sequence length; the plan reads a model's head dimension from them (recipe=tiny's is 32: its own table).
+    assert raw["attention_head_dim"] == 64 and set(raw["attention_hd"]) == {"32", "128"}
+    for by in raw["attention_hd"].values():
+        assert set(by) == {"fp32", "bf16"}
+        assert all([s for s, _ in by[d]] == [s for s, _ in raw["attention"][d]] and all(r > 0 for _, r in by[d])
+                   for d in by)
     times = dict((b, t) for b, t in raw["all_reduce"])
     assert times[16 << 20] > times[4 << 10] > 0
     prof = load_profile(str(out))
     assert prof.compute_slots >= 1 and prof.memory_gbps > 0 and prof.intra.bus_gbps > 0
+    assert prof.attention_head_dim == 64 and set(prof.attention_table_by_head_dim) == {32, 128}
+    assert prof.attention_table_for("fp32", 32) == prof.attention_table_for("fp32", 16) != prof.attention_table_for("fp32")
+    assert [x for x, _ in prof.attention_table_for("fp32", 32)] == [s for s, _ in raw["attention_hd"]["32"]["fp32"]]
     # DeepSpeed's per-element work: every dtype x ZeRO stage x unit side x layer count was timed, engine and plain.
     # ZeRO-1 in fp32 (flattened gradients, an fp32 partition, copies back) costs an engine step over 40
     # Linear(384, 384) well beyond the plain one (~80 against ~20 ms here), so its per-element figure is positive.
