@@ -130,12 +130,22 @@ def calibrate(cfg, out: str, progress=None) -> Path:
         tail: collections.deque = collections.deque(maxlen=200)
         with open(Path(tmp) / "stdout", "w") as sink:
             proc = subprocess.Popen(cmd, env=env, stdout=sink, stderr=subprocess.PIPE, text=True)
-            for line in proc.stderr:
-                if line.startswith(PHASE_PREFIX):
-                    progress(line.rstrip())
-                else:
-                    tail.append(line)
-            proc.wait()
+            try:
+                for line in proc.stderr:
+                    if line.startswith(PHASE_PREFIX):
+                        progress(line.rstrip())
+                    else:
+                        tail.append(line)
+                proc.wait()
+            except BaseException:
+                # Interrupted (Ctrl-C, a timeout above us): torchrun passes SIGTERM on to its ranks, so none is left
+                # computing behind us, as subprocess.run's kill would leave them.
+                proc.terminate()
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                raise
         if proc.returncode != 0 or not raw_path.exists():
             raise RuntimeError(f"calibration ranks failed (exit {proc.returncode}):\n{''.join(tail)[-3000:]}")
         raw = json.loads(raw_path.read_text())
