@@ -260,7 +260,6 @@ class Profile:
         hi = min([x for x in dims if x >= head_dim] or dims[-1:])
         if lo == hi:
             return tables[lo]
-        import math
         f = (math.log(head_dim) - math.log(lo)) / (math.log(hi) - math.log(lo))
         seqs = sorted({x for x, _ in tables[lo]} | {x for x, _ in tables[hi]})
         return [(x, interpolate(tables[lo], x) + f * (interpolate(tables[hi], x) - interpolate(tables[lo], x)))
@@ -491,6 +490,11 @@ def generic_profile(name: str, peak_tflops: float, intra_gbps: float, inter_gbps
                "(launcher/plan/profile.py generic_profile); run `launcher calibrate` for measured rates")
 
 
+def _scaled_tables(tables: dict, f: float) -> dict:
+    """{dtype: [[size, rate], ...]} with every rate times f (the measured tables scaled() and alone_rates() move)."""
+    return {d: [[x, r * f] for x, r in rows] for d, rows in tables.items()}
+
+
 def scaled(p: Profile, compute: float = 1.0, intra_gbps: Optional[float] = None, inter_gbps: Optional[float] = None) -> Profile:
     """The profile with its compute rates times `compute` (cluster.peak_tflops over the catalog peak) and the
     links' bandwidth replaced by cluster.intra_node_gbps / inter_node_gbps where the user gives them (0.8 / 0.9
@@ -500,10 +504,8 @@ def scaled(p: Profile, compute: float = 1.0, intra_gbps: Optional[float] = None,
     return replace(
         p, gemm_tflops={k: v * compute for k, v in p.gemm_tflops.items()},
         attention_tflops={k: v * compute for k, v in p.attention_tflops.items()},
-        attention_table={k: [[x, r * compute] for x, r in v] for k, v in p.attention_table.items()},
-        gemm_table={k: [[x, r * compute] for x, r in v] for k, v in p.gemm_table.items()},
-        attention_table_by_head_dim={hd: {k: [[x, r * compute] for x, r in v] for k, v in by.items()}
-                                     for hd, by in p.attention_table_by_head_dim.items()},
+        attention_table=_scaled_tables(p.attention_table, compute), gemm_table=_scaled_tables(p.gemm_table, compute),
+        attention_table_by_head_dim={hd: _scaled_tables(by, compute) for hd, by in p.attention_table_by_head_dim.items()},
         intra=p.intra if intra_gbps is None else Link(p.intra.latency_s, intra_gbps * 0.8),
         inter=p.inter if inter_gbps is None else Link(p.inter.latency_s, inter_gbps * 0.9))
 
@@ -649,10 +651,7 @@ def alone_rates(prof: Profile, measured_ranks) -> Profile:
     if not slots or not measured_ranks or int(measured_ranks) <= slots:
         return prof
     f = int(measured_ranks) / slots
-
-    def table(t: dict) -> dict:
-        return {d: [[x, r * f] for x, r in rows] for d, rows in t.items()}
-
+    table = functools.partial(_scaled_tables, f=f)
     return replace(prof, gemm_tflops={d: r * f for d, r in prof.gemm_tflops.items()},
                    attention_tflops={d: r * f for d, r in prof.attention_tflops.items()},
                    gemm_table=table(prof.gemm_table), attention_table=table(prof.attention_table),

@@ -359,7 +359,8 @@ def block_costs(shape: ModelShape, st: Strategy, prof: Profile, links: dict) -> 
             bwd.memory += rep
     heads = a / (t * sp * cp)        # CP: 1/cp of the causal work, expressed as a share of the heads
     if shape.flash_attention:
-        af, ab = attention_s(b, s, heads, d, prof, prof.attention_table_for(st.dtype, d) or prof.attention_rate(st.dtype))
+        attn_rate = prof.attention_table_for(st.dtype, d) or prof.attention_rate(st.dtype)   # at this head dim
+        af, ab = attention_s(b, s, heads, d, prof, attn_rate)
         fwd.attention += af
         bwd.attention += ab
         if cp > 1:

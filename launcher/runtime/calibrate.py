@@ -65,7 +65,7 @@ Rank 0 writes the raw measurements to a JSON file; the parent fits them and writ
 (write_profile; under SLURM the job's batch shell, `python -m launcher.runtime.calibrate --fit RAW OUT`).
 Every fit is to microbenchmarks of this machine, never to training runs. Rank 0 says on stderr as each probe
 ends what it took (`calibrate: ZeRO-3 hooks 8 s (30 s so far)`); the profile keeps the seconds
-(measurements.phase_seconds) and lists them in its header. 2 CPU ranks here: 63-67 s, 32 of them DeepSpeed's
+(measurements.phase_seconds) and lists them in its header. 2 CPU ranks here: 63-76 s, 31-32 of them DeepSpeed's
 engine probe.
 """
 
@@ -138,8 +138,8 @@ def calibrate(cfg, out: str, progress=None) -> Path:
                         tail.append(line)
                 proc.wait()
             except BaseException:
-                # Interrupted (Ctrl-C, a timeout above us): torchrun passes SIGTERM on to its ranks, so none is left
-                # computing behind us, as subprocess.run's kill would leave them.
+                # Interrupted (Ctrl-C, a timeout above us): torchrun passes SIGTERM on to its ranks, which stop at
+                # once; left alone they go only at their next write to the closed stderr pipe (~2 s here).
                 proc.terminate()
                 try:
                     proc.wait(timeout=30)
@@ -235,7 +235,8 @@ def write_profile(raw: dict, out: str, seconds: float) -> Path:
     else:
         prof = replace(prof, host_s={arch: {d: probe_split(m) for d, m in by_dtype.items()}
                                      for arch, by_dtype in probe.items()})
-    kept = ("gemm", "attention", "attention_hd", "attention_head_dim", "all_reduce", "all_reduce_after_compute", "all_to_all_after_compute",
+    kept = ("gemm", "attention", "attention_hd", "attention_head_dim", "all_reduce", "all_reduce_after_compute",
+            "all_to_all_after_compute",
             "all_reduce_groups_after_compute", "all_reduce_rail_after_compute", "all_reduce_world_after_compute",
             "straggler", "release", "zero3", "engine", "framework", "world", "local_world", "nodes", "backend",
             "device_name", "cores", "seconds", "phase_seconds")
@@ -259,7 +260,8 @@ def write_profile(raw: dict, out: str, seconds: float) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     phases = "".join(f"\n#   {name}: {t:.0f} s" for name, t in raw.get("phase_seconds", {}).items())
     write_atomic(path, f"# hardware profile, version {PROFILE_VERSION}: written by `launcher calibrate` in "
-                       f"{seconds:.0f} s; read by cluster.profile=PATH{phases}\n" + yaml.safe_dump(doc, sort_keys=False))
+                       f"{seconds:.0f} s; read by cluster.profile=PATH{phases}\n"
+                       + yaml.safe_dump(doc, sort_keys=False))
     return path
 
 

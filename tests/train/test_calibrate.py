@@ -38,7 +38,8 @@ def test_calibrate_two_cpu_ranks_then_plan(tmp_path, capsys):
     prof = load_profile(str(out))
     assert prof.compute_slots >= 1 and prof.memory_gbps > 0 and prof.intra.bus_gbps > 0
     assert prof.attention_head_dim == 64 and set(prof.attention_table_by_head_dim) == {32, 128}
-    assert prof.attention_table_for("fp32", 32) == prof.attention_table_for("fp32", 16) != prof.attention_table_for("fp32")
+    assert prof.attention_table_for("fp32", 32) == prof.attention_table_for("fp32", 16) \
+        != prof.attention_table_for("fp32")
     assert [x for x, _ in prof.attention_table_for("fp32", 32)] == [s for s, _ in raw["attention_hd"]["32"]["fp32"]]
     # DeepSpeed's per-element work: every dtype x ZeRO stage x unit side x layer count was timed, engine and plain.
     # ZeRO-1 in fp32 (flattened gradients, an fp32 partition, copies back) costs an engine step over 40
