@@ -137,9 +137,10 @@ def to_config(r: dict, base) -> tuple[SimpleNamespace, str, list[str]]:
     cluster = _replace(base.cluster, gpu=r["gpu"], nodes=r["gpus"] // gpn, gpus_per_node=gpn)
     # cp: the launcher's ring attention (parallel.context_degree, launcher/parallel/context.py), the class of
     # Megatron / TransformerEngine's CP and torchtitan's (ring over head-tail chunks).
+    # sequence_parallel: Megatron's SP inside TP (parallel.sequence_parallel), where the record states it.
     parallel = _replace(base.parallel, tensor_degree=r["tp"], pipeline_degree=r["pp"], sequence_degree=1,
-                        context_degree=r.get("cp", 1), data_degree=None, zero_stage=zero, offload_optimizer=False,
-                        offload_param=False)
+                        sequence_parallel=bool(r.get("sequence_parallel", False)), context_degree=r.get("cp", 1),
+                        data_degree=None, zero_stage=zero, offload_optimizer=False, offload_param=False)
     batch = _replace(base.batch, micro_batch_size=micro, global_batch_size=r["global_batch"])
     data = _replace(base.data, seq_length=mod["seq"])
     precision = _replace(base.precision, dtype=dtype)
@@ -277,7 +278,7 @@ Finding (2026-11-26 evening, not a model change): the fit of the gpt-architectur
 did not run. The model charges the launcher's own runtime, whose gpt blocks are HF GPT-2 with `gelu_new`: tanh
 GELU in ~8 eager element-wise kernels (launcher/plan/steptime.py block_costs, 8 x 2 n f/t x w bytes forward).
 MPT runs one fused `nn.GELU(approximate='none')` (llm-foundry MPTMLP) and Megatron a fused bias-GELU. Charged as
-one fused kernel instead (mem(2 n f/t x w, 1); bench/published/gelu_variant.py runs both), all 232 runs go
+one fused kernel instead (mem(2 n f/t x w, 1); bench/published/variants.py fused-gelu runs both), all 232 runs go
 from 50% to 9.5% within 10% (MosaicML 50% -> 5%; the others 48% -> 48%, within 20% 91% -> 83%) and the mean
 error by sequence length from -10% / -7% / -3% / +3% / +16% at 512 / 1k / 2k / 4k / 8k to +17% / +17% / +16% /
 +25% / +38%. So for those runs something else costs about as much as the eager GELU would (15-40% of a step at

@@ -77,3 +77,19 @@ def test_nemo_automodel_step_time_tokens_and_tflops_agree():
         per_step = r["global_batch"] * s * L * h * h * (12 + 12 * mod["kv_heads"] / mod["heads"] + 18 * mod["ffn"] / h
                                                        + 6 * s / h + 6 * v / (L * h))
         assert per_step / m["iteration_s"] / r["gpus"] / 1e12 == pytest.approx(m["tflops_per_gpu"], rel=0.002)
+
+
+def test_every_diagnostic_variant_still_applies_to_the_planner():
+    # bench/published/variants.py rewrites named lines of launcher/plan/steptime.py (fused GELU, fused RMSNorm /
+    # rotary / SwiGLU); a line edited since would leave a variant silently charging the committed model. Each
+    # variant must load and move a prediction of its architecture the way its kernels do: fewer bytes, faster.
+    import sys
+    sys.path.insert(0, str(Path(__file__).parents[2] / "bench" / "published"))
+    import compare
+    import variants
+    for name, run in (("fused-gelu", "narayanan2021-t1-1.7b"), ("fused-llama", "tinyllama-1.1b-g16")):
+        mod = variants.variant_module(name)
+        r = next(r for r in RUNS if r["id"] == run)
+        rows = [compare.compare([r], predict)["rows"][0]["predicted_tokens_per_s_per_gpu"] for predict in
+                (compare.default_model, lambda sh, st, hw: mod.estimate_step_time(sh, st, hw).tokens_per_s)]
+        assert rows[1] > rows[0] * 1.005, (name, r["id"], rows)
