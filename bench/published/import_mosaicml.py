@@ -10,6 +10,8 @@ Attention kernel: the tables were added at b2a43a1 (Oct 2023; the >= 128-GPU tab
 scripts/train/benchmarking/submit_benchmarks.py had `--attn_impl` default 'triton' and sweep.sh does not pass
 it: the rows ran MPT's Triton FlashAttention (llmfoundry/models/layers/flash_attn_triton.py), not
 FlashAttention-2 (the default became 'flash' later). Each record says so (attention_kernel: triton).
+Element-wise kernels: MPTMLP runs one nn.GELU kernel and MPT its low-precision LayerNorm as one kernel, not the
+launcher's eager GPT-2 gelu_new: each record says so (elementwise_kernels: fused).
 
     python bench/published/import_mosaicml.py README.md >> bench/published/runs.yaml
 """
@@ -72,6 +74,7 @@ def record(section: str, r: dict) -> str:
   measured: {{tokens_per_s_per_gpu: {r['Throughput (T/s/GPU)']}, mfu_pct: {r['MFU']}, hfu_pct: {r['HFU']}}}
   derived: {{dp: "= gpus (FSDP, no model parallelism)", ffn: "expansion_ratio 4 x d_model (mpt yaml)"}}
   attention_kernel: triton
+  elementwise_kernels: fused
   notes: "Composer FSDP, attention: MPT's Triton FlashAttention (attn_impl: triton, the --attn_impl default of submit_benchmarks.py when the tables were measured, b2a43a1 and 5e85bd6; sweep.sh does not pass it), not FlashAttention-2, learned position embeddings (NumParams grows with seq); MFU uses 6N + 12 L d s"
 """
 

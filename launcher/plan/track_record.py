@@ -82,6 +82,7 @@ def similar(gpu: str, zero_stage: int, pipeline_degree: int, tensor_degree: int,
     return {**_summary([r["error"] for r in match]), "gpu": gpu, "matched_on": labels,
             "other_attention_kernel": sum(r["attention_kernel"] != "launcher's" for r in match),
             "other_attention_kernels": sorted({r["attention_kernel"] for r in match} - {"launcher's"}),
+            "fused_elementwise": sum(r.get("elementwise_kernels") == "fused" for r in match),
             "all_runs": _summary([r["error"] for r in runs])}
 
 
@@ -90,8 +91,12 @@ def describe(rec: dict) -> str:
     names = ", ".join(KERNEL_NAMES.get(k, k) for k in rec["other_attention_kernels"])
     kernel = (f"; {rec['other_attention_kernel']} of them ran another attention kernel ({names})"
               if rec["other_attention_kernel"] else "")
+    # the model charges the launcher's eager norms / activations / rotary; runs with fused ones were faster by that
+    fused = (f"; {rec['fused_elementwise']} ran fused element-wise kernels (the launcher runs transformers' eager "
+             f"ones, and the model charges those)" if rec.get("fused_elementwise") else "")
     a = rec["all_runs"]
     return (f"{rec['runs']} published runs like this one ({', '.join(rec['matched_on'])}): the model was "
             f"{rec['min_error']:+.0%} to {rec['max_error']:+.0%} off (+: too fast), median |error| "
-            f"{rec['median_abs_error']:.0%}, {rec['within_10pct']:.0%} within 10%{kernel}. All {a['runs']} runs: "
+            f"{rec['median_abs_error']:.0%}, {rec['within_10pct']:.0%} within 10%{kernel}{fused}. "
+            f"All {a['runs']} runs: "
             f"{a['within_10pct']:.0%} within 10%, {a['within_20pct']:.0%} within 20% (bench/published/results.md)")

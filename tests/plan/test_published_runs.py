@@ -93,3 +93,22 @@ def test_every_diagnostic_variant_still_applies_to_the_planner():
         rows = [compare.compare([r], predict)["rows"][0]["predicted_tokens_per_s_per_gpu"] for predict in
                 (compare.default_model, lambda sh, st, hw: mod.estimate_step_time(sh, st, hw).tokens_per_s)]
         assert rows[1] > rows[0] * 1.005, (name, r["id"], rows)
+
+
+def test_dgxc_step_times_tokens_and_mfu_agree():
+    # NVIDIA/dgxc-benchmarking prints step time and MFU per table cell; tokens/s/GPU = seq x GBS / step / GPUs, and
+    # for the Llama 3.1 8B / 70B tables MFU = GBS x s (12 L h^2 (1 + G/H + s/h) + 18 L F h + 6 V h) / step / GPUs /
+    # 989 TFLOP/s (the READMEs' "Notes" formula: non-causal attention, no recompute term).
+    rows = [r for r in RUNS if r["family"] == "nvidia-dgxc-benchmarking"]
+    assert len(rows) >= 100
+    for r in rows:
+        m, mod = r["measured"], r["model"]
+        s = mod["seq"]
+        tokens = r["global_batch"] * s / m["iteration_s"] / r["gpus"]
+        assert tokens == pytest.approx(m["tokens_per_s_per_gpu"], rel=2e-3), r["id"]
+        if mod["name"] in ("llama3.1-8b", "llama3.1-70b"):
+            L, h, v, f = mod["layers"], mod["hidden"], mod["vocab"], mod["ffn"]
+            attn = 12 * L * h * h * (1 + mod["kv_heads"] / mod["heads"] + s / h)
+            per_sample = s * (attn + 18 * L * f * h + 6 * v * h)
+            mfu = r["global_batch"] * per_sample / m["iteration_s"] / r["gpus"] / 989e12 * 100
+            assert mfu == pytest.approx(m["mfu_pct"], abs=0.3), r["id"]

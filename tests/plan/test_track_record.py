@@ -34,14 +34,16 @@ def test_committed_track_record_is_the_models_error_today():
     assert compare.TRACK_PATH == track_record.PATH
 
 
-def _run(id_, gpu="a100-80gb", zero=0, tp=1, pp=1, seq=2048, error=0.0, kernel="launcher's", hidden=4096):
+def _run(id_, gpu="a100-80gb", zero=0, tp=1, pp=1, seq=2048, error=0.0, kernel="launcher's", hidden=4096,
+         elementwise="eager"):
     return {"id": id_, "gpu": gpu, "zero": zero, "tp": tp, "pp": pp, "seq": seq, "hidden": hidden, "micro_batch": 1,
-            "recompute": "none", "attention_kernel": kernel, "error": error}
+            "recompute": "none", "attention_kernel": kernel, "elementwise_kernels": elementwise, "error": error}
 
 
 def test_similar_keeps_the_layout_class_before_the_gpu_and_the_sequence():
     runs = ([_run(f"z3-{i}", zero=3, seq=2048, error=0.01 * (i + 1)) for i in range(5)]              # +1..+5%
-            + [_run(f"z3-long-{i}", zero=3, seq=32768, error=0.5, kernel="triton") for i in range(5)]
+            + [_run(f"z3-long-{i}", zero=3, seq=32768, error=0.5, kernel="triton",
+                    elementwise="fused" if i < 3 else "eager") for i in range(5)]
             + [_run(f"ptdp-{i}", gpu="a100-40gb", tp=8, pp=4, error=-0.1) for i in range(3)]
             + [_run(f"ptdp-80-{i}", tp=8, pp=4, error=0.2) for i in range(2)]
             + [_run("h100", gpu="h100-80gb", zero=3)])
@@ -56,6 +58,7 @@ def test_similar_keeps_the_layout_class_before_the_gpu_and_the_sequence():
     assert rec["runs"] == 5 and rec["other_attention_kernel"] == 5 and rec["within_20pct"] == 0.0
     assert rec["other_attention_kernels"] == ["triton"]
     assert "5 of them ran another attention kernel (MosaicML's Triton FlashAttention)" in track_record.describe(rec)
+    assert rec["fused_elementwise"] == 3 and "; 3 ran fused element-wise kernels" in track_record.describe(rec)
     # TP x PP on a100-80gb: two runs there, so the GPU and the sequence are dropped, the layout class kept: 5 runs.
     rec = track_record.similar("a100-80gb", 1, 4, 8, 2048, 4096, runs)
     assert rec["matched_on"] == ["ZeRO 0-2", "a pipeline", "TP", "any GPU"]
