@@ -238,7 +238,7 @@ def summary(rows: list[dict], key: str = "error") -> dict:
             "worst_abs_error": max(errs)}
 
 
-# Written by hand after the runs of 2026-11-29 06:20 UTC, 2026-11-28 10:00 UTC, 2026-11-26 21:10 UTC, 2026-11-26 18:00 UTC and 2026-11-25
+# Written by hand after the runs of 2026-11-29 05:05 UTC, 2026-11-28 10:00 UTC, 2026-11-26 21:10 UTC, 2026-11-26 18:00 UTC and 2026-11-25
 # 05:10 UTC (re-read it when the table is regenerated).
 READING = """Reading (2026-11-29 morning, NVIDIA's DGX Cloud recipes added; the run's own element-wise kernels as a
 second view). New data: every dense BF16 pre-training table of NVIDIA/dgxc-benchmarking, in every README version
