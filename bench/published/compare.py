@@ -238,17 +238,17 @@ def summary(rows: list[dict], key: str = "error") -> dict:
             "worst_abs_error": max(errs)}
 
 
-# Written by hand after the runs of 2026-11-29 05:05 UTC, 2026-11-28 10:00 UTC, 2026-11-26 21:10 UTC, 2026-11-26 18:00 UTC and 2026-11-25
-# 05:10 UTC (re-read it when the table is regenerated).
+# Written by hand after the runs of 2026-11-29 05:05 UTC, 2026-11-28 10:00 UTC, 2026-11-26 21:10 UTC, 2026-11-26
+# 18:00 UTC and 2026-11-25 05:10 UTC (re-read it when the table is regenerated).
 READING = """Reading (2026-11-29 morning, NVIDIA's DGX Cloud recipes added; the run's own element-wise kernels as a
 second view). New data: every dense BF16 pre-training table of NVIDIA/dgxc-benchmarking, in every README version
 (v24.11.1 .. v26.06.01): 112 records, all H100 (NeMo 24.09 / 24.12 / 25.02 with Megatron-Core and
 TransformerEngine, MaxText and PaxML on JAX), each with the config lines that give its recompute, distributed
 optimizer (ZeRO-1) and SP (tests/plan/test_published_runs.py: step time, tokens/s and the READMEs' MFU formula
 agree on every row). 23 are expressible (Llama 3.1 8B TP1 CP2 ZeRO-1 at 8-128 GPUs in three NeMo releases, the
-405B 7- / 8-layer proxies at TP8 CP2 SP, MaxText's Llama 3 70B FSDP at 128-2,048 GPUs); 89 are not (54
-interleaved pipelines, 35 Nemotron-4 with grouped-query attention in a GELU-class block, 10 selective recompute,
-counted once each). All expressible runs 235 -> 258: within 10% 49.8% -> 45.7%, within 20% 75.3% -> 74.8%,
+405B 7- / 8-layer proxies at TP8 CP2 SP, MaxText's Llama 3 70B FSDP at 128-2,048 GPUs); 89 are not, each by its
+first reason (54 interleaved pipelines; 25 Nemotron-4 15B, grouped-query attention in a GELU-class block; 10
+selective recompute: MaxText's Llama 2 70B, PaxML's 5B). All expressible runs 235 -> 258: within 10% 49.8% -> 45.7%, within 20% 75.3% -> 74.8%,
 median 10.0% -> 11.2%, worst 64.5%. The new rows are all too slow in the model: Llama 3.1 8B -15.4 .. -21.0%, the
 MaxText 70B -9.5 .. -12.1%, the 405B proxies -29 .. -40%.
 
