@@ -257,7 +257,7 @@ and SwiGLU (2), and those runs ran fused kernels (TransformerEngine with bias_ac
 persist_layer_norm; XLA fusion). Records now say which element-wise kernels they ran (runs.yaml
 `elementwise_kernels`, with each family's source), and the table above adds a second, diagnostic view that
 charges each run's own kernels (bench/published/variants.py: one kernel a norm, an activation, a rotary; nothing
-fitted). Under it the dgxc rows go to 87% within 10% (median 2.0%: the 8B rows -0.6 .. -7.1%, MaxText -1.7 ..
+fitted). Under it the dgxc rows go to 87% within 10% (median 2.0%: the 8B rows +0.4 .. -7.1%, MaxText -1.7 ..
 -6.5%); only the three 405B TP8 proxies stay off (-25 .. -37%: they overlap TP communication with GEMMs,
 ub_tp_comm_overlap, which the model charges exposed, as our TP runs it). All runs outside MosaicML: within 10%
 26.5% -> 65.3%, median 13.9% -> 4.6%. MosaicML's rows go the other way (50% -> 6% within 10%, mean +28%): the
