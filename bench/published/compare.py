@@ -267,6 +267,19 @@ lacks costs 15-40% of a step. The headline stays the launcher's own runtime, bec
 plan` predicts; `launcher plan` now says, beside its track record, how many of the matching runs ran fused
 element-wise kernels (launcher/plan/track_record.py), so that a -16% there reads as the runtime's eager operators.
 
+MosaicML, read again (llm-foundry and Composer at the commits the tables name). The >= 128-GPU table was run by
+scripts/train/benchmarking/sweep.py @ 5e85bd6, which passes `--attn_impl flash` (FlashAttention-2) for 1b / 3b / 7b
+/ 70b and `triton` for 13b / 30b: those 12 rows were labelled Triton and are now the launcher's kernel class
+(import_mosaicml.py; labels only, no prediction moved). With their own kernels they are still +2 .. +30% too fast
+(1b +18 .. +30%, 3b +11 .. +19%, 70b +19 .. +25%), so MPT's gap is not its attention kernel. What the runs did
+beyond the model, from the code: Composer computes two train metrics (LanguageCrossEntropy, LanguagePerplexity),
+each an unfused torch cross-entropy on the cached logits, after every micro-batch; the loss itself is
+flash-attn's fused cross-entropy. Per logit that is ~34 bytes against the ~36 the model charges for
+transformers' fp32 loss, so it does not explain the gap either. submit_benchmarks.py drops its
+--fsdp_config_mixed_precision flag (the function default DEFAULT wins; Composer >= 0.16.4 reduces gradients in fp32
+under it, twice the bytes the model charges), and the A100 40GB table's rows are older `bf16 | PURE` numbers kept
+from before b2a43a1. Not modelled; where the rest of the 15-40% goes is still not known.
+
 Reading (2026-11-29, attention by head dimension). The built-in A100 / H100 attention rates were
 FlashAttention-2's head-dimension-128 bars (fig. 4(d) / 7(d)) for every model; the same figures' panel (c), head
 dimension 64, runs 11-14% below them (A100 seq 2k 140 against 155 TFLOP/s, H100 4k 257 against 294). The plan now

@@ -9,7 +9,8 @@ expansion_ratio 4, vocab 50368). The FP8 table is skipped (the planner has no fp
 Attention kernel: the tables were added at b2a43a1 (Oct 2023; the >= 128-GPU table at 5e85bd6, Jan 2024), where
 scripts/train/benchmarking/submit_benchmarks.py had `--attn_impl` default 'triton' and sweep.sh does not pass
 it: the rows ran MPT's Triton FlashAttention (llmfoundry/models/layers/flash_attn_triton.py), not
-FlashAttention-2 (the default became 'flash' later). Each record says so (attention_kernel: triton).
+FlashAttention-2 (the default became 'flash' later). Each record says so (attention_kernel: triton), except the
+>= 128-GPU table's 1b / 3b / 7b / 70b rows, which sweep.py @ 5e85bd6 ran with `--attn_impl flash` (FlashAttention-2).
 Element-wise kernels: MPTMLP runs one nn.GELU kernel and MPT its low-precision LayerNorm as one kernel, not the
 launcher's eager GPT-2 gelu_new: each record says so (elementwise_kernels: fused).
 
@@ -73,10 +74,32 @@ def record(section: str, r: dict) -> str:
   precision_stated: "{prec} / {r['MP Mode']}"
   measured: {{tokens_per_s_per_gpu: {r['Throughput (T/s/GPU)']}, mfu_pct: {r['MFU']}, hfu_pct: {r['HFU']}}}
   derived: {{dp: "= gpus (FSDP, no model parallelism)", ffn: "expansion_ratio 4 x d_model (mpt yaml)"}}
-  attention_kernel: triton
-  elementwise_kernels: fused
-  notes: "Composer FSDP, attention: MPT's Triton FlashAttention (attn_impl: triton, the --attn_impl default of submit_benchmarks.py when the tables were measured, b2a43a1 and 5e85bd6; sweep.sh does not pass it), not FlashAttention-2, learned position embeddings (NumParams grows with seq); MFU uses 6N + 12 L d s"
+{_attention(section, size)}  elementwise_kernels: fused
+  notes: "Composer FSDP, {_attention_note(section, size)}, learned position embeddings (NumParams grows with seq); MFU uses 6N + 12 L d s"
 """
+
+
+# The >= 128-GPU table was run by scripts/train/benchmarking/sweep.py @ 5e85bd6, which passes `--attn_impl flash`
+# (FlashAttention-2, the gpu-flash2 extra) for 1b, 3b, 7b and 70b and `--attn_impl triton` for 13b and 30b; every
+# other table by sweep.sh, which passes none, so submit_benchmarks.py's default 'triton' (b2a43a1).
+LARGE_SCALE_FLASH = {"1b", "3b", "7b", "70b"}
+
+
+def _flash(section: str, size: str) -> bool:
+    return "Large Scale" in section and size in LARGE_SCALE_FLASH
+
+
+def _attention(section: str, size: str) -> str:
+    return "" if _flash(section, size) else "  attention_kernel: triton\n"
+
+
+def _attention_note(section: str, size: str) -> str:
+    if _flash(section, size):
+        return ("attention: FlashAttention-2 (attn_impl: flash, which sweep.py @ 5e85bd6 passes for 1b / 3b / 7b / "
+                "70b; the launcher's kernel class)")
+    return ("attention: MPT's Triton FlashAttention (attn_impl: triton, the --attn_impl default of "
+            "submit_benchmarks.py when the tables were measured, b2a43a1 and 5e85bd6; sweep.sh does not pass it; "
+            "sweep.py @ 5e85bd6 passes it for 13b / 30b), not FlashAttention-2")
 
 
 def main() -> None:
