@@ -40,8 +40,12 @@ One micro-batch on one rank (n = b s / sp tokens outside attention; t = TP, sp =
                             own world size).
     TP + Megatron SP        (parallel.sequence_parallel; Korthikanti et al. 2022, section 4.2.2; our TP layers,
                             with or without a pipeline) each all-reduce becomes an all-gather
-                            and a reduce-scatter of the same tensor: the same ring bytes, so the TP charge is
-                            unchanged; the norms and residual adds run on n / t tokens.
+                            and a reduce-scatter of the same tensor: the same ring bytes at twice the
+                            latency; the norms and residual adds run on n / t tokens, and each norm
+                            parameter's gradient is all-reduced over the TP group every micro-batch (one call
+                            a parameter, as launcher/parallel/tensor.py's hooks issue them); at the ends one
+                            all-gather for the head and one for the embedding's gradient. On 2 CPU ranks
+                            (gloo, ~0.7 ms a call) those extra calls are a third of a recipe=tiny TP2 step.
     Ulysses SP              4 all-to-alls (q, k, v, output) forward and 4 backward per block, (sp-1)/sp of
                             each tensor crosses the link (Jacobs et al. 2023, section 3.1); under grouped-query
                             attention k and v cross with their kv heads when sp divides kv, else repeated to all
@@ -296,6 +300,12 @@ def _fp32_casts(elements: float, w: int, casts: int) -> tuple[float, int]:
     return (0.0, 0) if w == F32 else (casts * elements * (w + F32), casts)
 
 
+def _sp_norm_params(shape: ModelShape) -> int:
+    """Parameters of one block's two norms, which Megatron SP marks (launcher/parallel/tensor.py
+    mark_sequence_parallel): RMSNorm's weight (LLaMA), LayerNorm's weight and bias (GPT)."""
+    return 2 if shape.arch in LLAMA_FAMILY else 4
+
+
 def block_costs(shape: ModelShape, st: Strategy, prof: Profile, links: dict) -> tuple[Cost, Cost]:
     """(forward, backward) cost of one transformer block for one micro-batch on one rank."""
     t, sp, b, s = st.tensor_degree, st.sequence_degree, st.micro_batch_size, st.seq_length
@@ -402,11 +412,22 @@ def block_costs(shape: ModelShape, st: Strategy, prof: Profile, links: dict) -> 
     if t > 1:
         # launcher/parallel/tensor.py (Megatron's f and g, Shoeybi et al. 2019, fig. 3): forward, g all-reduces the
         # row-parallel outputs of o_proj and down_proj; backward, f all-reduces the input gradient of each
-        # sub-layer's column-parallel group (q, k, v; gate, up) once. Under Megatron SP each becomes an all-gather
-        # and a reduce-scatter of the same ring bytes.
-        ar = all_reduce_s(x * w, t, links["tp"])
-        fwd.tp += 2 * ar
-        bwd.tp += 2 * ar
+        # sub-layer's column-parallel group (q, k, v; gate, up) once.
+        if st.sequence_parallel:
+            # Under Megatron SP each all-reduce is two collectives: _GatherFromSequence before the column-parallel
+            # group and _ReduceScatterToSequence after the row-parallel output (forward; the backward mirrors
+            # them), (t-1)/t of x each: the ring bytes of the all-reduce and twice its latency.
+            ag_rs = 2 * gather_s(x * w, t, links["tp"])
+            fwd.tp += 2 * ag_rs
+            bwd.tp += 2 * ag_rs
+            # The norms run on n / t tokens, so their weight (and bias) gradients are partial sums over the TP
+            # ranks: one all-reduce a parameter as its gradient is produced, every micro-batch
+            # (register_sequence_parallel_grad_hooks).
+            bwd.tp += _sp_norm_params(shape) * all_reduce_s(h * w, t, links["tp"])
+        else:
+            ar = all_reduce_s(x * w, t, links["tp"])
+            fwd.tp += 2 * ar
+            bwd.tp += 2 * ar
     fb, bb, _ = prof.framework(shape.arch, st.dtype)
     fwd.framework += fb
     bwd.framework += bb
@@ -442,6 +463,14 @@ def end_costs(shape: ModelShape, st: Strategy, prof: Profile, links: dict) -> tu
         first.memory += memory_s(3 * nb, 3 * nk, prof) + memory_s(b * s * s * (w + 1), 1, prof)
     last = Cost()
     last.memory += memory_s(3 * nb, 3 * nk, prof)              # final norm, forward + backward
+    if st.tensor_degree > 1 and st.sequence_parallel:
+        # Megatron SP at the ends (launcher/parallel/pipeline.py): the embedding's output is split over the TP ranks
+        # (no forward collective; the backward all-gathers its gradient), and the final norm's output is
+        # all-gathered for the head (its backward splits); the final norm's gradient is all-reduced like the blocks'.
+        t = st.tensor_degree
+        ag = gather_s(n * h * w, t, links["tp"])
+        first.tp += ag
+        last.tp += ag + _sp_norm_params(shape) // 2 * all_reduce_s(h * w, t, links["tp"])
     last.gemm += gemm_s(n, v, h, w, prof, rate) + gemm_s(n, h, v, w, prof, rate) + gemm_s(h, v, n, w, prof, rate)
     # cross-entropy on fp32 logits: log_softmax reads them and writes the log-probabilities, nll_loss gathers one
     # a token; backward, nll_loss_backward writes the dense fp32 gradient, log_softmax's backward reads it and the
@@ -739,7 +768,9 @@ def _syncs_per_micro_batch(shape: ModelShape, st: Strategy, stage: int) -> tuple
     full = st.recompute == "full"
     t, usp, cp, p, r = st.tensor_degree, st.sequence_degree, st.context_degree, st.pipeline_degree, st.zero_partition_degree
     syncs, group = 0, 1
-    if t > 1:
+    if t > 1 and st.sequence_parallel:   # an all-gather and a reduce-scatter for each all-reduce; the norms' grads
+        syncs, group = syncs + (12 if full else 8) * blocks + _sp_norm_params(shape) * blocks, max(group, t)
+    elif t > 1:
         syncs, group = syncs + (6 if full else 4) * blocks, max(group, t)
     if usp > 1:
         syncs, group = syncs + (12 if full else 8) * blocks, max(group, usp)
