@@ -32,6 +32,7 @@ import statistics
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Optional
 
 import yaml
 
@@ -166,13 +167,14 @@ def own_kernels_model():
     """The planner with each run's own element-wise kernels: where a record says `elementwise_kernels: fused`
     (TransformerEngine, apex, Triton, XLA or Inductor fusion, a fused GELU), its architecture's fused variant of
     launcher/plan/steptime.py (variants.py: one kernel a norm, an activation, a rotary; nothing fitted); every other
-    run as the launcher's runtime. A diagnostic beside the headline, which charges the launcher's own kernels."""
+    run as the launcher's runtime (None: the headline's prediction stands, not computed again). A diagnostic beside
+    the headline, which charges the launcher's own kernels."""
     import variants
     mods = {arch: variants.variant_module(name) for arch, name in variants.FUSED_BY_ARCH.items()}
 
-    def predict(shape, st, hw, record) -> float:
+    def predict(shape, st, hw, record) -> Optional[float]:
         mod = mods.get(shape.arch) if record.get("elementwise_kernels") == "fused" else None
-        return (mod.estimate_step_time if mod else estimate_step_time)(shape, st, hw).tokens_per_s
+        return mod.estimate_step_time(shape, st, hw).tokens_per_s if mod else None
     return predict
 
 
@@ -200,7 +202,8 @@ def compare(records: list[dict], predict, host_terms: bool = False, predict_own=
         hw = hw if host_terms else device_only(hw)
         measured, how = measured_tokens_per_s_per_gpu(r)
         predicted = predict(shape, st, hw) / layout.world_size
-        own = predict_own(shape, st, hw, r) / layout.world_size if predict_own else predicted
+        own_total = predict_own(shape, st, hw, r) if predict_own else None
+        own = predicted if own_total is None else own_total / layout.world_size
         f = flops_per_token(shape, layout.seq_length)
         rows.append({
             "id": r["id"], "family": r["family"], "source": r["source"], "gpu": r["gpu"], "gpus": r["gpus"],

@@ -66,13 +66,16 @@ def variant_module(name: str):
 
 
 def summary_lines(rows: list[dict]) -> list[str]:
+    from compare import summary   # the table's own figures (main put compare's folder on the path)
+
     def line(name, sel):
-        e = [abs(r["error"]) for r in rows if sel(r)]
-        if not e:
+        picked = [r for r in rows if sel(r)]
+        if not picked:
             return None
-        return (f"  {name:34s} n={len(e):3d} within 10% {sum(x <= .1 for x in e) / len(e):5.1%} within 20% "
-                f"{sum(x <= .2 for x in e) / len(e):5.1%} median |err| {statistics.median(e):5.1%} "
-                f"mean {statistics.mean(r['error'] for r in rows if sel(r)):+6.1%}")
+        s = summary(picked)
+        return (f"  {name:34s} n={s['runs']:3d} within 10% {s['within_10pct']:5.1%} within 20% "
+                f"{s['within_20pct']:5.1%} median |err| {s['median_abs_error']:5.1%} "
+                f"mean {statistics.mean(r['error'] for r in picked):+6.1%}")
     out = [line("all", lambda r: True)]
     out += [line(f, lambda r, f=f: r["family"] == f) for f in sorted({r["family"] for r in rows})]
     out += [f"  seq {s:6d}: mean error {statistics.mean(r['error'] for r in rows if r['seq'] == s):+6.1%} over "

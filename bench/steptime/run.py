@@ -40,7 +40,7 @@ LAYOUTS = {
     "TP2": (2, ["parallel.tensor_degree=2", "parallel.zero_stage=1"]),
     "PP2": (2, ["parallel.pipeline_degree=2", "parallel.zero_stage=1"]),
     "SP2": (2, ["parallel.sequence_degree=2", "parallel.zero_stage=1"]),
-    # Megatron sequence parallelism inside TP2 (not in issue 14's list; the recipes with TP > 1 run it)
+    # Megatron sequence parallelism inside TP2 (not in issue 14's list; --search ranks TP + SP layouts)
     "TP2-SP": (2, ["parallel.tensor_degree=2", "parallel.sequence_parallel=true", "parallel.zero_stage=1"]),
     "TP2 x PP2": (4, ["parallel.tensor_degree=2", "parallel.pipeline_degree=2", "parallel.zero_stage=1"]),
 }
