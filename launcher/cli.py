@@ -200,6 +200,7 @@ def run_rank(cfg) -> int:
 
     Does not return when the loop returns: the process exits with its status (see the end).
     """
+    from launcher.runtime.distributed import leave_rank
     from launcher.runtime.launch import die_with_parent, record_rank_exit, register_rank
     from launcher.train import run
 
@@ -218,22 +219,8 @@ def run_rank(cfg) -> int:
     record_rank_exit(record, rc)
     if lock is not None:
         lock.release()
-    # Tear the process group down here rather than in interpreter shutdown, where gloo's threads were
-    # seen to abort a rank that had already finished ("terminate called without an active exception").
-    try:
-        import torch.distributed as dist
-
-        if dist.is_initialized():
-            dist.destroy_process_group()
-    except Exception:  # noqa: BLE001 -- the run's result is recorded; teardown must not change it
-        pass
-    # Even so, a finished rank was still seen to abort (SIGABRT, same message) in C++ static destructors at
-    # interpreter exit, failing a run whose every file was written (tests/train: once in well over 100 launches on
-    # 2026-11-23). By here everything is on disk (checkpoint, metrics closed, W&B finished, exit recorded):
-    # leave without the interpreter's teardown.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(rc)
+    # Everything is on disk by here (checkpoint, metrics closed, W&B finished, exit recorded).
+    leave_rank(rc)
 
 
 def maybe_own_run_dir_as_rank(cfg):

@@ -56,7 +56,7 @@ def main() -> None:
     from launcher.config.layout import resolve_layout
     from launcher.deepspeed_config import build_deepspeed_config
     from launcher.plan.rankmap import rank_coord
-    from launcher.runtime.distributed import avoid_shm_comm_build
+    from launcher.runtime.distributed import avoid_shm_comm_build, leave_rank
     from launcher.train import build_engine, micro_loss
 
     out_path, args = sys.argv[1], sys.argv[2:]
@@ -110,7 +110,7 @@ def main() -> None:
         record["cpu_s_per_step_per_rank"] = [r["cpu_s_per_step"] for r in per_rank]
         Path(out_path).write_text(json.dumps(record))
     dist.barrier()
-    dist.destroy_process_group()
+    leave_rank()   # results are on disk: exit without the interpreter's teardown (see leave_rank)
 
 
 if __name__ == "__main__":

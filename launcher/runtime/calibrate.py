@@ -83,6 +83,7 @@ import time
 from pathlib import Path
 
 from launcher.runtime.cpualloc import recycle_step_buffers
+from launcher.runtime.distributed import leave_rank
 from launcher.runtime.launch import rank_env
 
 GEMM_SIDES = (32, 64, 128, 256, 512)
@@ -464,7 +465,7 @@ def _worker(raw_path: str, device: str, grad_clip: str) -> None:
     if rank == 0:
         Path(raw_path).write_text(json.dumps(out))
     dist.barrier()
-    dist.destroy_process_group()
+    leave_rank(0)
 
 
 def _node_shape(world: int) -> tuple[int, int]:

@@ -100,4 +100,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from launcher.runtime.distributed import leave_rank
+
+    leave_rank(main())   # every line is printed and flushed; skip the interpreter's teardown (see leave_rank)

@@ -83,7 +83,7 @@ def main() -> None:
     from launcher.config.compose import compose
     from launcher.config.layout import resolve_layout
     from launcher.deepspeed_config import build_deepspeed_config
-    from launcher.runtime.distributed import avoid_shm_comm_build
+    from launcher.runtime.distributed import avoid_shm_comm_build, leave_rank
     from launcher.runtime.cpualloc import recycle_step_buffers
     from launcher.train import build_engine
 
@@ -138,7 +138,7 @@ def main() -> None:
     report_ranks(rec, out_path, {"mode": mode}, f"[build_memory] {mode} ({rec['launcher']}): ", lambda r: (
         f"r{r['rank']} HWM built/step/after {r['hwm_built'] / 2**30:.2f}/{r['hwm_before_step'] / 2**30:.2f}/"
         f"{r['hwm_after_step'] / 2**30:.2f} GiB build {r['build_s']:.1f}s step {r['step_s']:.1f}s loss {r['loss']:.4f}"))
-    dist.destroy_process_group()
+    leave_rank()   # results are on disk: exit without the interpreter's teardown (see leave_rank)
 
 
 if __name__ == "__main__":

@@ -370,7 +370,7 @@ def main(run=run_case, describe=_describe) -> None:
     writes the results to argv[1]. tests/parallel/context_driver.py runs its own cases through it."""
     import deepspeed
 
-    from launcher.runtime.distributed import avoid_shm_comm_build
+    from launcher.runtime.distributed import avoid_shm_comm_build, leave_rank
 
     out_path, specs = sys.argv[1], sys.argv[2:]
     avoid_shm_comm_build("cpu")
@@ -385,7 +385,7 @@ def main(run=run_case, describe=_describe) -> None:
         with open(out_path, "w") as f:
             json.dump(results, f, indent=1)
     dist.barrier()
-    dist.destroy_process_group()
+    leave_rank()   # results are on disk: exit without the interpreter's teardown (see leave_rank)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ def main() -> None:
     from launcher.config.layout import resolve_layout
     from launcher.deepspeed_config import build_deepspeed_config
     from launcher.parallel.pipeline import layer_hf_prefixes
-    from launcher.runtime.distributed import avoid_shm_comm_build
+    from launcher.runtime.distributed import avoid_shm_comm_build, leave_rank
     from launcher.runtime.model import build_model
     from launcher.train import build_engine
 
@@ -71,7 +71,7 @@ def main() -> None:
         with open(out, "w") as f:
             json.dump(gathered, f)
     dist.barrier()
-    dist.destroy_process_group()
+    leave_rank()   # results are on disk: exit without the interpreter's teardown (see leave_rank)
 
 
 if __name__ == "__main__":

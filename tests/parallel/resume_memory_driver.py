@@ -34,7 +34,7 @@ def main() -> None:
     from launcher.config.layout import resolve_layout
     from launcher.deepspeed_config import build_deepspeed_config
     from launcher.runtime import checkpoint as ckpt
-    from launcher.runtime.distributed import avoid_shm_comm_build
+    from launcher.runtime.distributed import avoid_shm_comm_build, leave_rank
     from launcher.train import build_engine
 
     out_path, mode, phase, ckpt_dir = sys.argv[1], sys.argv[2], sys.argv[3], Path(sys.argv[4])
@@ -94,7 +94,7 @@ def main() -> None:
         f"r{r['rank']} HWM before/after load {r['hwm_before_load'] / 2**30:.2f}/{r['hwm_after_load'] / 2**30:.2f} GiB "
         f"RSS {r['rss_before_load'] / 2**30:.2f}/{r['rss_after_load'] / 2**30:.2f} read {r['bytes_read'] / 2**30:.2f} GiB "
         f"in {len(r['files'])} files, load {r['load_s']:.1f}s loss {r['loss']:.4f}"))
-    dist.destroy_process_group()
+    leave_rank()   # results are on disk: exit without the interpreter's teardown (see leave_rank)
 
 
 if __name__ == "__main__":

@@ -142,7 +142,7 @@ def measure(case) -> int:
 def main():
     import deepspeed
 
-    from launcher.runtime.distributed import avoid_shm_comm_build
+    from launcher.runtime.distributed import avoid_shm_comm_build, leave_rank
 
     out_dir, cases = Path(sys.argv[1]), json.loads(Path(sys.argv[2]).read_text())
     avoid_shm_comm_build("cpu")
@@ -158,7 +158,7 @@ def main():
             results[c["name"]] = {"error": str(e)}
     (out_dir / f"rank{dist.get_rank()}.json").write_text(json.dumps(results))
     dist.barrier()
-    dist.destroy_process_group()
+    leave_rank()   # results are on disk: exit without the interpreter's teardown (see leave_rank)
 
 
 if __name__ == "__main__":

@@ -57,7 +57,7 @@ def main():
     import deepspeed
 
     from launcher.parallel.context import setup_context_parallel
-    from launcher.runtime.distributed import avoid_shm_comm_build
+    from launcher.runtime.distributed import avoid_shm_comm_build, leave_rank
 
     out_dir = Path(sys.argv[1])
     avoid_shm_comm_build("cpu")
@@ -74,7 +74,7 @@ def main():
                 results[f"one-{name}"] = measure(1, dtype, ckpt, layers)
     (out_dir / f"rank{dist.get_rank()}.json").write_text(json.dumps(results))
     dist.barrier()
-    dist.destroy_process_group()
+    leave_rank()   # results are on disk: exit without the interpreter's teardown (see leave_rank)
 
 
 if __name__ == "__main__":

@@ -82,13 +82,14 @@ def main():
     out_dir = Path(sys.argv[1])
     cases = json.loads(Path(sys.argv[2]).read_text())
     # Nothing may JIT-compile on CPU ranks (see launcher.runtime.distributed.avoid_shm_comm_build).
-    from launcher.runtime.distributed import avoid_shm_comm_build
+    from launcher.runtime.distributed import avoid_shm_comm_build, leave_rank
 
     avoid_shm_comm_build("cpu")
     deepspeed.init_distributed("gloo", auto_mpi_discovery=False)
     results = {name: run_case(overrides) for name, overrides in cases.items()}
     (out_dir / f"rank{dist.get_rank()}.json").write_text(json.dumps(results, indent=1))
     dist.barrier()
+    leave_rank()   # results are on disk: exit without the interpreter's teardown (see leave_rank)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ from launcher.config.layout import resolve_layout
 from launcher.deepspeed_config import build_deepspeed_config
 from launcher.runtime.checkpoint import build_state, save_checkpoint
 from launcher.runtime.data import TokenBatches, prepare_data
-from launcher.runtime.distributed import StepAgreement, init_distributed
+from launcher.runtime.distributed import StepAgreement, init_distributed, leave_rank
 from launcher.runtime.nonfinite import UpdateVeto
 from launcher.train import build_engine, train_step
 
@@ -102,6 +102,7 @@ def main() -> None:
     if rank == 0:
         (out_dir / "results.json").write_text(json.dumps(results))
     torch.distributed.barrier()
+    leave_rank()   # results are on disk: exit without the interpreter's teardown (see leave_rank)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ importing the same module gets the real one.
 """
 
 import ast
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -60,7 +61,7 @@ import launcher  # noqa: F401 -- installs the stand-ins' finder (launcher/lean_i
 from launcher.runtime.distributed import avoid_shm_comm_build
 avoid_shm_comm_build("cpu")
 import deepspeed
-os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT="29757")
+os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
 deepspeed.init_distributed(dist_backend="gloo")
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 1))
@@ -83,6 +84,8 @@ try:
     raise SystemExit("muon_update ran")
 except RuntimeError as e:
     assert "stand-in" in str(e)
+from launcher.runtime.distributed import leave_rank
+leave_rank(0)   # as every rank ends: gloo's threads have aborted finished processes at interpreter exit
 """
 
 USER_CHILD = """
@@ -96,8 +99,15 @@ print("real:", "stand-in" not in (module.__doc__ or ""), MuonWithAuxAdam.__modul
 """
 
 
+def _free_port() -> str:
+    # A fixed port collides with another test's group still in TIME_WAIT, or one running beside this.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return str(s.getsockname()[1])
+
+
 def _child(code, tmp_path):
-    return subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300,
+    return subprocess.run([sys.executable, "-c", code, _free_port()], cwd=REPO, capture_output=True, text=True, timeout=300,
                           env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
                                "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext"), "HOME": str(tmp_path)})
 
