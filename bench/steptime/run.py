@@ -174,7 +174,7 @@ def render() -> None:
                      f"{now * 1e3:.0f} | {', '.join(f'{x:.2f}' for x in ratios)} | "
                      f"{', '.join('yes' if abs(x - 1) <= 0.15 else 'no' for x in ratios)} |")
     cmds = "\n".join(f"    {r['command']}" for r in doc["results"] if "command" in r)
-    table = "\n".join(lines)
+    table = "\n".join(lines) + calibration_spread(doc.get("pass_profiles", []))
     held = ("calibrated again before every pass, each repeat held to the prediction from its own pass's profile "
             "(pass_profiles in results.json)" if doc.get("calibrate_each_pass")
             else "each repeat held to the committed model and profile")
@@ -193,6 +193,21 @@ def render() -> None:
     else:
         text = "# Predicted vs measured step time, recipe=tiny on CPU ranks\n\n" + head
     (HERE / "results.md").write_text(text)
+
+
+def calibration_spread(pass_profiles: list) -> str:
+    """A line under the table: each pass's calibrations, the copy bandwidth of their three sweeps
+    (measurements.sweep_spread, kept by calibrate since 2026-11-29) and whether calibrate called the machine busy."""
+    import yaml
+
+    parts = []
+    for i, profiles in enumerate(pass_profiles):
+        for ranks, text in sorted(profiles.items()):
+            spread = (yaml.safe_load(text).get("measurements") or {}).get("sweep_spread")
+            if spread:
+                busy = " (calibrate: busy)" if "The machine was busy" in text else ""
+                parts.append(f"pass {i + 1} {ranks} ranks {', '.join(f'{x:.1f}' for x in spread['memory_gbps'])}{busy}")
+    return ("\n\nCalibrations' copy bandwidth by sweep (GB/s): " + "; ".join(parts) + ".") if parts else ""
 
 
 def main() -> None:

@@ -59,7 +59,10 @@ memory bus and cores as they will in training, measures:
     host memory        /proc/meminfo MemTotal; compute slots: cores / threads per rank (CPU ranks)
 
 The compute rates (GEMM, attention, memory, kernel overhead) are the median of COMPUTE_ROUNDS sweeps: one sweep
-that another process slowed is dropped, and the rate is the one a step's many kernels meet, not the best.
+that another process slowed is dropped, and the rate is the one a step's many kernels meet, not the best. Each
+sweep's copy bandwidth, operator overhead and largest-side GEMM rates are kept (measurements.sweep_spread); where
+they differ by more than NOISY_SWEEPS, calibrate warns on stderr and in the profile's header that the machine was
+busy, since a disturbance lasting through two sweeps moves the median too.
 
 Rank 0 writes the raw measurements to a JSON file; the parent fits them and writes the versioned YAML
 (write_profile; under SLURM the job's batch shell, `python -m launcher.runtime.calibrate --fit RAW OUT`).
@@ -102,6 +105,11 @@ ATTN_EXTRA_HEAD_DIMS = {"cpu": (32, 128), "cuda": (64,)}
 ALLREDUCE_BYTES = (4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20)
 COMPUTE_ROUNDS = 3
 COPY_WINDOW_S = 0.25
+# Sweeps whose figures differ by more than this (max / min) make calibrate say the machine was busy: the profile takes
+# each item's median, which drops one disturbed sweep of three, not a disturbance that lasts through two of them.
+# On this 2-core VM, calibrations minutes apart read the 64 MiB copy at 10.6-43 GB/s while recipe=tiny's steps
+# moved a few percent (bench/steptime/results.md); a GEMM rate moved 2x when another process landed on a sweep.
+NOISY_SWEEPS = 1.5
 STRAGGLER_SEGMENTS_S = {"cpu": (0.005, 0.02, 0.06, 0.15), "cuda": (0.0005, 0.005, 0.05)}
 STRAGGLER_BUDGET_S = 1.5    # per segment length
 GEMM_POOL_BYTES = 64 << 20
@@ -150,6 +158,9 @@ def calibrate(cfg, out: str, progress=None) -> Path:
         if proc.returncode != 0 or not raw_path.exists():
             raise RuntimeError(f"calibration ranks failed (exit {proc.returncode}):\n{''.join(tail)[-3000:]}")
         raw = json.loads(raw_path.read_text())
+    for line in noisy_sweeps(raw.get("sweep_spread", {})):
+        progress(f"{PHASE_PREFIX}warning: the machine was busy while it was measured: {line}. Predictions from this "
+                 f"profile move with it; calibrate again when the machine is quiet")
     return write_profile(raw, out, time.perf_counter() - started)
 
 
@@ -240,7 +251,7 @@ def write_profile(raw: dict, out: str, seconds: float) -> Path:
             "all_to_all_after_compute",
             "all_reduce_groups_after_compute", "all_reduce_rail_after_compute", "all_reduce_world_after_compute",
             "straggler", "release", "zero3", "engine", "framework", "world", "local_world", "nodes", "backend",
-            "device_name", "cores", "seconds", "phase_seconds")
+            "device_name", "cores", "seconds", "phase_seconds", "sweep_spread")
     doc = profile_to_dict(prof, measured={k: raw[k] for k in kept if k in raw}
                                          | ({"kernel_host_s": raw["kernel_host_s"]} if device != "cpu" else {}))
     doc["measurements"]["note"] = ("gemm: [side, FLOP/s]; attention: [seq, causal FLOP/s fwd+bwd]; all_reduce (bare, "
@@ -260,6 +271,10 @@ def write_profile(raw: dict, out: str, seconds: float) -> Path:
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
     phases = "".join(f"\n#   {name}: {t:.0f} s" for name, t in raw.get("phase_seconds", {}).items())
+    noisy = noisy_sweeps(raw.get("sweep_spread", {}))
+    if noisy:
+        phases += ("\n# The machine was busy while this was measured (calibrate again when it is quiet):"
+                   + "".join(f"\n#   {line}" for line in noisy))
     write_atomic(path, f"# hardware profile, version {PROFILE_VERSION}: written by `launcher calibrate` in "
                        f"{seconds:.0f} s; read by cluster.profile=PATH{phases}\n"
                        + yaml.safe_dump(doc, sort_keys=False))
@@ -415,6 +430,7 @@ def _worker(raw_path: str, device: str, grad_clip: str) -> None:
     phases = _Phases(rank)
     sweeps = [_compute_sweep(dev, device, dtypes, sync, dist) for _ in range(COMPUTE_ROUNDS)]
     out.update(_median_of(sweeps))
+    out["sweep_spread"] = sweep_spread(sweeps)
     out["attention_head_dim"] = ATTN_HEAD_DIM[device]
     phases.done("compute rates (GEMM, attention, memory, kernel overhead)")
 
@@ -843,6 +859,30 @@ def tiny_kernel_graph(dev, kernels: int):
     return graph
 
 
+def sweep_spread(sweeps: list) -> dict:
+    """Each compute sweep's headline figures side by side, kept in the profile's measurements: the copy bandwidth,
+    the per-operator overhead, and per dtype the GEMM rate at the largest side (the most compute-bound shape).
+    {name: [one value per sweep]}."""
+    out = {"memory_gbps": [x["memory_gbps"] for x in sweeps],
+           "kernel_overhead_s": [x["kernel_overhead_s"] for x in sweeps]}
+    for d in sweeps[0]["gemm"]:   # rows [side, FLOP/s]: the forward, input- and weight-gradient GEMMs of each side
+        side = max(row[0] for row in sweeps[0]["gemm"][d])
+        out[f"gemm_{d}_side_{side}"] = [statistics.median(r for sd, r in x["gemm"][d] if sd == side) for x in sweeps]
+    return out
+
+
+def noisy_sweeps(spread: dict) -> list[str]:
+    """One line per figure whose sweeps differ by more than NOISY_SWEEPS (max / min), naming its values."""
+    lines = []
+    for name, values in spread.items():
+        lo, hi = min(values), max(values)
+        if lo > 0 and hi / lo > NOISY_SWEEPS:
+            shown = ", ".join(f"{v:.3g}" for v in values)
+            lines.append(f"{name} read {shown} in the {len(values)} sweeps ({hi / lo:.1f}x apart; the profile takes "
+                         f"the median, {statistics.median(values):.3g})")
+    return lines
+
+
 def _median_of(sweeps: list) -> dict:
     """Per item the median over the sweeps: the rate (gemm, attention [size, FLOP/s] rows; memory_gbps) and
     kernel_overhead_s a step meets. Not the best: a step is hundreds of kernels and pays the machine's usual
@@ -1125,6 +1165,8 @@ if __name__ == "__main__":
     if sys.argv[1] == "--fit":
         # `launcher submit --calibrate`'s job, after its ranks: RAW OUT (launcher/templates/calibrate.sbatch.tmpl).
         raw = json.loads(Path(sys.argv[2]).read_text())
+        for line in noisy_sweeps(raw.get("sweep_spread", {})):
+            print(f"warning: the machine was busy while it was measured: {line}", flush=True)
         print(f"wrote {write_profile(raw, sys.argv[3], raw['seconds'])} (use it: cluster.profile={sys.argv[3]})")
     else:
         _worker(*sys.argv[1:4])

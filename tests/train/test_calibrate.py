@@ -8,7 +8,7 @@ import re
 import pytest
 import yaml
 
-from launcher.runtime.calibrate import pooled_release
+from launcher.runtime.calibrate import COMPUTE_ROUNDS, pooled_release
 
 pytestmark = pytest.mark.slow
 
@@ -33,6 +33,11 @@ def test_calibrate_two_cpu_ranks_then_plan(tmp_path, capsys):
         assert set(by) == {"fp32", "bf16"}
         assert all([s for s, _ in by[d]] == [s for s, _ in raw["attention"][d]] and all(r > 0 for _, r in by[d])
                    for d in by)
+    # Each compute sweep's headline figures are kept, and the profile's copy bandwidth is their median.
+    spread = raw["sweep_spread"]
+    assert set(spread) == {"memory_gbps", "kernel_overhead_s", "gemm_fp32_side_512", "gemm_bf16_side_512"}
+    assert all(len(v) == COMPUTE_ROUNDS and min(v) > 0 for v in spread.values())
+    assert sorted(spread["memory_gbps"])[1] == doc["memory_gbps"]
     times = dict((b, t) for b, t in raw["all_reduce"])
     assert times[16 << 20] > times[4 << 10] > 0
     prof = load_profile(str(out))

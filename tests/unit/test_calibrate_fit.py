@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from launcher.runtime.calibrate import (SPLIT_MICRO_BATCHES, _median_of, _median_time, fit_alpha_beta, fit_saturation,
-                                        pooled_release, probe_repeats, release_seconds, split_by_micro_batches,
-                                        wait_fraction)
+                                        noisy_sweeps, pooled_release, probe_repeats, release_seconds,
+                                        split_by_micro_batches, sweep_spread, wait_fraction)
 
 
 def _sweep(scale: float, overhead: float, gbps: float) -> dict:
@@ -35,6 +35,22 @@ def test_median_of_keeps_the_gpu_host_cost_per_operator():
     sweeps = [{**_sweep(1.0, 1e-6, 10.0), "kernel_host_s": h} for h in (15e-6, 20e-6, 14e-6)]
     assert _median_of(sweeps)["kernel_host_s"] == 15e-6
     assert "kernel_host_s" not in _median_of([_sweep(1.0, 3e-6, 10.0)])    # CPU sweeps have none
+
+
+def test_sweep_spread_keeps_each_sweep_and_names_what_moved():
+    # Three rows at side 64 per sweep, as calibrate times them (forward, input- and weight-gradient GEMMs): the
+    # kept figure is their middle one. The copy read 20.0, 10.6, 21.0 GB/s (1.98x apart, over 1.5): named, with
+    # its median; the GEMM rates (0.9x) and the overheads (1.25x) are not.
+    sweeps = [_sweep(1.0, 4e-6, 20.0), _sweep(0.9, 5e-6, 10.6), _sweep(1.0, 4e-6, 21.0)]
+    for x in sweeps:
+        x["gemm"]["fp32"] += [[64, x["gemm"]["fp32"][1][1] * 0.5], [64, x["gemm"]["fp32"][1][1] * 3]]
+    spread = sweep_spread(sweeps)
+    assert spread == {"memory_gbps": [20.0, 10.6, 21.0], "kernel_overhead_s": [4e-6, 5e-6, 4e-6],
+                      "gemm_fp32_side_64": [2.0, 1.8, 2.0], "gemm_bf16_side_32": [3.0, 2.7, 3.0]}
+    assert noisy_sweeps(spread) == ["memory_gbps read 20, 10.6, 21 in the 3 sweeps (2.0x apart; the profile takes "
+                                    "the median, 20)"]
+    # 1.45x apart everywhere (copy 20 -> 29 GB/s, GEMMs 1 -> 0.69x, overhead 4 -> 5.8 us): under the line, nothing said.
+    assert noisy_sweeps(sweep_spread([_sweep(1.0, 4e-6, 20.0), _sweep(0.69, 5.8e-6, 29.0)])) == []
 
 
 def test_median_time_queues_calls_between_synchronisations():
