@@ -29,30 +29,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 from pathlib import Path
+
+from sync_probe import per_call  # this folder's: the median of queued calls between two synchronisations
 
 # (micro-batch, sequence, hidden, ffn, heads, kv heads): bench/gpu/train_1b.py's 1B, and Llama 3.1 8B at its
 # recipe's micro-batch (recipes/llama3.1-8b.yaml); tiny for the CPU check.
 SHAPES = {"tiny": (2, 64, 128, 352, 4, 4), "1b": (4, 2048, 2048, 5632, 16, 16), "8b": (1, 8192, 4096, 14336, 32, 8)}
 
 
-def _time(fn, device: str, calls: int = 10, repeats: int = 7) -> float:
-    """Median seconds per call of `calls` back-to-back calls between two synchronisations (sync_probe.per_call)."""
+def _time(fn, device: str) -> float:
+    """Median seconds per call of 10 back-to-back calls between two synchronisations (sync_probe.per_call)."""
     import torch
 
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    fn()
-    sync()
-    ts = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        sync()
-        ts.append((time.perf_counter() - t0) / calls)
-    return statistics.median(ts)
+    return per_call(fn, 10, sync=torch.cuda.synchronize if device == "cuda" else (lambda: None))
 
 
 def _kernels(fn, device: str) -> int | None:

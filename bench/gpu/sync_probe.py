@@ -43,18 +43,21 @@ def project(results: Path) -> Path:
     return out
 
 
-def per_call(fn, calls: int, repeats: int = 7) -> float:
-    import torch
+def per_call(fn, calls: int, repeats: int = 7, sync=None) -> float:
+    """Median seconds per call of `calls` back-to-back calls between two synchronisations (`sync`, by default
+    torch.cuda.synchronize; fused_elementwise.py passes a no-op for its CPU check)."""
+    if sync is None:
+        import torch
 
-    """Median seconds per call of `calls` back-to-back calls between two synchronisations."""
+        sync = torch.cuda.synchronize
     fn()
-    torch.cuda.synchronize()
+    sync()
     ts = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         for _ in range(calls):
             fn()
-        torch.cuda.synchronize()
+        sync()
         ts.append((time.perf_counter() - t0) / calls)
     return sorted(ts)[len(ts) // 2]
 
