@@ -62,13 +62,16 @@ def _kernels(fn, device: str) -> int | None:
 
 def _fwd_bwd(f, inputs: list, grad):
     """A callable running f(*inputs) and its backward with `grad`; inputs' gradients are dropped each call."""
+    import torch
+
+    grads = grad if isinstance(grad, tuple) else (grad,)
+
     def run():
         for x in inputs:
             x.grad = None
         out = f(*inputs)
         out = out if isinstance(out, tuple) else (out,)
-        import torch
-        torch.autograd.backward(out, grad if isinstance(grad, tuple) else (grad,))
+        torch.autograd.backward(out, grads)
         return out
     return run
 

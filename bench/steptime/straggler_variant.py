@@ -26,7 +26,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from run import REPO, replan  # noqa: E402
 
-REPEATS = (100, 75, 25, 10)     # probe_repeats at the CPU targets 5, 20, 60, 150 ms
+from launcher.runtime.calibrate import STRAGGLER_SEGMENTS_S, probe_repeats  # noqa: E402
+
+# What calibrate ran at each CPU target length (5, 20, 60, 150 ms: 100, 75, 25 and 10 segments).
+REPEATS = tuple(probe_repeats(t) for t in STRAGGLER_SEGMENTS_S["cpu"])
 
 
 def line(rows: list) -> list:

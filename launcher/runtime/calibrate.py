@@ -158,9 +158,8 @@ def calibrate(cfg, out: str, progress=None) -> Path:
         if proc.returncode != 0 or not raw_path.exists():
             raise RuntimeError(f"calibration ranks failed (exit {proc.returncode}):\n{''.join(tail)[-3000:]}")
         raw = json.loads(raw_path.read_text())
-    for line in noisy_sweeps(raw.get("sweep_spread", {})):
-        progress(f"{PHASE_PREFIX}warning: the machine was busy while it was measured: {line}. Predictions from this "
-                 f"profile move with it; calibrate again when the machine is quiet")
+    for line in busy_warnings(raw):
+        progress(f"{PHASE_PREFIX}{line}")
     return write_profile(raw, out, time.perf_counter() - started)
 
 
@@ -883,6 +882,12 @@ def noisy_sweeps(spread: dict) -> list[str]:
     return lines
 
 
+def busy_warnings(raw: dict) -> list[str]:
+    """What calibrate says (on stderr; under SLURM in the job's log) for each figure noisy_sweeps names."""
+    return [f"warning: the machine was busy while it was measured: {line}. Predictions from this profile move with "
+            f"it; calibrate again when the machine is quiet" for line in noisy_sweeps(raw.get("sweep_spread", {}))]
+
+
 def _median_of(sweeps: list) -> dict:
     """Per item the median over the sweeps: the rate (gemm, attention [size, FLOP/s] rows; memory_gbps) and
     kernel_overhead_s a step meets. Not the best: a step is hundreds of kernels and pays the machine's usual
@@ -1165,8 +1170,8 @@ if __name__ == "__main__":
     if sys.argv[1] == "--fit":
         # `launcher submit --calibrate`'s job, after its ranks: RAW OUT (launcher/templates/calibrate.sbatch.tmpl).
         raw = json.loads(Path(sys.argv[2]).read_text())
-        for line in noisy_sweeps(raw.get("sweep_spread", {})):
-            print(f"warning: the machine was busy while it was measured: {line}", flush=True)
+        for line in busy_warnings(raw):
+            print(line, flush=True)
         print(f"wrote {write_profile(raw, sys.argv[3], raw['seconds'])} (use it: cluster.profile={sys.argv[3]})")
     else:
         _worker(*sys.argv[1:4])

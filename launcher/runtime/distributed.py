@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from datetime import timedelta
 
 from launcher.config.errors import ConfigError
@@ -85,8 +86,6 @@ def leave_rank(rc: int = 0):
     whole launch, so every rank entry point (the loop's, calibrate's, the test and bench drivers') leaves through here
     once its files are written and closed: os._exit skips atexit handlers and buffered streams, so flush first.
     """
-    import sys
-
     try:
         import torch.distributed as dist
 
