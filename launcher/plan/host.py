@@ -31,8 +31,9 @@ The terms are added although the build's host copy is mostly released once the m
 upper bound by at most the build term, chosen so the check does not rely on the allocator returning the
 build's pages to the OS before DeepSpeed allocates the offloaded states.
 
-Capacity: cluster.host_memory_gb, else the catalog GPU's DGX node (launcher/config/hardware.py); for gpu=cpu
-or a GPU outside the catalog it is unknown and nothing is checked (config code does not probe the machine).
+Capacity: cluster.host_memory_gb, else the node's RAM as `launcher calibrate` read it into the profile that
+cluster.profile names, else the catalog GPU's DGX node (launcher/config/hardware.py); for gpu=cpu or a GPU outside
+the catalog without either it is unknown and nothing is checked (config code does not probe the machine).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from typing import Optional
 from launcher.config import hardware
 from launcher.plan.inputs import ModelShape, Strategy
 from launcher.plan.memory import model_state_bytes, stage_params, weight_bytes
+from launcher.plan.profile import load_profile
 
 BUILD_ROWS = 256            # rows a seeded initialiser generates at a time (launcher/runtime/build.py)
 FP32_BYTES = 4
@@ -174,9 +176,15 @@ class HostMemory:
 
 
 def host_capacity(cluster_cfg) -> tuple[Optional[float], str]:
-    """(host RAM per node in bytes or None, where the number comes from)."""
+    """(host RAM per node in bytes or None, where the number comes from): cluster.host_memory_gb, else what
+    `launcher calibrate` read on the node (/proc/meminfo MemTotal, the profile cluster.profile names), else the
+    catalog GPU's DGX node."""
     if cluster_cfg.host_memory_gb is not None:
         return float(cluster_cfg.host_memory_gb) * 1e9, "cluster.host_memory_gb"
+    path = getattr(cluster_cfg, "profile", None)
+    measured = load_profile(path).host_memory_gb if path else None
+    if measured:
+        return measured * 1e9, f"cluster.profile={path}: MemTotal of the node `launcher calibrate` ran on"
     spec = hardware.lookup(cluster_cfg.gpu)
     if spec is None or spec.host_memory_gb is None:
         return None, f"unknown for cluster.gpu={cluster_cfg.gpu} (set cluster.host_memory_gb to check it)"

@@ -55,7 +55,8 @@ def plan_summary(cfg, layout: Layout) -> dict:
 
 
 def host_memory(cfg, layout: Layout):
-    """Host RAM of the fullest node (launcher/plan/host.py), against cluster.host_memory_gb or the catalog's node."""
+    """Host RAM of the fullest node (launcher/plan/host.py), against cluster.host_memory_gb, the calibrated profile's
+    node or the catalog's node (host_capacity)."""
     tokens = cfg.train.tokens or cfg.train.steps * layout.tokens_per_step
     return estimate_host_memory(model_shape(cfg.model), strategy(cfg, layout), stages_by_node(layout), tokens,
                                 host_capacity(cfg.cluster))
@@ -77,8 +78,10 @@ def check_host_memory(cfg, layout: Layout) -> None:
     h = host_memory(cfg, layout)
     if h.fits is not False:
         return
-    key = "cluster.host_memory_gb" if cfg.cluster.host_memory_gb is not None else "cluster.gpu"
-    value = cfg.cluster.host_memory_gb if key == "cluster.host_memory_gb" else cfg.cluster.gpu
+    key = ("cluster.host_memory_gb" if cfg.cluster.host_memory_gb is not None
+           else "cluster.profile" if h.capacity_source.startswith("cluster.profile") else "cluster.gpu")
+    value = {"cluster.host_memory_gb": cfg.cluster.host_memory_gb, "cluster.profile": cfg.cluster.profile,
+             "cluster.gpu": cfg.cluster.gpu}[key]
     fixes = []
     if cfg.parallel.offload_optimizer or cfg.parallel.offload_param:
         fixes.append("turn CPU offload off (parallel.offload_optimizer=false, parallel.offload_param=false) if the GPUs "
@@ -87,6 +90,8 @@ def check_host_memory(cfg, layout: Layout) -> None:
     fixes.append("more nodes or a higher parallel.pipeline_degree (each rank builds and holds a smaller part)")
     if key == "cluster.gpu":
         fixes.append("or, if the nodes have more RAM than the catalog's DGX node, set cluster.host_memory_gb")
+    if key == "cluster.profile":
+        fixes.append("or, if the training nodes have more RAM than the node calibrated, set cluster.host_memory_gb")
     raise ConfigError(
         key, value,
         f"node {h.node} needs {h.total / 1e9:,.1f} GB of host memory but has {h.capacity_bytes / 1e9:,.1f} GB "

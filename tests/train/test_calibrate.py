@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 import yaml
@@ -133,6 +134,11 @@ def test_calibrate_two_cpu_ranks_then_plan(tmp_path, capsys):
     # at least one all-gather of the fp32 weights at the measured link.
     n = plan["params_total"]
     assert plan["step_time_breakdown_s"]["dp_comm_exposed"] >= prof.intra.latency_s + 0.5 * 4 * n / (prof.intra.bus_gbps * 1e9)
+    # The node's RAM as calibrate read it is the host-memory check's capacity (launcher/plan/host.py host_capacity).
+    mem_total = next(int(line.split()[1]) * 1024 for line in Path("/proc/meminfo").read_text().splitlines()
+                     if line.startswith("MemTotal:"))
+    assert plan["host_memory"]["capacity_bytes"] == pytest.approx(mem_total, rel=1e-6)
+    assert plan["host_memory"]["capacity_source"].startswith(f"cluster.profile={out}")
 
 
 def test_interrupted_calibrate_leaves_no_rank_running(tmp_path):

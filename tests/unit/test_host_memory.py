@@ -9,6 +9,8 @@ LLaMA-7B by hand (h 4096, L 32, heads 32, FFN 11008, V 32000, untied):
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from launcher.config import hardware
@@ -114,6 +116,26 @@ def test_cpu_cluster_is_not_checked_unless_given():
     with pytest.raises(ConfigError) as e:
         check_host_memory(cfg, resolve_layout(cfg))
     assert e.value.key == "cluster.host_memory_gb"
+
+
+def test_a_calibrated_profile_gives_the_node_capacity(tmp_path):
+    """`launcher calibrate` records the node's RAM (host_memory_gb); with cluster.profile the check uses it, and
+    cluster.host_memory_gb still wins over it."""
+    import yaml
+
+    from launcher.plan.profile import BUILTIN, profile_to_dict
+
+    path = tmp_path / "box.yaml"
+    path.write_text(yaml.safe_dump(profile_to_dict(dataclasses.replace(BUILTIN["h100-80gb"], host_memory_gb=0.001))))
+    cfg, layout, h = _summary(["recipe=tiny", f"cluster.profile={path}"])
+    assert h["capacity_bytes"] == 1_000_000 and h["capacity_source"].startswith(f"cluster.profile={path}")
+    assert h["fits"] is False                      # recipe=tiny's 2 ranks build 2 x 5.3 MB (fp32) alone
+    with pytest.raises(ConfigError) as e:
+        check_host_memory(cfg, layout)
+    assert e.value.key == "cluster.profile" and e.value.value == str(path)
+    assert "has 0.0 GB" in e.value.rule and "cluster.host_memory_gb" in e.value.fix
+    cfg, layout, h = _summary(["recipe=tiny", f"cluster.profile={path}", "cluster.host_memory_gb=8"])
+    assert h["capacity_bytes"] == 8e9 and h["fits"] is True
 
 
 @pytest.mark.parametrize("overrides", [
