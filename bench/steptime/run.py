@@ -127,9 +127,13 @@ def train(name: str, ranks: int, extra: list[str], profile: Path, steps: int, ru
     records = [json.loads(l) for l in (runs / f"bench-{name.replace(' ', '').lower()}" / "metrics.jsonl").read_text().splitlines()]
     summary = next(r for r in records if r.get("kind") == "summary")
     steps_s = [r["step_time_s"] for r in records if r.get("kind") == "train"]
+    # peak memory: the largest rank's (CPU: peak RSS) at the last train record, against the plan's peak stage
+    last = [r for r in records if r.get("kind") == "train"][-1]
+    peak = max(last.get("peak_memory_bytes_per_rank") or [last["peak_memory_bytes"]])
     return {"layout": name, "ranks": ranks, "command": "launcher " + " ".join(args[1:]).replace(str(runs), "RUNS"),
             "measured_s": summary["step_time_s"], "predicted_s": summary["predicted_step_time_s"],
             "ratio": summary["step_time_over_predicted"], "step_times_s": steps_s, "wall_s": time.perf_counter() - started,
+            "peak_memory_bytes": peak, "predicted_peak_memory_bytes": summary["predicted_peak_memory_bytes"],
             "load_avg_before": load_before, "load_avg_after": os.getloadavg()}
 
 
@@ -154,11 +158,12 @@ def render() -> None:
     doc = json.loads((HERE / "results.json").read_text())
     m = doc["machine"]
     lines = ["| layout | ranks | measured median step (ms) | repeats (ms) | load avg (1 min) before-after | "
-             "predicted at run time, each repeat (ms) | predicted, committed model (ms) | measured / predicted, each repeat | within 15% |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "predicted at run time, each repeat (ms) | predicted, committed model (ms) | measured / predicted, each repeat | within 15% | "
+             "peak memory (largest rank's peak RSS) / planned, each repeat |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in doc["results"]:
         if "error" in r:
-            lines.append(f"| {r['layout']} | | failed | | | | | | |")
+            lines.append(f"| {r['layout']} | | failed | | | | | | | |")
             continue
         # without --repredict: the last pass's prediction, whose profile is the one committed (the row's own run
         # may be an earlier pass's, predicted from that pass's calibration)
@@ -172,7 +177,8 @@ def render() -> None:
         at_run = ", ".join(f"{x * 1e3:.0f}" for x in r.get("repeats_predicted_s", [r["predicted_s"]]))
         lines.append(f"| {r['layout']} | {r['ranks']} | {r['measured_s'] * 1e3:.0f} | {reps} | {loads} | {at_run} | "
                      f"{now * 1e3:.0f} | {', '.join(f'{x:.2f}' for x in ratios)} | "
-                     f"{', '.join('yes' if abs(x - 1) <= 0.15 else 'no' for x in ratios)} |")
+                     f"{', '.join('yes' if abs(x - 1) <= 0.15 else 'no' for x in ratios)} | "
+                     f"{', '.join(f'{x:.2f}' for x in r.get('repeats_memory_ratio', [])) or 'not recorded'} |")
     cmds = "\n".join(f"    {r['command']}" for r in doc["results"] if "command" in r)
     table = "\n".join(lines) + calibration_spread(doc.get("pass_profiles", []))
     held = ("calibrated again before every pass, each repeat held to the prediction from its own pass's profile "
@@ -255,6 +261,7 @@ def main() -> None:
         row["repeats_measured_s"] = [r["measured_s"] for r in rs if "error" not in r]
         row["repeats_predicted_s"] = [r["predicted_s"] for r in rs if "error" not in r]
         row["repeats_load_avg"] = [[r["load_avg_before"][0], r["load_avg_after"][0]] for r in rs if "error" not in r]
+        row["repeats_memory_ratio"] = [r["peak_memory_bytes"] / r["predicted_peak_memory_bytes"] for r in rs if "error" not in r]
         results.append(row)
     machine = {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
                "torch": torch.__version__, "load_avg_at_end": os.getloadavg()}

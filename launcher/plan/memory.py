@@ -39,11 +39,20 @@ Framework overhead (stated allowance, not measured): 2 GB for the CUDA context, 
 allocator fragmentation, plus DeepSpeed's communication buffers: ZeRO 1/2 reduce bucket (our DeepSpeed
 config's reduce_bucket_size = 5e8 elements, launcher/deepspeed_config.py), ZeRO 3 two gathered blocks
 (the one computing and the one prefetched).
+
+On CPU ranks (a `launcher calibrate` profile with process_bytes) the peak is the process's resident set, so the
+overhead is what calibrate measured a rank to hold before its model (interpreter, torch, DeepSpeed, transformers'
+modeling code: ~0.37-0.39 GB here) in place of the CUDA allowance, and the ZeRO 1/2 bucket counts only the pages the
+stage's gradients are copied into: DeepSpeed allocates it with torch.empty (stage_1_and_2.py ipg buffer), and an
+untouched page is not resident. What this does not count on CPU: autograd's backward transients and the freed
+blocks the allocator keeps; measured, recipe=tiny's peak RSS grew 1.6x the planned activation bytes from micro-batch
+4 to 16 (492 / 535 / 638 MiB for 30 / 60 / 119 MiB planned, 2026-11-29, bench/steptime/results.md).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 from launcher.plan import activations as act
 from launcher.plan.inputs import Hardware, ModelShape, Strategy
@@ -189,7 +198,8 @@ class MemoryEstimate:
                 "overhead": m.overhead, "total": m.total}
 
 
-def _stage_memory(shape: ModelShape, st: Strategy, stage: int, working_set: float) -> StageMemory:
+def _stage_memory(shape: ModelShape, st: Strategy, stage: int, working_set: float,
+                  process_bytes: Optional[float] = None) -> StageMemory:
     n = stage_params(shape, st, stage)
     states = model_state_bytes(n, st.zero_partition_degree, st.zero_stage, st.dtype, st.grad_accum_fp32,
                                st.pipeline_degree, st.offload_optimizer, st.offload_param)
@@ -211,11 +221,13 @@ def _stage_memory(shape: ModelShape, st: Strategy, stage: int, working_set: floa
     if st.zero_stage == 3:
         buffers = 2 * shape.params.per_layer / st.tensor_degree * w
     elif st.zero_stage in (1, 2):
-        buffers = REDUCE_BUCKET_ELEMENTS * w
+        # CPU ranks: only the pages the stage's gradients fill are resident (module docstring)
+        buffers = (REDUCE_BUCKET_ELEMENTS if process_bytes is None else min(REDUCE_BUCKET_ELEMENTS, n)) * w
     else:
         buffers = 0.0
+    base = FRAMEWORK_OVERHEAD_BYTES if process_bytes is None else process_bytes
     return StageMemory(stage=stage, params=states["params"], grads=states["grads"], optimizer=states["optimizer"],
-                       activations=acts, logits=logits, overhead=FRAMEWORK_OVERHEAD_BYTES + buffers)
+                       activations=acts, logits=logits, overhead=base + buffers)
 
 
 def estimate_memory(shape: ModelShape, st: Strategy, hw: Hardware) -> MemoryEstimate:
@@ -231,7 +243,8 @@ def estimate_memory(shape: ModelShape, st: Strategy, hw: Hardware) -> MemoryEsti
     # first, the last and (for the block-count remainder) stage 1 bound them all; evaluating every stage
     # would cost O(PP) per candidate in --search for no new maximum.
     stages = sorted({0, min(1, st.pipeline_degree - 1), st.pipeline_degree - 1})
-    return MemoryEstimate(stages=tuple(_stage_memory(shape, st, i, working_set) for i in stages),
+    process_bytes = hw.profile.process_bytes if hw.device == "cpu" else None
+    return MemoryEstimate(stages=tuple(_stage_memory(shape, st, i, working_set, process_bytes) for i in stages),
                           capacity_bytes=hw.memory_bytes)
 
 

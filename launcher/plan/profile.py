@@ -30,6 +30,10 @@ A profile says how fast one accelerator (or one CPU rank) runs each kind of oper
                             written in by hand (calibrate measures the latency at its own world size, one node)
     host_memory_gb          RAM per node; compute_slots: ranks per node that compute at once (CPU cores for
                             CPU ranks; None for GPUs, one per GPU)
+    process_bytes           CPU ranks: a rank's resident bytes before its model (interpreter, torch, DeepSpeed,
+                            transformers' modeling code, the process group), measured by `launcher calibrate`;
+                            the plan's memory overhead on CPU ranks in place of the GPU's CUDA allowance
+                            (launcher/plan/memory.py). None on GPUs and in older files
     zero3_module_s          DeepSpeed ZeRO-3's hook cost per module per micro-batch (forward + backward),
                             measured by `launcher calibrate` on a ZeRO-3 engine against the same model plain;
                             the H200's is measured (a 1B LLaMA on one H200 ran ZeRO-3 at 2.1x its ZeRO-1 step:
@@ -181,6 +185,7 @@ class Profile:
     inter: Link
     host_memory_gb: Optional[float] = None
     compute_slots: Optional[int] = None
+    process_bytes: Optional[float] = None
     source: str = ""        # where the numbers come from (printed in the plan's step-time row)
     # Measured rate tables ({dtype: [[smallest side or sequence length, TFLOP/s], ...]}, from `launcher
     # calibrate`): where present the model interpolates them (log-linear in the size, clamped at the ends)
@@ -576,6 +581,7 @@ def load_profile(path: str) -> Profile:
             inter=Link(float(doc["inter"]["latency_s"]), float(doc["inter"]["bus_gbps"])),
             host_memory_gb=None if doc.get("host_memory_gb") is None else float(doc["host_memory_gb"]),
             compute_slots=None if doc.get("compute_slots") is None else int(doc["compute_slots"]),
+            process_bytes=None if doc.get("process_bytes") is None else float(doc["process_bytes"]),
             gemm_table={str(k): [[float(a), float(b)] for a, b in v] for k, v in (doc.get("gemm_table") or {}).items()},
             attention_table={str(k): [[float(a), float(b)] for a, b in v] for k, v in (doc.get("attention_table") or {}).items()},
             attention_head_dim=float(doc.get("attention_head_dim") or 128.0),

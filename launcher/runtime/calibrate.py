@@ -219,6 +219,7 @@ def write_profile(raw: dict, out: str, seconds: float) -> Path:
         attention_half_seq={d: half for d, (_, half) in attn.items()},
         memory_gbps=raw["memory_gbps"], kernel_overhead_s=raw["kernel_overhead_s"],
         intra=intra, inter=inter, all_to_all=a2a, intra_groups=intra_groups, host_memory_gb=raw["host_memory_gb"],
+        process_bytes=raw.get("process_bytes"),
         zero3_module_s=raw["zero3_module_s"], zero3_param_s=raw["zero3_param_s"],
         zero3_module_step_s=raw.get("zero3_module_step_s", 0.0), zero3_param_step_s=raw.get("zero3_param_step_s", 0.0),
         engine_element_s=raw["engine_element_s"], engine_tensor_s=raw["engine_tensor_s"],
@@ -406,6 +407,7 @@ def _worker(raw_path: str, device: str, grad_clip: str) -> None:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     dev = torch.device(device)
     recycle_step_buffers(device, 0)  # what a step runs with, ZeRO-3's excepted (launcher/runtime/cpualloc.py)
+    process_bytes = _process_bytes(dist, dev) if device == "cpu" else None
     # Both training dtypes every time (a profile serves any precision=...): fp32 (TF32 matmuls on GPUs, as
     # inputs.py plans them) and bf16.
     dtypes = (("fp32", torch.float32), ("bf16", torch.bfloat16))
@@ -474,6 +476,7 @@ def _worker(raw_path: str, device: str, grad_clip: str) -> None:
     phases.done("DeepSpeed engine per element and tensor")
     out["framework"] = _framework(dev, device, dtypes)
     out["host_memory_gb"] = _host_memory_gb()
+    out["process_bytes"] = process_bytes
     phases.done("framework / host issue time")
     out["phase_seconds"] = phases.seconds
     out["seconds"] = time.perf_counter() - started
@@ -1154,6 +1157,34 @@ def _framework(dev, device: str, dtypes) -> dict:
                         times[layers][1].append(t2 - t1)
             out[arch][dname] = {layers: [statistics.median(f), statistics.median(b)] for layers, (f, b) in times.items()}
     return out
+
+
+def _resident_bytes() -> int:
+    """This process's resident set now (VmRSS), in bytes."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise OSError("no VmRSS line in /proc/self/status")
+
+
+def _process_bytes(dist, dev) -> float:
+    """What a CPU training rank holds before its model (profile.process_bytes): the resident set once the modules
+    a rank runs are imported (the runtime's model builders, DeepSpeed's engines, transformers' modeling code) and its
+    process group is up, the largest over the ranks. On CPU ranks the plan's peak memory is the process's peak RSS,
+    and this is most of it at recipe=tiny's size: 2026-11-29 on this VM, 251 MiB with torch and DeepSpeed imported,
+    363 once transformers' modeling code is (its first model module pulls in ~110 MiB), against 474-556 MiB peak
+    for recipe=tiny's layouts; taken here before any probe allocates."""
+    import importlib
+
+    import torch
+
+    for name in ("launcher.runtime.build", "launcher.runtime.model", "deepspeed.runtime.engine",
+                 "deepspeed.runtime.zero.stage_1_and_2", "deepspeed.runtime.zero.stage3", "deepspeed.runtime.pipe.engine",
+                 *(f"transformers.models.{m}.modeling_{m}" for m in ("llama", "gpt2", "bloom"))):
+        importlib.import_module(name)
+    t = torch.tensor([float(_resident_bytes())], dtype=torch.float64, device=dev)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
 
 
 def _host_memory_gb() -> float:

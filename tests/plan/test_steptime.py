@@ -935,3 +935,26 @@ def test_release_table_in_profile_files(tmp_path):
         path.write_text(yaml.safe_dump(profile_to_dict(ideal(release=bad))))
         with pytest.raises(ConfigError, match="release table"):
             load_profile(str(path))
+
+
+def test_cpu_ranks_plan_the_calibrated_process_not_the_cuda_allowance(tmp_path):
+    """On CPU ranks the plan's memory overhead is the process calibrate measured (profile.process_bytes) and the
+    ZeRO-1/2 bucket only as far as the stage's gradients fill it (torch.empty pages are not resident until
+    written); a GPU, or a CPU profile from before process_bytes, keeps the 2 GB allowance and the whole bucket."""
+    import yaml
+
+    from launcher.plan.memory import estimate_memory
+
+    _, shape, st = setup("parallel.zero_stage=2")           # recipe=tiny: fp32, 2 ranks, ZeRO-2
+    n = shape.params.total                                  # no TP or PP: the bucket sees every gradient
+    cpu = estimate_memory(shape, st, hardware(ideal(process_bytes=400e6), "cpu")).peak
+    assert cpu.overhead == 400e6 + n * 4                    # 5e8 elements would be 2 GB; the model is ~1.3M
+    gpu = estimate_memory(shape, st, hardware(ideal(process_bytes=400e6), "cuda")).peak
+    assert gpu.overhead == 2e9 + 500_000_000 * 4
+    old = estimate_memory(shape, st, hardware(ideal(), "cpu")).peak
+    assert old.overhead == gpu.overhead
+    # the states and activations are the same on either device
+    assert (cpu.params, cpu.grads, cpu.optimizer, cpu.activations) == (gpu.params, gpu.grads, gpu.optimizer, gpu.activations)
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(profile_to_dict(ideal(process_bytes=400e6))))
+    assert load_profile(str(path)).process_bytes == 400e6

@@ -139,6 +139,11 @@ def test_calibrate_two_cpu_ranks_then_plan(tmp_path, capsys):
                      if line.startswith("MemTotal:"))
     assert plan["host_memory"]["capacity_bytes"] == pytest.approx(mem_total, rel=1e-6)
     assert plan["host_memory"]["capacity_source"].startswith(f"cluster.profile={out}")
+    # A rank's resident bytes before its model, measured once the runtime's modules are imported: torch, DeepSpeed
+    # and transformers' modeling code alone are over 200 MB resident; the plan's CPU overhead is that plus the
+    # ZeRO-2 bucket's pages the gradients fill (recipe=tiny: every fp32 gradient).
+    assert 200e6 < prof.process_bytes < mem_total
+    assert plan["memory_per_gpu_bytes"]["overhead"] == pytest.approx(prof.process_bytes + 4 * n)
 
 
 def test_interrupted_calibrate_leaves_no_rank_running(tmp_path):
