@@ -764,6 +764,12 @@ def _compute_sweep(dev, device, dtypes, sync, dist) -> dict:
     n = ((64 if device == "cpu" else 256) << 20) // 4
     src = torch.ones(n, device=dev, dtype=torch.float32)
     dst = torch.empty_like(src)
+    # The first write to dst faults its pages in (64 MiB is above the step's 32 MiB mmap threshold, so it is mapped
+    # fresh): on a VM whose guest pages are not yet backed by the host that cost ~25 us a page, and 4 ranks on this
+    # 2-core VM read the copy at 0.32-0.50 GB/s in both calibrations of a bench run where plain processes copied at
+    # 12.6-13.2 (2026-11-29, bench/steptime/results.md). A step's buffers are reused from the heap, not faulted
+    # in each time (launcher/runtime/cpualloc.py), so the window times copies into touched pages only.
+    dst.copy_(src)
     dist.barrier()
     t = _shared_copy_s(dst, src, dist) if device == "cpu" else _median_time(lambda: dst.copy_(src), sync, 10, calls=queued)
     out["memory_gbps"] = 2 * n * 4 / t / 1e9
