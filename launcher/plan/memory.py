@@ -44,9 +44,12 @@ On CPU ranks (a `launcher calibrate` profile with process_bytes) the peak is the
 overhead is what calibrate measured a rank to hold before its model (interpreter, torch, DeepSpeed, transformers'
 modeling code: ~0.37-0.39 GB here) in place of the CUDA allowance, and the ZeRO 1/2 bucket counts only the pages the
 stage's gradients are copied into: DeepSpeed allocates it with torch.empty (stage_1_and_2.py ipg buffer), and an
-untouched page is not resident. What this does not count on CPU: autograd's backward transients and the freed
-blocks the allocator keeps; measured, recipe=tiny's peak RSS grew 1.6x the planned activation bytes from micro-batch
-4 to 16 (492 / 535 / 638 MiB for 30 / 60 / 119 MiB planned, 2026-11-29, bench/steptime/results.md).
+untouched page is not resident. The plan's terms hold the live tensors: torch's memory timeline of a recipe=tiny
+step peaks at 49.0 / 82.8 / 150.4 MiB at micro-batch 4 / 8 / 16 (parameters, optimizer state, saved activations and
+autograd's buffers at the top of the backward) where the terms without overhead are 50.1 / 79.9 / 139.5
+(bench/steptime/memory_timeline.py). What they do not count on CPU is the freed blocks glibc keeps: the ranks' peak
+RSS grew 1.6x the planned activations from micro-batch 4 to 16 (492 / 535 / 638 MiB), and recipe=tiny's layouts
+read 1.20-1.35x their plan in peak RSS (2026-11-29, bench/steptime/results.md).
 """
 
 from __future__ import annotations
