@@ -1165,14 +1165,6 @@ def _framework(dev, device: str, dtypes) -> dict:
     return out
 
 
-def _resident_bytes() -> int:
-    """This process's resident set now (VmRSS), in bytes."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise OSError("no VmRSS line in /proc/self/status")
-
-
 def _process_bytes(dist, dev) -> float:
     """What a CPU training rank holds before its model (profile.process_bytes): the resident set once the modules
     a rank runs are imported (the runtime's model builders, DeepSpeed's engines, transformers' modeling code) and its
@@ -1184,11 +1176,13 @@ def _process_bytes(dist, dev) -> float:
 
     import torch
 
+    from launcher.runtime.metrics import current_rss_bytes
+
     for name in ("launcher.runtime.build", "launcher.runtime.model", "deepspeed.runtime.engine",
                  "deepspeed.runtime.zero.stage_1_and_2", "deepspeed.runtime.zero.stage3", "deepspeed.runtime.pipe.engine",
                  *(f"transformers.models.{m}.modeling_{m}" for m in ("llama", "gpt2", "bloom"))):
         importlib.import_module(name)
-    t = torch.tensor([float(_resident_bytes())], dtype=torch.float64, device=dev)
+    t = torch.tensor([float(current_rss_bytes())], dtype=torch.float64, device=dev)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return float(t.item())
 
