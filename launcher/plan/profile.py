@@ -548,6 +548,16 @@ def profile_to_dict(p: Profile, measured: Optional[dict] = None) -> dict:
     return out
 
 
+@functools.lru_cache(maxsize=8)
+def _parse_profile(text: str):
+    """A profile file's YAML, parsed once per content: one `launcher plan` reads cluster.profile for the hardware and
+    again for each host-memory check (~30 ms a parse of a calibrated file). Keyed by the text, not the path, so a
+    rewritten file is parsed again; load_profile reads the document without changing it."""
+    import yaml
+
+    return yaml.safe_load(text)
+
+
 def load_profile(path: str) -> Profile:
     """Read and validate a profile written by `launcher calibrate`; ConfigError on cluster.profile otherwise."""
     import yaml
@@ -558,7 +568,7 @@ def load_profile(path: str) -> Profile:
     if not p.is_file():
         raise ConfigError(key, path, f"no profile file at {p.resolve()}", fix)
     try:
-        doc = yaml.safe_load(p.read_text())
+        doc = _parse_profile(p.read_text())
     except (yaml.YAMLError, UnicodeDecodeError, OSError) as err:
         raise ConfigError(key, path, f"is not a readable YAML profile ({type(err).__name__}: {str(err)[:200]})", fix)
     if not isinstance(doc, dict):
