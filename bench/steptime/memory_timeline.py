@@ -22,10 +22,12 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 from torch.profiler._memory_profiler import _CATEGORY_TO_INDEX, MemoryProfileTimeline
 
-from launcher.config.compose import compose
-from launcher.runtime.model import build_model
+sys.path.insert(0, str(Path(__file__).parent))
+from run import HERE, LAUNCHER, REPO  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[2]
+from launcher.config.compose import compose  # noqa: E402
+from launcher.runtime.model import build_model  # noqa: E402
+
 MIB = 2 ** 20
 
 
@@ -43,16 +45,16 @@ def live_peak(mb: int) -> dict:
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True) as prof:
         step()
     _, sizes = MemoryProfileTimeline(prof._memory_profile())._coalesce_timeline("cpu")
-    # each row: [unclassified?, then one column per category in _CATEGORY_TO_INDEX's order] (torch 2.13)
+    # each row: a column torch leaves at 0, then one per category at _CATEGORY_TO_INDEX's index + 1 (torch 2.13)
     at = max(range(len(sizes)), key=lambda i: sum(sizes[i]))
     names = {i + 1: (c.name.lower() if c is not None else "unknown") for c, i in _CATEGORY_TO_INDEX.items()}
     return {"total": sum(sizes[at]), **{names.get(j, f"column {j}"): v for j, v in enumerate(sizes[at]) if v}}
 
 
 def planned(mb: int) -> dict:
-    out = subprocess.run([str(REPO / ".venv/bin/launcher"), "plan", "recipe=tiny", "parallel.zero_stage=0",
+    out = subprocess.run([LAUNCHER, "plan", "recipe=tiny", "parallel.zero_stage=0",
                           f"batch.micro_batch_size={mb}", f"batch.global_batch_size={2 * mb}",
-                          f"cluster.profile={REPO / 'bench/steptime/profile.yaml'}", "--json"],
+                          f"cluster.profile={HERE / 'profile.yaml'}", "--json"],
                          capture_output=True, text=True, check=True, cwd=REPO)
     return json.loads(out.stdout)["memory_per_gpu_bytes"]
 

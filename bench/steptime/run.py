@@ -126,10 +126,10 @@ def train(name: str, ranks: int, extra: list[str], profile: Path, steps: int, ru
         return {"layout": name, "error": proc.stderr[-2000:], "command": " ".join(args[1:])}
     records = [json.loads(l) for l in (runs / f"bench-{name.replace(' ', '').lower()}" / "metrics.jsonl").read_text().splitlines()]
     summary = next(r for r in records if r.get("kind") == "summary")
-    steps_s = [r["step_time_s"] for r in records if r.get("kind") == "train"]
+    trains = [r for r in records if r.get("kind") == "train"]
+    steps_s = [r["step_time_s"] for r in trains]
     # peak memory: the largest rank's (CPU: peak RSS) at the last train record, against the plan's peak stage
-    last = [r for r in records if r.get("kind") == "train"][-1]
-    peak = max(last.get("peak_memory_bytes_per_rank") or [last["peak_memory_bytes"]])
+    peak = max(trains[-1].get("peak_memory_bytes_per_rank") or [trains[-1]["peak_memory_bytes"]])
     return {"layout": name, "ranks": ranks, "command": "launcher " + " ".join(args[1:]).replace(str(runs), "RUNS"),
             "measured_s": summary["step_time_s"], "predicted_s": summary["predicted_step_time_s"],
             "ratio": summary["step_time_over_predicted"], "step_times_s": steps_s, "wall_s": time.perf_counter() - started,
