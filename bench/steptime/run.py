@@ -51,13 +51,13 @@ MEASURE = ["scheduler.warmup_steps=2", "logging.log_every=1", "logging.progress_
            "checkpoint.save_every=0", "checkpoint.export_hf=false"]
 
 
-def on_two_ranks(script: str) -> object:
-    """Run `script --rank-side OUT` on 2 local CPU ranks (torchrun, the repository on PYTHONPATH) and return the JSON
-    its rank 0 wrote to OUT (layers.py, straggler.py)."""
+def on_two_ranks(script: str, extra: list = ()) -> object:
+    """Run `script --rank-side OUT [extra]` on 2 local CPU ranks (torchrun, the repository on PYTHONPATH) and return
+    the JSON its rank 0 wrote to OUT (layers.py, straggler.py, probe_rounds.py)."""
     with tempfile.TemporaryDirectory() as tmp:
         raw = Path(tmp) / "rank0.json"
         subprocess.run([str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc_per_node", "2", script,
-                        "--rank-side", str(raw)], cwd=REPO, check=True, env={**os.environ, "PYTHONPATH": str(REPO)},
+                        "--rank-side", str(raw), *extra], cwd=REPO, check=True, env={**os.environ, "PYTHONPATH": str(REPO)},
                        capture_output=True)
         return json.loads(raw.read_text())
 

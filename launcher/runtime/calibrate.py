@@ -58,8 +58,10 @@ memory bus and cores as they will in training, measures:
                        each micro-batch's kernels
     host memory        /proc/meminfo MemTotal; compute slots: cores / threads per rank (CPU ranks)
 
-The compute rates (GEMM, attention, memory, kernel overhead) are the median of COMPUTE_ROUNDS sweeps: one sweep
-that another process slowed is dropped, and the rate is the one a step's many kernels meet, not the best. Each
+The compute rates (GEMM, attention, memory, kernel overhead), the collectives after compute, the stragglers, the
+release and ZeRO-3's hooks are measured in COMPUTE_ROUNDS rounds, one of each probe a round, and each item is the median over the
+rounds: one round that another process slowed is dropped, and the rate is the one a step's many kernels meet, not
+the best (each round's tables are kept, measurements.probe_rounds). Each
 sweep's copy bandwidth, operator overhead and largest-side GEMM rates are kept (measurements.sweep_spread); where
 they differ by more than NOISY_SWEEPS, calibrate warns on stderr and in the profile's header that the machine was
 busy, since a disturbance lasting through two sweeps moves the median too.
@@ -67,9 +69,9 @@ busy, since a disturbance lasting through two sweeps moves the median too.
 Rank 0 writes the raw measurements to a JSON file; the parent fits them and writes the versioned YAML
 (write_profile; under SLURM the job's batch shell, `python -m launcher.runtime.calibrate --fit RAW OUT`).
 Every fit is to microbenchmarks of this machine, never to training runs. Rank 0 says on stderr as each probe
-ends what it took (`calibrate: ZeRO-3 hooks 8 s (30 s so far)`); the profile keeps the seconds
-(measurements.phase_seconds) and lists them in its header. 2 CPU ranks here: 63-76 s, 31-32 of them DeepSpeed's
-engine probe.
+ends what it took (`calibrate: ZeRO-3 hooks 8 s (30 s so far)`; `calibrate: collectives, round 2 of 3 1 s (40 s so
+far)`); the profile keeps the seconds of each probe over its rounds (measurements.phase_seconds) and lists them in
+its header. 2 CPU ranks here: ~100 s, ~40 of them DeepSpeed's engine probe; 4 ranks ~205 s.
 """
 
 from __future__ import annotations
@@ -111,7 +113,7 @@ COPY_WINDOW_S = 0.25
 # moved a few percent (bench/steptime/results.md); a GEMM rate moved 2x when another process landed on a sweep.
 NOISY_SWEEPS = 1.5
 STRAGGLER_SEGMENTS_S = {"cpu": (0.005, 0.02, 0.06, 0.15), "cuda": (0.0005, 0.005, 0.05)}
-STRAGGLER_BUDGET_S = 1.5    # per segment length
+STRAGGLER_BUDGET_S = 0.5    # per segment length and round (COMPUTE_ROUNDS rounds)
 GEMM_POOL_BYTES = 64 << 20
 
 
@@ -174,13 +176,15 @@ class _Phases:
         self.rank, self.seconds, self._t = rank, {}, time.perf_counter()
         self._start = self._t
 
-    def done(self, name: str) -> None:
+    def done(self, name: str, round_: int | None = None) -> None:
+        """`round_`: the probe runs once in each of COMPUTE_ROUNDS rounds; its seconds add up under one name."""
         now = time.perf_counter()
-        self.seconds[name] = now - self._t
-        self._t = now
+        self.seconds[name] = self.seconds.get(name, 0.0) + now - self._t
+        label = name if round_ is None else f"{name}, round {round_} of {COMPUTE_ROUNDS}"
         if self.rank == 0:
-            print(f"{PHASE_PREFIX}{name} {self.seconds[name]:.0f} s ({now - self._start:.0f} s so far)",
+            print(f"{PHASE_PREFIX}{label} {now - self._t:.0f} s ({now - self._start:.0f} s so far)",
                   file=sys.stderr, flush=True)
+        self._t = now
 
 
 def write_profile(raw: dict, out: str, seconds: float) -> Path:
@@ -251,7 +255,7 @@ def write_profile(raw: dict, out: str, seconds: float) -> Path:
             "all_to_all_after_compute",
             "all_reduce_groups_after_compute", "all_reduce_rail_after_compute", "all_reduce_world_after_compute",
             "straggler", "release", "zero3", "engine", "framework", "world", "local_world", "nodes", "backend",
-            "device_name", "cores", "seconds", "phase_seconds", "sweep_spread")
+            "device_name", "cores", "seconds", "phase_seconds", "sweep_spread", "probe_rounds")
     doc = profile_to_dict(prof, measured={k: raw[k] for k in kept if k in raw}
                                          | ({"kernel_host_s": raw["kernel_host_s"]} if device != "cpu" else {}))
     doc["measurements"]["note"] = ("gemm: [side, FLOP/s]; attention: [seq, causal FLOP/s fwd+bwd]; all_reduce (bare, "
@@ -260,7 +264,8 @@ def write_profile(raw: dict, out: str, seconds: float) -> Path:
                                    "(intra_groups), one rank a node (rail: inter) and all ranks "
                                    "across nodes (world: measured, not charged); zero3: seconds "
                                    "per step [unit, micro-batches a step, modules, zero-3 engine, plain]; straggler: "
-                                   "{group size: [mean segment seconds, (slowest - mean) / mean]}; engine: seconds per "
+                                   "{group size: [mean segment seconds, (slowest - mean) / mean]}; collectives, straggler and "
+                                   "release: the median over probe_rounds (each round's tables); engine: seconds per "
                                    "step [dtype, ZeRO stage, side d, micro-batches a step, Linear(d, d) layers, "
                                    "engine, plain]; framework: {arch: {dtype: {blocks: "
                                    "[forward s, backward s]}} of the near-zero-compute probe model "
@@ -429,48 +434,55 @@ def _worker(raw_path: str, device: str, grad_clip: str) -> None:
     # move 2x when another process lands on it (the fp32 GEMM rate at side 128 on this 2-core box: 0.097 TFLOP/s
     # one calibration, 0.049 the next, bench/steptime/results.md); the median of three drops one such sweep.
     phases = _Phases(rank)
-    sweeps = [_compute_sweep(dev, device, dtypes, sync, dist) for _ in range(COMPUTE_ROUNDS)]
-    out.update(_median_of(sweeps))
-    out["sweep_spread"] = sweep_spread(sweeps)
-    out["attention_head_dim"] = ATTN_HEAD_DIM[device]
-    phases.done("compute rates (GEMM, attention, memory, kernel overhead)")
-
-    # All-reduce over every rank: latency + bytes / bandwidth, back to back (kept beside the fit's input).
-    out["all_reduce"] = []
-    for nbytes in ALLREDUCE_BYTES:
-        buf = torch.ones(nbytes // 4, device=dev, dtype=torch.float32)
-        dist.barrier()
-        t = _median_time(lambda: dist.all_reduce(buf), sync, 10, agree=agree)
-        tt = torch.tensor([t], dtype=torch.float64, device=dev)
-        dist.all_reduce(tt, op=dist.ReduceOp.MAX)   # the slowest rank's time is the collective's
-        out["all_reduce"].append([nbytes, float(tt.item())])
-
-    # The same collectives as a training step meets them: right after compute on every rank. On one node, over
-    # every rank. On several (`launcher submit --calibrate`), every group runs at once as in training: each
-    # node's ranks among themselves (the intra-node link; Ulysses' all-to-all), then each local rank with its
-    # peers on the other nodes (one GPU a node: the inter-node link as the plan charges it, one NIC a GPU), then
-    # all ranks together across the nodes (whether the node's NICs add up for one group, which the plan does not
-    # assume: launcher/plan/profile.py NcclTuning), kept in the measurements.
     local, nodes = _node_shape(world)
     out["local_world"], out["nodes"], out["threads"] = local, nodes, torch.get_num_threads()
     node_group, rail_group = _node_groups(dist, world, local)
-    out.update(_after_compute(dev, device, sync, agree, dist, node_group, all_to_all=True))
-    # Smaller groups inside a node (2, 4, ... consecutive ranks, every group at once, as TP groups run): with more
-    # ranks than cores a node-wide all-reduce waits for every rank to be scheduled, a pair for two.
-    out["all_reduce_groups_after_compute"] = {
-        size: _after_compute(dev, device, sync, agree, dist, _consecutive_group(dist, size))["all_reduce_after_compute"]
-        for size in _sub_node_sizes(local)}
-    if nodes > 1:
-        for name, group in (("all_reduce_rail_after_compute", rail_group), ("all_reduce_world_after_compute", None)):
-            out[name] = _after_compute(dev, device, sync, agree, dist, group)["all_reduce_after_compute"]
-    phases.done("collectives")
-
-    out["straggler"] = _straggler(dev, device, sync, dist)
-    out["release"] = _release(dev, device, sync, dist, [*_sub_node_sizes(local), local]) if local > 1 else {}
-    phases.done("stragglers and release")
-    out["zero3"], zero3 = _zero3_hooks(dev, sync, agree, float(grad_clip))
-    out |= zero3
-    phases.done("ZeRO-3 hooks")
+    unit = _segment_unit(dev, device, sync, dist) if world > 1 else None
+    sweeps, collectives, stragglers, releases, zero3_rows, zero3_slopes = [], [], [], [], [], []
+    # COMPUTE_ROUNDS rounds, each of every probe that a step's time is read from (compute, the collectives after
+    # compute, the stragglers and the release, ZeRO-3's hooks), each item the median over the rounds: a disturbance
+    # of a few seconds lands in one round's compute or one round's collectives, not in the figure. The collectives and the
+    # release were timed once until 2026-12-01; then the all-to-all's fitted latency read 0.21-0.53 ms and the
+    # all-reduce's 0.75-1.51 ms in five back-to-back timings on a quiet 2-rank box (bench/steptime/probe_rounds.py),
+    # and one busy reading of each moved SP2's plan 25% (bench/steptime/results.md).
+    for k in range(1, COMPUTE_ROUNDS + 1):
+        sweeps.append(_compute_sweep(dev, device, dtypes, sync, dist))
+        phases.done("compute rates (GEMM, attention, memory, kernel overhead)", k)
+        # As a training step meets them: right after compute on every rank. On one node, over every rank. On
+        # several (`launcher submit --calibrate`), every group runs at once as in training: each node's ranks among
+        # themselves (the intra-node link; Ulysses' all-to-all), then each local rank with its peers on the other
+        # nodes (one GPU a node: the inter-node link as the plan charges it, one NIC a GPU), then all ranks
+        # together across the nodes (whether the node's NICs add up for one group, which the plan does not assume:
+        # launcher/plan/profile.py NcclTuning), kept in the measurements. Smaller groups inside a node (2, 4, ...
+        # consecutive ranks, every group at once, as TP groups run): with more ranks than cores a node-wide
+        # all-reduce waits for every rank to be scheduled, a pair for two.
+        if k == 1:      # all-reduce over every rank, back to back: kept beside the fits' input, not fitted
+            out["all_reduce"] = _bare_all_reduce(dev, sync, agree, dist)
+        coll = _after_compute(dev, device, sync, agree, dist, node_group, all_to_all=True)
+        coll["all_reduce_groups_after_compute"] = {
+            str(size): _after_compute(dev, device, sync, agree, dist, _consecutive_group(dist, size))["all_reduce_after_compute"]
+            for size in _sub_node_sizes(local)}
+        if nodes > 1:
+            for name, group in (("all_reduce_rail_after_compute", rail_group), ("all_reduce_world_after_compute", None)):
+                coll[name] = _after_compute(dev, device, sync, agree, dist, group)["all_reduce_after_compute"]
+        collectives.append(coll)
+        phases.done("collectives", k)
+        stragglers.append(_straggler(dev, device, sync, dist, unit))
+        releases.append(_release(dev, device, sync, dist, [*_sub_node_sizes(local), local], unit) if local > 1 else {})
+        phases.done("stragglers and release", k)
+        rows, slope = _zero3_hooks(dev, sync, agree, float(grad_clip))
+        zero3_rows += rows
+        zero3_slopes.append(slope)
+        phases.done("ZeRO-3 hooks", k)
+    out.update(_median_of(sweeps))
+    out["sweep_spread"] = sweep_spread(sweeps)
+    out["attention_head_dim"] = ATTN_HEAD_DIM[device]
+    out.update(median_rows(collectives))
+    out["straggler"], out["release"] = median_rows(stragglers), median_rows(releases)
+    out["zero3"] = zero3_rows
+    out |= zero3_split(zero3_slopes)
+    out["probe_rounds"] = {"collectives": collectives, "straggler": stragglers, "release": releases,
+                           "zero3": zero3_slopes}
     out["engine"], engine = _engine_per_element(dev, device, dtypes, sync, agree, float(grad_clip))
     out |= engine
     phases.done("DeepSpeed engine per element and tensor")
@@ -525,6 +537,21 @@ def _node_groups(dist, world: int, local: int):
     return node, rail
 
 
+def _bare_all_reduce(dev, sync, agree, dist) -> list:
+    """[[bytes, seconds], ...]: all-reduce over every rank, back to back, the slowest rank's median."""
+    import torch
+
+    rows = []
+    for nbytes in ALLREDUCE_BYTES:
+        buf = torch.ones(nbytes // 4, device=dev, dtype=torch.float32)
+        dist.barrier()
+        t = _median_time(lambda: dist.all_reduce(buf), sync, 10, agree=agree)
+        tt = torch.tensor([t], dtype=torch.float64, device=dev)
+        dist.all_reduce(tt, op=dist.ReduceOp.MAX)   # the slowest rank's time is the collective's
+        rows.append([nbytes, float(tt.item())])
+    return rows
+
+
 def _after_compute(dev, device: str, sync, agree, dist, group, all_to_all: bool = False) -> dict:
     """{"all_reduce_after_compute": [[bytes, s], ...] (and "all_to_all_after_compute")}: each collective over
     `group` right after ~1 ms of GEMMs on every rank, its cost the pair's mean time less the GEMMs' alone."""
@@ -577,11 +604,23 @@ def _segment_unit(dev, device: str, sync, dist):
 
 
 def probe_repeats(target_s: float) -> int:
-    """Segments the straggler and release probes time at a target length: STRAGGLER_BUDGET_S of them, 8 to 100."""
-    return max(8, min(100, round(STRAGGLER_BUDGET_S / target_s)))
+    """Segments the straggler and release probes time at a target length in one round: STRAGGLER_BUDGET_S of
+    them, 4 to 100."""
+    return max(4, min(100, round(STRAGGLER_BUDGET_S / target_s)))
 
 
-def _straggler(dev, device: str, sync, dist) -> dict:
+def median_rows(rounds: list) -> dict:
+    """Per item the median over the rounds of a probe's tables ({name: [[x, y], ...]} or {name: {size: [[x, y],
+    ...]}}, the same names, sizes and row count in every round): each row's x and y the medians of that row's."""
+    def rows(tables):
+        return [[statistics.median(r[i][0] for r in tables), statistics.median(r[i][1] for r in tables)]
+                for i in range(len(tables[0]))]
+    first = rounds[0]
+    return {k: {g: rows([r[k][g] for r in rounds]) for g in v} if isinstance(v, dict) else rows([r[k] for r in rounds])
+            for k, v in first.items()}
+
+
+def _straggler(dev, device: str, sync, dist, unit) -> dict:
     """{group size: [[mean segment seconds, fraction], ...]}: the wait for the slowest rank at a synchronisation.
 
     Two CPU ranks here, each computing the same 150 ms of a step's work between two collectives, finish 12-24 ms
@@ -596,13 +635,14 @@ def _straggler(dev, device: str, sync, dist) -> dict:
     (2 CPU ranks here, 2026-11-27: 6.3% and 12.9% of a 3.3 ms segment by arrival where the durations alone give
     4.0% and 8.2%, the same at 20-160 ms; in a recipe=tiny SP2 step the ranks waited 0.52 ms at each of 64
     all-to-alls a step, ~10% of the ~5 ms between them, bench/steptime/results.md). The same repeat count on every
-    rank (from the target length and the slowest rank's unit time), so none leaves the loop early."""
+    rank (from the target length and the slowest rank's unit time), so none leaves the loop early. `unit`:
+    _segment_unit's (unit, seconds)."""
     import torch
 
     world = dist.get_world_size()
     if world == 1:
         return {}           # one rank waits for nobody (a one-GPU calibrate)
-    unit, unit_s = _segment_unit(dev, device, sync, dist)
+    unit, unit_s = unit
     sizes = sorted({g for g in (2, 4, 8, 16, 32, 64) if g <= world} | {world})
     go = torch.zeros(1, device=dev)
     table: dict = {g: [] for g in sizes}
@@ -630,7 +670,7 @@ def _straggler(dev, device: str, sync, dist) -> dict:
     return {str(g): rows for g, rows in table.items()}
 
 
-def _release(dev, device: str, sync, dist, sizes: list) -> dict:
+def _release(dev, device: str, sync, dist, sizes: list, unit) -> dict:
     """{group size: [[mean segment seconds, seconds], ...]}: what a synchronisation costs after its group's last
     rank arrives, by the compute before it.
 
@@ -640,11 +680,12 @@ def _release(dev, device: str, sync, dist, sizes: list) -> dict:
     more often after longer compute (2026-11-28, bench/steptime/results.md). So every group of `size` consecutive
     ranks (every group at once, as TP groups run) computes a block-like segment, stamps its arrival, all-reduces
     4 KiB within the group and stamps the exit; per segment length, the mean over repeats and groups of (mean exit
-    - last arrival). The plan charges a synchronisation what this exceeds its link's fitted latency by."""
+    - last arrival). The plan charges a synchronisation what this exceeds its link's fitted latency by. `unit`:
+    _segment_unit's (unit, seconds)."""
     import torch
 
     world = dist.get_world_size()
-    unit, unit_s = _segment_unit(dev, device, sync, dist)
+    unit, unit_s = unit
     tiny = torch.zeros(1024, device=dev)
     table: dict = {}
     for size in sizes:
@@ -672,8 +713,9 @@ def _release(dev, device: str, sync, dist, sizes: list) -> dict:
 def pooled_release(rows: list, device: str) -> list:
     """The profile's release table for one group size from _release's rows ([mean segment seconds, seconds], one
     per STRAGGLER_SEGMENTS_S[device] target, in that order): every row given the same figure, the mean over all the
-    group's timed synchronisations (each row weighted by the repeats _release ran at its target: total cost over
-    total count). Each row is the mean of 8-100 draws of a heavy-tailed time (a 0.3-0.9 ms median, stalls of 4-8
+    group's timed synchronisations (each row weighted by the repeats _release runs at its target in a round: total
+    cost over total count). Each row is the median over COMPUTE_ROUNDS rounds of a mean of 4-100 draws (before
+    2026-12-01, one mean of 8-100) of a heavy-tailed time (a 0.3-0.9 ms median, stalls of 4-8
     ms), so the rows of one calibration differ mostly by chance: the pair's read 2.35, 1.53, 1.83, 0.97 ms at 5, 20,
     60, 150 ms in one and 1.28, 1.99, 1.88, 2.78 in the next. Read row by row, SP2's plan moved 195 -> 259 ms between
     two calibrations for steps of 216 ms both times. Pooled, the recorded bench/steptime runs read 45 of 48 within
@@ -930,8 +972,9 @@ def split_by_micro_batches(one: float, many: float) -> tuple[float, float]:
 
 
 def _zero3_hooks(dev, sync, agree, grad_clip: float) -> tuple[list, dict]:
-    """(rows, {zero3_module_s, zero3_param_s, zero3_module_step_s, zero3_param_step_s}) of DeepSpeed ZeRO-3's
-    engine work beyond a plain model, forward + backward (and an SGD step, on both sides): a ZeRO-3 engine over K
+    """(rows, {"linear/1": seconds, ...}: the cost per unit of each unit kind at 1 and SPLIT_MICRO_BATCHES
+    micro-batches a step, which zero3_split turns into zero3_module_s, zero3_param_s, zero3_module_step_s,
+    zero3_param_step_s) of DeepSpeed ZeRO-3's engine work beyond a plain model, forward + backward (and an SGD step, on both sides): a ZeRO-3 engine over K
     small bias-free Linear layers (under the persistence threshold, so nothing is fetched: the hooks and the
     partitioned step alone) less the same layers plain, at K = 8 and 40, the difference of the differences over
     32 (the constant costs cancel); then the same with each Linear inside a parameter-less wrapper module. A Linear
@@ -942,13 +985,10 @@ def _zero3_hooks(dev, sync, agree, grad_clip: float) -> tuple[list, dict]:
     split_by_micro_batches. On 2 CPU ranks
     the parameter's ~1.16 ms split ~0.11 a micro-batch and ~1.05 a step (bench/steptime/results.md); charged all
     per micro-batch, recipe=tiny at ZeRO-3 and micro-batch 1 (8 a step) was planned at 1.9x its measured step."""
-    import importlib.util
     import logging
 
     from torch import nn
 
-    if importlib.util.find_spec("deepspeed") is None:
-        return [], 0.0, 0.0
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
 
     class Wrap(nn.Module):
@@ -964,15 +1004,27 @@ def _zero3_hooks(dev, sync, agree, grad_clip: float) -> tuple[list, dict]:
     m = SPLIT_MICRO_BATCHES
     for kind, unit in units.items():
         for micro_batches in (1, m):
-            measured, slope[kind, micro_batches] = engine_cost_per_unit(unit, 32, dev, sync, agree, grad_clip=grad_clip,
-                                                                        micro_batches=micro_batches)
+            measured, slope[f"{kind}/{micro_batches}"] = engine_cost_per_unit(unit, 32, dev, sync, agree,
+                                                                            grad_clip=grad_clip,
+                                                                            micro_batches=micro_batches)
             rows += [[kind, micro_batches, *row] for row in measured]
-    split = {kind: split_by_micro_batches(slope[kind, 1], slope[kind, m]) for kind in units}
+    return rows, slope
+
+
+def zero3_split(rounds: list) -> dict:
+    """{zero3_module_s, zero3_param_s, zero3_module_step_s, zero3_param_step_s} from _zero3_hooks' costs per unit
+    ({"linear/1": s, "linear/3": s, "wrapped/1": s, "wrapped/3": s}), one dict a round: each cost the median of
+    its rounds', then split by micro-batches and by unit kind. The four figures are differences of differences of
+    medians; from one timing they moved the plan of recipe=tiny as ZeRO-3 at micro-batch 2 by 25% between two
+    calibrations minutes apart (engine 176 against 97 ms a step, bench/steptime/results.md, 2026-12-01)."""
+    m = SPLIT_MICRO_BATCHES
+    slope = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
+    split = {kind: split_by_micro_batches(slope[f"{kind}/1"], slope[f"{kind}/{m}"]) for kind in ("linear", "wrapped")}
     out = {}
     for part, suffix in enumerate(("_s", "_step_s")):      # (per micro-batch, once a step)
         out["zero3_module" + suffix] = module = max(0.0, split["wrapped"][part] - split["linear"][part])
         out["zero3_param" + suffix] = max(0.0, split["linear"][part] - module)
-    return rows, out
+    return out
 
 
 def engine_cost_per_unit(unit, width: int, dev, sync, agree=None, budget_s: float = 0.5, stage: int = 3,

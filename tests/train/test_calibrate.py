@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 from pathlib import Path
 
 import pytest
 import yaml
 
-from launcher.runtime.calibrate import COMPUTE_ROUNDS, pooled_release
+from launcher.runtime.calibrate import COMPUTE_ROUNDS, pooled_release, zero3_split
 
 pytestmark = pytest.mark.slow
 
@@ -39,6 +40,15 @@ def test_calibrate_two_cpu_ranks_then_plan(tmp_path, capsys):
     assert set(spread) == {"memory_gbps", "kernel_overhead_s", "gemm_fp32_side_512", "gemm_bf16_side_512"}
     assert all(len(v) == COMPUTE_ROUNDS and min(v) > 0 for v in spread.values())
     assert sorted(spread["memory_gbps"])[1] == doc["memory_gbps"]
+    # The collectives after compute, the stragglers and the release were timed once a round; each figure is the
+    # median of its rounds' (each round's tables kept).
+    rounds = raw["probe_rounds"]
+    assert [len(rounds[k]) for k in ("collectives", "straggler", "release", "zero3")] == [COMPUTE_ROUNDS] * 4
+    for name in ("all_reduce_after_compute", "all_to_all_after_compute"):
+        assert raw[name] == [[b, statistics.median(r[name][i][1] for r in rounds["collectives"])]
+                             for i, (b, _) in enumerate(raw[name])]
+    assert [c for _, c in raw["release"]["2"]] == [statistics.median(r["2"][i][1] for r in rounds["release"])
+                                                   for i in range(len(raw["release"]["2"]))]
     times = dict((b, t) for b, t in raw["all_reduce"])
     assert times[16 << 20] > times[4 << 10] > 0
     prof = load_profile(str(out))
@@ -77,6 +87,8 @@ def test_calibrate_two_cpu_ranks_then_plan(tmp_path, capsys):
         (u, m, k) for u in ("linear", "wrapped") for m in (1, 3) for k in (8, 40))
     assert all(r[3] > 0 and r[4] > 0 for r in raw["zero3"])
     parts = (prof.zero3_module_s, prof.zero3_param_s, prof.zero3_module_step_s, prof.zero3_param_step_s)
+    assert dict(zip(("zero3_module_s", "zero3_param_s", "zero3_module_step_s", "zero3_param_step_s"), parts)) == \
+        zero3_split(rounds["zero3"])      # from the median of each round's costs per unit
     assert min(parts) >= 0 and prof.zero3_module_step_s + prof.zero3_param_step_s > 0
     # The framework probe: every architecture and dtype timed at both block counts, forward and backward; three
     # blocks take longer than one (each block is ~100 more operators forward); the residual is what the profile
@@ -118,9 +130,14 @@ def test_calibrate_two_cpu_ranks_then_plan(tmp_path, capsys):
     assert [line.split(":")[0].strip("# ") for line in phase_lines] == list(phases)
     err = capsys.readouterr().err
     warned = [line for line in err.splitlines() if line.startswith("calibrate: warning: ")]
-    said = [re.fullmatch(r"calibrate: (.+) \d+ s \(\d+ s so far\)", line) for line in err.splitlines()
-            if line.startswith("calibrate: ") and line not in warned]
-    assert [m and m.group(1) for m in said] == list(phases)
+    said = [re.fullmatch(r"calibrate: (.+?)(?:, round (\d) of \d)? \d+ s \(\d+ s so far\)", line)
+            for line in err.splitlines() if line.startswith("calibrate: ") and line not in warned]
+    assert all(said)
+    # The first four probes run once a round, interleaved (compute, collectives, stragglers and release, ZeRO-3's
+    # hooks; again; again), their seconds added up under one name; the others once.
+    rounds = [(m.group(1), m.group(2)) for m in said]
+    assert rounds == [(name, str(k)) for k in range(1, COMPUTE_ROUNDS + 1) for name in list(phases)[:4]] + \
+        [(name, None) for name in list(phases)[4:]]
     assert [line.strip("# ") for line in busy_lines] == [
         re.search(r"measured: (.+)\. Predictions", line).group(1) for line in warned]
     moved = {name for name, v in spread.items() if max(v) / min(v) > 1.5}

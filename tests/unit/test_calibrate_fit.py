@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from launcher.runtime.calibrate import (SPLIT_MICRO_BATCHES, _median_of, _median_time, fit_alpha_beta, fit_saturation,
-                                        noisy_sweeps, pooled_release, probe_repeats, release_seconds,
+                                        median_rows, noisy_sweeps, pooled_release, probe_repeats, release_seconds,
+                                        zero3_split,
                                         split_by_micro_batches, sweep_spread, wait_fraction)
 
 
@@ -122,13 +123,27 @@ def test_release_is_the_groups_mean_exit_after_its_last_arrival():
 
 
 def test_release_rows_are_pooled_by_their_synchronisations():
-    # CPU targets 5, 20, 60, 150 ms are timed 100, 75, 25 and 10 times (1.5 s each, 8 to 100); rows of 2, 1, 4 and
-    # 3 ms pool to (100 x 2 + 75 x 1 + 25 x 4 + 10 x 3) / 210 = 405 / 210 ms at every measured segment length.
+    # CPU targets 5, 20, 60, 150 ms are timed 100, 25, 8 and 4 times a round (0.5 s each, 4 to 100); rows of 2, 1, 4
+    # and 3 ms pool to (100 x 2 + 25 x 1 + 8 x 4 + 4 x 3) / 137 = 269 / 137 ms at every measured segment length.
     rows = [[0.0055, 0.002], [0.0201, 0.001], [0.0598, 0.004], [0.151, 0.003]]
-    assert [probe_repeats(t) for t in (0.005, 0.02, 0.06, 0.15)] == [100, 75, 25, 10]
+    assert [probe_repeats(t) for t in (0.005, 0.02, 0.06, 0.15)] == [100, 25, 8, 4]
     pooled = pooled_release(rows, "cpu")
     assert [t for t, _ in pooled] == [t for t, _ in rows]
-    assert [c for _, c in pooled] == pytest.approx([0.405 / 210] * 4)
+    assert [c for _, c in pooled] == pytest.approx([0.269 / 137] * 4)
+
+
+def test_probe_rounds_are_combined_row_by_row_by_their_median():
+    # Three rounds of the collectives (a list of [bytes, seconds] rows) and of the release ({group size: rows}); the
+    # second round's all-to-all was disturbed at 4 KiB (2 ms against 0.3 / 0.4) and the third's release at 5 ms.
+    coll = [{"all_to_all_after_compute": [[4096, 3e-4], [65536, 6e-4]], "groups": {"2": [[4096, 1e-4]]}},
+            {"all_to_all_after_compute": [[4096, 2e-3], [65536, 5e-4]], "groups": {"2": [[4096, 3e-4]]}},
+            {"all_to_all_after_compute": [[4096, 4e-4], [65536, 7e-4]], "groups": {"2": [[4096, 2e-4]]}}]
+    assert median_rows(coll) == {"all_to_all_after_compute": [[4096, 4e-4], [65536, 6e-4]],
+                                 "groups": {"2": [[4096, 2e-4]]}}
+    release = [{"2": [[0.0051, 1.5e-3], [0.151, 1.9e-3]]}, {"2": [[0.0049, 1.7e-3], [0.149, 1.6e-3]]},
+               {"2": [[0.0050, 9.0e-3], [0.150, 2.0e-3]]}]
+    assert median_rows(release) == {"2": [[0.0050, 1.7e-3], [0.150, 1.9e-3]]}
+    assert median_rows([{}, {}, {}]) == {}       # one rank: no release table in any round
 
 
 def test_split_by_micro_batches_takes_the_added_micro_batches_apart_from_the_step():
@@ -138,3 +153,14 @@ def test_split_by_micro_batches_takes_the_added_micro_batches_apart_from_the_ste
     # Differences of medians can come out below 0: clipped.
     assert split_by_micro_batches(1e-3, 0.9e-3) == (0.0, 1e-3)
     assert split_by_micro_batches(1e-3, 5e-3) == (2e-3, 0.0)
+
+
+def test_zero3_hooks_are_split_from_the_median_of_their_rounds():
+    # Costs per unit (ms) at 1 and 3 micro-batches a step; round 2 was disturbed (4-5x). Medians: linear 1.2 / 1.4,
+    # wrapped 1.6 / 2.0. Linear: (1.4 - 1.2) / 2 = 0.1 a micro-batch, 1.2 - 0.1 = 1.1 a step; wrapped 0.2 and 1.4. A
+    # module is wrapped - linear (0.1 a micro-batch, 0.3 a step), a parameter linear - module (0 and 0.8).
+    rounds = [{"linear/1": 1.2e-3, "linear/3": 1.4e-3, "wrapped/1": 1.6e-3, "wrapped/3": 2.0e-3},
+              {"linear/1": 5.0e-3, "linear/3": 6.0e-3, "wrapped/1": 7.0e-3, "wrapped/3": 9.0e-3},
+              {"linear/1": 1.0e-3, "linear/3": 1.2e-3, "wrapped/1": 1.4e-3, "wrapped/3": 1.8e-3}]
+    assert zero3_split(rounds) == pytest.approx({"zero3_module_s": 0.1e-3, "zero3_param_s": 0.0,
+                                                 "zero3_module_step_s": 0.3e-3, "zero3_param_step_s": 0.8e-3}, abs=1e-12)
