@@ -971,7 +971,7 @@ def split_by_micro_batches(one: float, many: float) -> tuple[float, float]:
     return micro, max(0.0, one - micro)
 
 
-def _zero3_hooks(dev, sync, agree, grad_clip: float) -> tuple[list, dict]:
+def _zero3_hooks(dev, sync, agree, grad_clip: float, mpu=None) -> tuple[list, dict]:
     """(rows, {"linear/1": seconds, ...}: the cost per unit of each unit kind at 1 and SPLIT_MICRO_BATCHES
     micro-batches a step, which zero3_split turns into zero3_module_s, zero3_param_s, zero3_module_step_s,
     zero3_param_step_s) of DeepSpeed ZeRO-3's engine work beyond a plain model, forward + backward (and an SGD step, on both sides): a ZeRO-3 engine over K
@@ -984,7 +984,12 @@ def _zero3_hooks(dev, sync, agree, grad_clip: float) -> tuple[list, dict]:
     modules and parameter tensors differ in number. Each at 1 and SPLIT_MICRO_BATCHES micro-batches a step, split by
     split_by_micro_batches. On 2 CPU ranks
     the parameter's ~1.16 ms split ~0.11 a micro-batch and ~1.05 a step (bench/steptime/results.md); charged all
-    per micro-batch, recipe=tiny at ZeRO-3 and micro-batch 1 (8 a step) was planned at 1.9x its measured step."""
+    per micro-batch, recipe=tiny at ZeRO-3 and micro-batch 1 (8 a step) was planned at 1.9x its measured step.
+
+    Over every rank, not each rank alone (`mpu`, _AloneGroups, is for bench/steptime/zero3_rounds.py): alone, the
+    same units cost 3-4x less (2 CPU ranks, 2026-12-01: a Linear at 1 micro-batch 0.23-0.33 ms against 0.82-1.41),
+    so most of what a ZeRO-3 unit costs here is the collectives DeepSpeed's gradient path issues for it, which the
+    plan's synchronisation count (steptime._syncs_per_micro_batch) does not count apart."""
     import logging
 
     from torch import nn
@@ -1004,7 +1009,7 @@ def _zero3_hooks(dev, sync, agree, grad_clip: float) -> tuple[list, dict]:
     m = SPLIT_MICRO_BATCHES
     for kind, unit in units.items():
         for micro_batches in (1, m):
-            measured, slope[f"{kind}/{micro_batches}"] = engine_cost_per_unit(unit, 32, dev, sync, agree,
+            measured, slope[f"{kind}/{micro_batches}"] = engine_cost_per_unit(unit, 32, dev, sync, agree, mpu=mpu,
                                                                             grad_clip=grad_clip,
                                                                             micro_batches=micro_batches)
             rows += [[kind, micro_batches, *row] for row in measured]
