@@ -9,36 +9,23 @@ fits them, and the pair's release after 5-150 ms segments, pooled as the plan re
 the fits of the median over the first COMPUTE_ROUNDS timings (what calibrate writes since 2026-12-01) and over
 all of them. Until then calibrate kept one timing of each: on a quiet box here (2026-12-01, 19:13 UTC) five
 timings fitted the all-to-all's latency at 0.21-0.53 ms and the all-reduce's at 0.75-1.51 ms, and pooled the
-release at 1.54-1.89 ms; the SP2 plan charges 64 all-to-alls a step, so 0.3 ms moves it ~20 ms of ~220.
+release at 1.54-1.89 ms (at the release's budget then, 1.5 s a segment length; a timing here is now one round's,
+0.5 s); the SP2 plan charges 64 all-to-alls a step, so 0.3 ms moves it ~20 ms of ~220.
 """
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from run import gather_to_rank0, on_two_ranks  # noqa: E402
+from run import gather_to_rank0, on_two_ranks, probe_rank, rounds_args  # noqa: E402
 
 
 def rank_side(out: str, rounds: int) -> None:
-    import torch
-    import torch.distributed as dist
-
-    from launcher.runtime import calibrate as C
-
-    dist.init_process_group("gloo")
+    C, dist, dev, sync, agree = probe_rank()
     world = dist.get_world_size()
-    dev = torch.device("cpu")
-    C.recycle_step_buffers("cpu", 0)
-    sync = C._timer("cpu")
-
-    def agree(done: bool) -> bool:
-        flag = torch.tensor([1.0 if done else 0.0])
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item())
     node_group, _ = C._node_groups(dist, world, world)
     unit = C._segment_unit(dev, "cpu", sync, dist)
     timings = []
@@ -59,10 +46,7 @@ def fits(coll: dict, release: dict) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--rank-side", default=None, help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    args = rounds_args()
     if args.rank_side:
         return rank_side(args.rank_side, args.rounds)
     from launcher.runtime.calibrate import COMPUTE_ROUNDS, median_rows

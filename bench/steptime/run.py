@@ -109,6 +109,33 @@ def diagnostic_args() -> argparse.Namespace:
     return ap.parse_args()
 
 
+def rounds_args() -> argparse.Namespace:
+    """The command line of probe_rounds.py and zero3_rounds.py: --rounds, and the hidden --rank-side OUT of
+    on_two_ranks."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rank-side", default=None, help=argparse.SUPPRESS)
+    return ap.parse_args()
+
+
+def probe_rank():
+    """On a rank under on_two_ranks, what calibrate's own probes need, set up as _worker sets it up (gloo, glibc's
+    step settings): (launcher.runtime.calibrate, torch.distributed, the device, sync, agree)."""
+    import torch
+    import torch.distributed as dist
+
+    from launcher.runtime import calibrate
+
+    dist.init_process_group("gloo")
+    calibrate.recycle_step_buffers("cpu", 0)
+
+    def agree(done: bool) -> bool:
+        flag = torch.tensor([1.0 if done else 0.0])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+    return calibrate, dist, torch.device("cpu"), calibrate._timer("cpu"), agree
+
+
 def calibrate(ranks: int) -> Path:
     out = HERE / ("profile.yaml" if ranks == 2 else f"profile-{ranks}.yaml")
     subprocess.run([LAUNCHER, "calibrate", "cluster=cpu", f"cluster.gpus_per_node={ranks}", "--out", str(out)],

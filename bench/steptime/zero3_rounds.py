@@ -15,30 +15,16 @@ path, so its spread is the collectives' and calibrate keeps the world group.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from run import gather_to_rank0, on_two_ranks  # noqa: E402
+from run import gather_to_rank0, on_two_ranks, probe_rank, rounds_args  # noqa: E402
 
 
 def rank_side(out: str, rounds: int) -> None:
-    import torch
-    import torch.distributed as dist
-
-    from launcher.runtime import calibrate as C
-
-    dist.init_process_group("gloo")
+    C, dist, dev, sync, agree = probe_rank()
     rank, world = dist.get_rank(), dist.get_world_size()
-    dev = torch.device("cpu")
-    C.recycle_step_buffers("cpu", 0)
-    sync = C._timer("cpu")
-
-    def agree(done: bool) -> bool:
-        flag = torch.tensor([1.0 if done else 0.0])
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item())
     alone = [dist.new_group([r]) for r in range(world)]     # every rank creates every group
     mpus = {"world": None, "alone": C._AloneGroups(alone[rank], rank)}
     timings = {name: [] for name in mpus}
@@ -49,10 +35,7 @@ def rank_side(out: str, rounds: int) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--rank-side", default=None, help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    args = rounds_args()
     if args.rank_side:
         return rank_side(args.rank_side, args.rounds)
     from launcher.runtime.calibrate import zero3_split
