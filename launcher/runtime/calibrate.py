@@ -988,8 +988,10 @@ def _zero3_hooks(dev, sync, agree, grad_clip: float, mpu=None) -> tuple[list, di
 
     Over every rank, not each rank alone (`mpu`, _AloneGroups, is for bench/steptime/zero3_rounds.py): alone, the
     same units cost 3-4x less (2 CPU ranks, 2026-12-01: a Linear at 1 micro-batch 0.23-0.33 ms against 0.82-1.41),
-    so most of what a ZeRO-3 unit costs here is the collectives DeepSpeed's gradient path issues for it, which the
-    plan's synchronisation count (steptime._syncs_per_micro_batch) does not count apart."""
+    and the difference is one all-gather a parameter tensor a step: after the optimizer step DeepSpeed 0.19.8 gathers
+    each persistent (below-threshold) parameter back whole, one all_gather_into_tensor each (40 a step for 40 units,
+    counted on 2 ranks), where the gradients go in one bucketed reduce-scatter. The plan's synchronisation count
+    (steptime._syncs_per_micro_batch) does not count those gathers apart, so this figure carries them."""
     import logging
 
     from torch import nn
