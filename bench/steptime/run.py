@@ -128,12 +128,8 @@ def probe_rank():
 
     dist.init_process_group("gloo")
     calibrate.recycle_step_buffers("cpu", 0)
-
-    def agree(done: bool) -> bool:
-        flag = torch.tensor([1.0 if done else 0.0])
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item())
-    return calibrate, dist, torch.device("cpu"), calibrate._timer("cpu"), agree
+    dev = torch.device("cpu")
+    return calibrate, dist, dev, calibrate._timer("cpu"), calibrate._agreement(dist, dev)
 
 
 def calibrate(ranks: int) -> Path:

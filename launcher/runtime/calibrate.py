@@ -59,10 +59,9 @@ memory bus and cores as they will in training, measures:
     host memory        /proc/meminfo MemTotal; compute slots: cores / threads per rank (CPU ranks)
 
 The compute rates (GEMM, attention, memory, kernel overhead), the collectives after compute, the stragglers, the
-release and ZeRO-3's hooks are measured in COMPUTE_ROUNDS rounds, one of each probe a round, and each item is the median over the
-rounds: one round that another process slowed is dropped, and the rate is the one a step's many kernels meet, not
-the best (each round's tables are kept, measurements.probe_rounds). Each
-sweep's copy bandwidth, operator overhead and largest-side GEMM rates are kept (measurements.sweep_spread); where
+release and ZeRO-3's hooks are measured in COMPUTE_ROUNDS rounds, one of each probe a round, and each item is the
+median over the rounds: one round that another process slowed is dropped, and the rate is the one a step's many
+kernels meet, not the best (each round's tables are kept, measurements.probe_rounds). Each sweep's copy bandwidth, operator overhead and largest-side GEMM rates are kept (measurements.sweep_spread); where
 they differ by more than NOISY_SWEEPS, calibrate warns on stderr and in the profile's header that the machine was
 busy, since a disturbance lasting through two sweeps moves the median too.
 
@@ -264,8 +263,9 @@ def write_profile(raw: dict, out: str, seconds: float) -> Path:
                                    "(intra_groups), one rank a node (rail: inter) and all ranks "
                                    "across nodes (world: measured, not charged); zero3: seconds "
                                    "per step [unit, micro-batches a step, modules, zero-3 engine, plain]; straggler: "
-                                   "{group size: [mean segment seconds, (slowest - mean) / mean]}; collectives, straggler and "
-                                   "release: the median over probe_rounds (each round's tables); engine: seconds per "
+                                   "{group size: [mean segment seconds, (slowest - mean) / mean]}; the collectives, "
+                                   "straggler, release and zero3 figures: the median over probe_rounds (each round's "
+                                   "tables; zero3 keeps every round's rows); engine: seconds per "
                                    "step [dtype, ZeRO stage, side d, micro-batches a step, Linear(d, d) layers, "
                                    "engine, plain]; framework: {arch: {dtype: {blocks: "
                                    "[forward s, backward s]}} of the near-zero-compute probe model "
@@ -366,6 +366,18 @@ def _timer(device):
     return sync
 
 
+def _agreement(dist, dev):
+    """`agree(done) -> bool` for _median_time around a collective: True on every rank once any rank is done (one
+    all-reduce of a flag)."""
+    import torch
+
+    def agree(done: bool) -> bool:
+        flag = torch.tensor([1.0 if done else 0.0], device=dev)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+    return agree
+
+
 def _median_time(fn, sync, repeats: int, budget_s: float = 0.5, agree=None, center=statistics.median,
                  calls: int = 1) -> float:
     """Median seconds of `fn` over up to `repeats` runs, stopping early once `budget_s` is spent (3 runs at least).
@@ -418,13 +430,7 @@ def _worker(raw_path: str, device: str, grad_clip: str) -> None:
     dtypes = (("fp32", torch.float32), ("bf16", torch.bfloat16))
     if device == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
-    sync = _timer(device)
-
-    def agree(done: bool) -> bool:
-        """True on every rank once any rank is done (_median_time around a collective)."""
-        flag = torch.tensor([1.0 if done else 0.0], device=dev)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item())
+    sync, agree = _timer(device), _agreement(dist, dev)
     started = time.perf_counter()
     out: dict = {"world": world, "backend": backend, "torch": torch.__version__, "hostname": socket.gethostname(),
                  "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1),
@@ -441,10 +447,11 @@ def _worker(raw_path: str, device: str, grad_clip: str) -> None:
     sweeps, collectives, stragglers, releases, zero3_rows, zero3_slopes = [], [], [], [], [], []
     # COMPUTE_ROUNDS rounds, each of every probe that a step's time is read from (compute, the collectives after
     # compute, the stragglers and the release, ZeRO-3's hooks), each item the median over the rounds: a disturbance
-    # of a few seconds lands in one round's compute or one round's collectives, not in the figure. The collectives and the
-    # release were timed once until 2026-12-01; then the all-to-all's fitted latency read 0.21-0.53 ms and the
+    # of a few seconds lands in one round's compute or one round's collectives, not in the figure. All but the
+    # compute were timed once until 2026-12-01; then the all-to-all's fitted latency read 0.21-0.53 ms and the
     # all-reduce's 0.75-1.51 ms in five back-to-back timings on a quiet 2-rank box (bench/steptime/probe_rounds.py),
-    # and one busy reading of each moved SP2's plan 25% (bench/steptime/results.md).
+    # one busy reading of each moved SP2's plan 25%, and one ZeRO-3 reading recipe=tiny's ZeRO-3 plan 25%
+    # (bench/steptime/results.md).
     for k in range(1, COMPUTE_ROUNDS + 1):
         sweeps.append(_compute_sweep(dev, device, dtypes, sync, dist))
         phases.done("compute rates (GEMM, attention, memory, kernel overhead)", k)
@@ -460,7 +467,8 @@ def _worker(raw_path: str, device: str, grad_clip: str) -> None:
             out["all_reduce"] = _bare_all_reduce(dev, sync, agree, dist)
         coll = _after_compute(dev, device, sync, agree, dist, node_group, all_to_all=True)
         coll["all_reduce_groups_after_compute"] = {
-            str(size): _after_compute(dev, device, sync, agree, dist, _consecutive_group(dist, size))["all_reduce_after_compute"]
+            str(size): _after_compute(dev, device, sync, agree, dist,
+                                      _consecutive_group(dist, size))["all_reduce_after_compute"]
             for size in _sub_node_sizes(local)}
         if nodes > 1:
             for name, group in (("all_reduce_rail_after_compute", rail_group), ("all_reduce_world_after_compute", None)):
@@ -468,7 +476,8 @@ def _worker(raw_path: str, device: str, grad_clip: str) -> None:
         collectives.append(coll)
         phases.done("collectives", k)
         stragglers.append(_straggler(dev, device, sync, dist, unit))
-        releases.append(_release(dev, device, sync, dist, [*_sub_node_sizes(local), local], unit) if local > 1 else {})
+        releases.append(_release(dev, device, sync, dist, [*_sub_node_sizes(local), local], unit)
+                        if local > 1 else {})
         phases.done("stragglers and release", k)
         rows, slope = _zero3_hooks(dev, sync, agree, float(grad_clip))
         zero3_rows += rows
@@ -974,8 +983,8 @@ def split_by_micro_batches(one: float, many: float) -> tuple[float, float]:
 def _zero3_hooks(dev, sync, agree, grad_clip: float, mpu=None) -> tuple[list, dict]:
     """(rows, {"linear/1": seconds, ...}: the cost per unit of each unit kind at 1 and SPLIT_MICRO_BATCHES
     micro-batches a step, which zero3_split turns into zero3_module_s, zero3_param_s, zero3_module_step_s,
-    zero3_param_step_s) of DeepSpeed ZeRO-3's engine work beyond a plain model, forward + backward (and an SGD step, on both sides): a ZeRO-3 engine over K
-    small bias-free Linear layers (under the persistence threshold, so nothing is fetched: the hooks and the
+    zero3_param_step_s) of DeepSpeed ZeRO-3's engine work beyond a plain model, forward + backward (and an SGD step,
+    on both sides): a ZeRO-3 engine over K small bias-free Linear layers (under the persistence threshold, so nothing is fetched: the hooks and the
     partitioned step alone) less the same layers plain, at K = 8 and 40, the difference of the differences over
     32 (the constant costs cancel); then the same with each Linear inside a parameter-less wrapper module. A Linear
     unit is 1 module + 1 parameter, a wrapped one 2 modules + 1 parameter: per module = wrapped - linear, per

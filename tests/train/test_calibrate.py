@@ -40,8 +40,8 @@ def test_calibrate_two_cpu_ranks_then_plan(tmp_path, capsys):
     assert set(spread) == {"memory_gbps", "kernel_overhead_s", "gemm_fp32_side_512", "gemm_bf16_side_512"}
     assert all(len(v) == COMPUTE_ROUNDS and min(v) > 0 for v in spread.values())
     assert sorted(spread["memory_gbps"])[1] == doc["memory_gbps"]
-    # The collectives after compute, the stragglers and the release were timed once a round; each figure is the
-    # median of its rounds' (each round's tables kept).
+    # The collectives after compute, the stragglers, the release and ZeRO-3's hooks were timed once a round; each
+    # figure is the median of its rounds' (each round's tables kept; ZeRO-3's below).
     rounds = raw["probe_rounds"]
     assert [len(rounds[k]) for k in ("collectives", "straggler", "release", "zero3")] == [COMPUTE_ROUNDS] * 4
     for name in ("all_reduce_after_compute", "all_to_all_after_compute"):
