@@ -122,6 +122,19 @@ def maybe_apply_activation_checkpointing(cfg, model) -> None:
     if cfg.model.activation_checkpointing:
         # Non-reentrant checkpointing works with ZeRO-3's parameter hooks and needs no requires_grad inputs.
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        checkpoint_first_blocks(model, getattr(cfg.model, "checkpoint_blocks", None))
+
+
+def checkpoint_first_blocks(model, count) -> None:
+    """model.checkpoint_blocks: keep checkpointing on the model's first `count` decoder blocks only (transformers
+    checks each block's own flag; the pipeline's layer list does the same in StagePipelineModule). None: all."""
+    if count is None:
+        return
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    blocks = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+    for i, block in enumerate(blocks):
+        block.gradient_checkpointing = i < count
 
 
 def micro_loss(engine, input_ids, sp_rank: int, sp: int, cp_rank: int = 0, cp: int = 1, document_eos=None):

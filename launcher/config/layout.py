@@ -199,6 +199,16 @@ def _check_model_shape(cfg) -> None:
         if m.arch not in GQA_ARCHS and kv != heads:
             raise ConfigError("model.num_key_value_heads", kv, f"model.arch={m.arch} has no grouped-query attention",
                               f"set model.num_key_value_heads=null (or {heads}), or use model.arch=llama")
+    blocks = getattr(m, "checkpoint_blocks", None)
+    if blocks is not None:
+        if not m.activation_checkpointing:
+            raise ConfigError("model.checkpoint_blocks", blocks,
+                              "counts the blocks a stage checkpoints, and model.activation_checkpointing is false",
+                              "set model.activation_checkpointing=true, or model.checkpoint_blocks=null")
+        if blocks > m.num_hidden_layers:
+            raise ConfigError("model.checkpoint_blocks", blocks,
+                              f"is more than the model's model.num_hidden_layers = {m.num_hidden_layers} blocks",
+                              f"set model.checkpoint_blocks to at most {m.num_hidden_layers}, or null (every block)")
     if m.intermediate_size is not None:
         _positive("model.intermediate_size", m.intermediate_size)
         if m.arch not in GQA_ARCHS and m.intermediate_size != 4 * m.hidden_size:

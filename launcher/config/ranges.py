@@ -113,6 +113,8 @@ RANGES: dict[str, Range] = {
     "model.intermediate_size": W(1, nullable=True, example="e.g. model.intermediate_size=11008, or null (4 x hidden_size)"),
     "model.vocab_size": W(1, example="e.g. model.vocab_size=32000"),
     "model.max_position_embeddings": W(1, example="e.g. model.max_position_embeddings=2048"),
+    "model.checkpoint_blocks": W(1, nullable=True, why="checkpointed blocks a stage; no checkpointing is model.activation_checkpointing=false",
+                                 example="e.g. model.checkpoint_blocks=8, or null (every block)"),
     "model.rms_norm_eps": R(0, low_open=True, why="added to the variance under the norm's square root; 0 divides by zero on a constant row",
                             example="e.g. model.rms_norm_eps=1e-6 (llama) or 1e-5 (bloom, gpt)"),
     "model.rope_theta": R(0, low_open=True, why="the rotary base: frequencies are theta^(-2i/d)", example="e.g. model.rope_theta=10000"),

@@ -50,6 +50,11 @@ class ModelConfig:
     2.3 can neither merge a command-line dict into a null Dict node nor add keys to an empty one under Hydra's struct mode.)"""
     activation_checkpointing: bool = False
     """Recompute each block's activations in the backward pass (saves memory, costs ~33% more compute)."""
+    checkpoint_blocks: Optional[int] = None
+    """With activation_checkpointing: how many decoder blocks of each pipeline stage (of the model, without a
+    pipeline) are checkpointed, counted from the stage's first; the others keep their activations. null = every block.
+    Fewer recompute less and hold more memory (Megatron's --recompute-method block --recompute-num-layers); a stage
+    with fewer blocks checkpoints all of them. Range: >= 1, or null."""
     init_from: Optional[str] = None
     """Path of a transformers checkpoint directory (or an `owner/name` in the local HF cache) to start from instead of random init. Its config.json is then the
     model (trained and exported unchanged); every model.* value must equal it (launcher/config/hfmodel.py)."""

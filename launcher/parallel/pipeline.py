@@ -376,6 +376,20 @@ def _stage_pipeline_module_class():
         def _count_layer_params(self):
             return [spec.unsharded_params for spec in self._layer_specs]
 
+        # model.checkpoint_blocks: only the stage's first N decoder blocks are checkpointed (Megatron's
+        # --recompute-method block); DeepSpeed checkpoints every checkpointable layer, so its per-layer flags
+        # (one per layer at activation_checkpoint_interval 1) are cleared past the N-th block. None: all.
+        checkpoint_blocks = None
+
+        def _precompute_checkpointable_values(self):
+            super()._precompute_checkpointable_values()
+            if self.checkpoint_blocks is not None and self.activation_checkpoint_interval == 1:
+                seen = 0
+                for i, checkpointable in enumerate(self.is_checkpointable_results):
+                    if checkpointable:
+                        seen += 1
+                        self.is_checkpointable_results[i] = seen <= self.checkpoint_blocks
+
     return StagePipelineModule
 
 
@@ -453,6 +467,7 @@ def build_pipeline_module(cfg, layout, seed: int):
         activation_checkpoint_interval=1 if cfg.model.activation_checkpointing else 0,
         checkpointable_layers=BLOCK_CLASSES,
     )
+    module.checkpoint_blocks = getattr(cfg.model, "checkpoint_blocks", None)   # before the engine reads the flags
     planned = list(stage_bounds(model_shape(cfg.model), layout.padded_vocab_size, layout.pipeline_degree,
                                 cfg.parallel.partition_method))
     if [int(b) for b in module.parts] != planned:

@@ -130,6 +130,7 @@ partitions the checkpoint over TP, which our runtime does not.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 from launcher.config.supported import LLAMA_FAMILY
 
@@ -251,30 +252,31 @@ def loss_backward_bytes(m: ActivationShape, seq_length: int, micro_batch: int, d
 def stage_saved_bytes(m: ActivationShape, blocks: int, seq_length: int, micro_batch: int, dtype: str,
                       recompute: str = "none", tp: int = 1, ulysses: int = 1, first: bool = True,
                       last: bool = True, pipeline: bool = False, sp: bool = False, context: int = 1,
-                      document_mask: bool = False) -> float:
+                      document_mask: bool = False, checkpointed: Optional[int] = None) -> float:
     """Bytes one micro-batch leaves saved for backward on one rank of a stage holding `blocks` blocks
-    (and the embedding if `first`, the head and loss if `last`): what the tests measure.
+    (and the embedding if `first`, the head and loss if `last`): what the tests measure. `checkpointed`: how many of
+    the blocks are checkpointed under recompute="full" (model.checkpoint_blocks; None: all); the others keep their
+    whole saved set, as without recompute.
     `sp`: Megatron sequence parallelism over the `tp` ranks (parallel.sequence_parallel). `context`: the
     ring-attention degree (its ranks hold s / context tokens each, the same bytes per token as one rank)."""
     split = ulysses * context   # ranks sharing one sample's tokens (one of the two is 1)
     tokens = seq_length * micro_batch / split
     sp_tp = tp if sp else 1
-    if recompute == "full":
-        per_block = tokens * checkpointed_block_bytes_per_token(m, dtype, sp_tp)
-    else:
-        per_block = tokens * block_bytes_per_token(m, seq_length, dtype, tp, ulysses, sp, document_mask)
+    ckpt = (blocks if checkpointed is None else min(blocks, checkpointed)) if recompute == "full" else 0
+    kept = tokens * checkpointed_block_bytes_per_token(m, dtype, sp_tp)
+    whole = tokens * block_bytes_per_token(m, seq_length, dtype, tp, ulysses, sp, document_mask)
     rotary = rotary_bytes(m, seq_length, dtype, split, micro_batch if document_mask else 1)
     held = 0.0
-    if document_mask and recompute == "full" and blocks:
+    if document_mask and ckpt:
         # DOCUMENT MASK: the bool mask, held by the checkpoints (one storage for all blocks); in our layer list the
         # checkpointed blocks' inputs are (hidden, position_ids, mask), so the int64 position ids too.
         held = micro_batch * seq_length * seq_length + (INDEX_BYTES * micro_batch * seq_length if pipeline else 0)
     # The pipeline's blocks each compute their own cos/sin (kept unless the block is checkpointed); the
     # transformers model computes them once for all layers.
     if pipeline:
-        per_block += rotary if recompute != "full" else 0.0
+        whole += rotary
         rotary = 0.0
-    total = blocks * per_block + (rotary + held if blocks else 0.0)
+    total = ckpt * kept + (blocks - ckpt) * whole + (rotary + held if blocks else 0.0)
     if first:
         total += embedding_bytes(m, seq_length, micro_batch, dtype, split, document_mask)
     if last:

@@ -22,6 +22,8 @@ The step time itself is launcher/plan/steptime.py (per operator, from a hardware
 
 from __future__ import annotations
 
+from typing import Optional
+
 from launcher.plan.inputs import ModelShape, model_shape
 
 
@@ -35,12 +37,14 @@ def model_flops_per_token(model_cfg, seq_length: int) -> int:
     return int(flops_per_token(model_shape(model_cfg), seq_length))
 
 
-def recompute_flops_per_token(shape: ModelShape, seq_length: int, recompute: str) -> float:
-    """FLOPs per token that recomputation adds (a second forward of what it drops)."""
-    attention_forward = 4 * shape.num_layers * shape.num_heads * shape.head_dim * seq_length
-    if recompute == "full":
-        return 2 * shape.num_layers * shape.params.per_layer + attention_forward
-    return 0.0
+def recompute_flops_per_token(shape: ModelShape, seq_length: int, recompute: str,
+                              layers: Optional[int] = None) -> float:
+    """FLOPs per token that recomputation adds (a second forward of what it drops): every block's forward under
+    "full", or `layers` of them (model.checkpoint_blocks: plan/memory.py checkpointed_layers)."""
+    if recompute != "full":
+        return 0.0
+    n = shape.num_layers if layers is None else layers
+    return n * (2 * shape.params.per_layer + 4 * shape.num_heads * shape.head_dim * seq_length)
 
 
 def hardware_flops_per_token(shape: ModelShape, seq_length: int, recompute: str) -> float:

@@ -148,6 +148,7 @@ class Strategy:
     dtype: str
     grad_accum_fp32: bool       # precision.grad_accum_dtype=fp32 (with bf16: DeepSpeed's BF16_Optimizer)
     recompute: str              # "none" or "full" (RECOMPUTE_MODES)
+    checkpoint_blocks: Optional[int] = None  # model.checkpoint_blocks: under "full", the first N blocks of each stage
     offload_optimizer: bool = False
     offload_param: bool = False
     partition_method: str = "parameters"   # parallel.partition_method: how DeepSpeed cuts the pipeline (plan/stages.py)
@@ -184,7 +185,8 @@ def strategy(cfg, layout, recompute: Optional[str] = None) -> Strategy:
     """The Strategy of a composed config and its resolved layout.
 
     `model.activation_checkpointing` maps to full recomputation (DeepSpeed / transformers checkpoint whole
-    blocks); `recompute` overrides it with one of RECOMPUTE_MODES.
+    blocks: all of them, or the first model.checkpoint_blocks of each stage); `recompute` overrides it with one of
+    RECOMPUTE_MODES.
     """
     if recompute is None:
         recompute = "full" if cfg.model.activation_checkpointing else "none"
@@ -197,6 +199,7 @@ def strategy(cfg, layout, recompute: Optional[str] = None) -> Strategy:
         global_batch_size=layout.global_batch_size, seq_length=layout.seq_length,
         padded_vocab_size=layout.padded_vocab_size, gpus_per_node=layout.gpus_per_node, dtype=layout.dtype,
         grad_accum_fp32=cfg.precision.grad_accum_dtype == "fp32", recompute=recompute,
+        checkpoint_blocks=getattr(cfg.model, "checkpoint_blocks", None) if recompute == "full" else None,
         offload_optimizer=bool(cfg.parallel.offload_optimizer), offload_param=bool(cfg.parallel.offload_param),
         partition_method=cfg.parallel.partition_method, sequence_parallel=layout.sequence_parallel,
         context_degree=layout.context_degree, document_mask=bool(getattr(cfg.data, "document_mask", False)))

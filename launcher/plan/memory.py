@@ -154,6 +154,25 @@ def blocks_in_stage(shape: ModelShape, st: Strategy, stage: int) -> int:
     return layers_in_stage(shape.num_layers, st.pipeline_degree, stage)
 
 
+def checkpointed_in_stage(shape: ModelShape, st: Strategy, stage: int) -> int:
+    """Decoder blocks of stage `stage` that activation checkpointing recomputes: none without it, else the stage's
+    first model.checkpoint_blocks (all of them where that is null or larger), as the runtime picks them
+    (launcher/train.py checkpoint_first_blocks, launcher/parallel/pipeline.py StagePipelineModule)."""
+    if st.recompute != "full":
+        return 0
+    blocks = blocks_in_stage(shape, st, stage)
+    return blocks if st.checkpoint_blocks is None else min(blocks, st.checkpoint_blocks)
+
+
+def checkpointed_layers(shape: ModelShape, st: Strategy) -> int:
+    """Decoder blocks recomputed over the whole model (every stage's checkpointed_in_stage)."""
+    if st.recompute != "full":
+        return 0
+    if st.checkpoint_blocks is None:
+        return shape.num_layers
+    return sum(checkpointed_in_stage(shape, st, stage) for stage in range(st.pipeline_degree))
+
+
 def in_flight_micro_batches(st: Strategy, stage: int) -> int:
     """Micro-batches whose activations stage `stage` holds at its peak under 1F1B."""
     if st.pipeline_degree == 1:
@@ -210,10 +229,13 @@ def _stage_memory(shape: ModelShape, st: Strategy, stage: int, working_set: floa
     m = activation_shape(shape, st)
     first, last = stage == 0, stage == st.pipeline_degree - 1
     s, b, u = st.seq_length, st.micro_batch_size, st.sequence_split
+    ckpt = checkpointed_in_stage(shape, st, stage)
     saved = act.stage_saved_bytes(m, blocks, s, b, st.dtype, st.recompute, st.tensor_degree, st.sequence_degree,
                                   first=first, last=last, pipeline=st.pipeline_layers, sp=st.sequence_parallel,
-                                  context=st.context_degree, document_mask=st.document_mask)
-    acts = saved * in_flight_micro_batches(st, stage) + (working_set if blocks else 0.0)
+                                  context=st.context_degree, document_mask=st.document_mask, checkpointed=ckpt)
+    # The recompute's working set peaks above the saved set only where every block is checkpointed: with the first
+    # N of them, the backward has freed the later blocks' whole sets before it recomputes the N-th.
+    acts = saved * in_flight_micro_batches(st, stage) + (working_set if ckpt and ckpt == blocks else 0.0)
     logits = 0.0
     if last:
         # The head's vocabulary is not split by our TP (replicated head), so neither are its logits.
@@ -235,7 +257,8 @@ def _stage_memory(shape: ModelShape, st: Strategy, stage: int, working_set: floa
 
 def estimate_memory(shape: ModelShape, st: Strategy, hw: Hardware) -> MemoryEstimate:
     """Memory of every pipeline stage of one rank, and whether the worst one fits the GPU."""
-    # Full recompute rebuilds one block's activations at a time in backward: that block's full set is live.
+    # Full recompute rebuilds one block's activations at a time in backward: that block's full set is live (on a
+    # stage that checkpoints any).
     working_set = 0.0
     if st.recompute == "full":
         m = activation_shape(shape, st)

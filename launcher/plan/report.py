@@ -11,7 +11,7 @@ from launcher.config.errors import ConfigError
 from launcher.config.layout import Layout
 from launcher.plan.host import estimate_host_memory, host_capacity, stages_by_node
 from launcher.plan.inputs import model_shape, resolve_hardware, strategy
-from launcher.plan.memory import activation_bytes_per_layer, estimate_memory
+from launcher.plan.memory import activation_bytes_per_layer, checkpointed_layers, estimate_memory
 from launcher.plan.params import count_params, rough_params
 from launcher.plan.profile import BUILTIN
 from launcher.plan.stages import PIPELINE_ARCHS, stage_blocks, stage_param_counts
@@ -153,7 +153,10 @@ def performance_summary(cfg, layout: Layout) -> dict:
     shape = model_shape(cfg.model)
     st = strategy(cfg, layout)
     # Per block and micro-batch on one rank (launcher/plan/activations.py); needs no GPU numbers.
-    per_layer = {"activation_bytes_per_layer": int(activation_bytes_per_layer(shape, st))}
+    per_layer = {"activation_bytes_per_layer": int(activation_bytes_per_layer(shape, st)),
+                 # model.checkpoint_blocks (null: every block under recompute) and the blocks it checkpoints in all
+                 "checkpoint_blocks": st.checkpoint_blocks, "checkpointed_blocks": checkpointed_layers(shape, st),
+                 "num_blocks": shape.num_layers}
     if hw is None:
         return {**dict.fromkeys(keys), **per_layer}
     mem = estimate_memory(shape, st, hw)
@@ -249,8 +252,12 @@ def _performance_rows(s: dict) -> list[tuple[str, str, str]]:
         ("memory: activations", _gb(m["activations"]),
          f"{s['activation_bytes_per_layer'] / 1e6:,.1f} MB per block per micro-batch ("
          + ("checkpointed: its input" if s["recompute"] == "full" else "its saved tensors")
+         + (f"; {s['checkpointed_blocks']} of {s['num_blocks']} blocks checkpointed (model.checkpoint_blocks="
+            f"{s['checkpoint_blocks']} a stage), the others keep their saved tensors"
+            if s["recompute"] == "full" and s["checkpointed_blocks"] < s["num_blocks"] else "")
          + ", plan/activations.py) x blocks x in-flight micro-batches (1F1B: first stage holds PP) + embedding/head/"
-         + "fp32 loss" + (" + one block's full set while recomputed" if s["recompute"] == "full" else "")),
+         + "fp32 loss" + (" + one block's full set while recomputed" if s["recompute"] == "full"
+                                  and s["checkpointed_blocks"] == s["num_blocks"] else "")),
         ("memory: overhead", _gb(m["overhead"]), "stated allowance: 2 GB CUDA/NCCL/fragmentation + ZeRO buffers"),
         ("memory per GPU", f"{_gb(m['total'])} / {_gb(s['memory_capacity_bytes'])}",
          ("fits, " if s["fits"] else "DOES NOT FIT, ") + f"{_gb(abs(s['memory_headroom_bytes']))} "

@@ -8,8 +8,9 @@ family only, without Ulysses, with or without TP and PP as train runs it: Llama 
 pipeline_degree (what divides the rest of the world, at most one block per stage, llama and bloom only),
 Megatron sequence parallelism on and off wherever TP > 1 (LLaMA family; our TP layers: ZeRO 0-1 with a
 pipeline, 0-2 without),
-ZeRO stage 0-3 (0-1 with a pipeline), micro batch (divisors of the per-replica batch), recompute (off / full,
-the two the launcher can run: model.activation_checkpointing). Held as configured: the global batch and the
+ZeRO stage 0-3 (0-1 with a pipeline), micro batch (divisors of the per-replica batch), recompute (off, every
+block, and where a layout fits with every block checkpointed but not with none, the fewest checkpointed blocks a
+stage that fit: model.activation_checkpointing, model.checkpoint_blocks). Held as configured: the global batch and the
 sequence length (so the tokens per step), precision, cluster and model. The configured TP / PP / SP / ZeRO /
 micro batch are only a starting point: they need not be a valid layout themselves.
 
@@ -28,6 +29,7 @@ with more memory headroom.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 from types import SimpleNamespace
 
 from omegaconf import OmegaConf
@@ -36,7 +38,7 @@ from launcher.config.errors import ConfigError
 from launcher.config.layout import Layout, resolve_layout
 from launcher.config.supported import LLAMA_FAMILY, PIPELINE_ARCHS, check_supported
 from launcher.plan.inputs import Hardware, ModelShape, Strategy, model_shape, resolve_hardware, strategy
-from launcher.plan.memory import MemoryEstimate, estimate_memory
+from launcher.plan.memory import MemoryEstimate, blocks_in_stage, estimate_memory
 from launcher.plan.steptime import StepTime, estimate_step_time
 from launcher.plan.host import TOKEN_ID_BYTES, estimate_host_memory, host_capacity
 
@@ -62,12 +64,13 @@ def plain_config(cfg) -> SimpleNamespace:
 
 
 def _with(cfg: SimpleNamespace, tp: int, pp: int, zero: int, micro: int, recompute: bool, sp: int = 1,
-          megatron_sp: bool = False, cp: int = 1) -> SimpleNamespace:
+          megatron_sp: bool = False, cp: int = 1, checkpoint_blocks: Optional[int] = None) -> SimpleNamespace:
     parallel = SimpleNamespace(**{**vars(cfg.parallel), "tensor_degree": tp, "pipeline_degree": pp, "sequence_degree": sp,
                                   "sequence_parallel": megatron_sp, "context_degree": cp, "zero_stage": zero,
                                   "data_degree": None})
     batch = SimpleNamespace(**{**vars(cfg.batch), "micro_batch_size": micro})
-    model = SimpleNamespace(**{**vars(cfg.model), "activation_checkpointing": recompute})
+    model = SimpleNamespace(**{**vars(cfg.model), "activation_checkpointing": recompute,
+                               "checkpoint_blocks": checkpoint_blocks if recompute else None})
     return SimpleNamespace(**{**vars(cfg), "parallel": parallel, "batch": batch, "model": model})
 
 
@@ -178,6 +181,7 @@ def search_layouts(cfg) -> tuple[list[Candidate], dict]:
                 for msp, zero in [(msp, z) for msp in ((False, True) if tp > 1 and arch in LLAMA_FAMILY else (False,))
                                   for z in _zero_stages(tp, pp, msp)]:
                     for micro in _divisors(gbs // dp):
+                        kept_fits = None    # whether the same layout fits without recompute
                         for recompute in (False, True):
                             counts["enumerated"] += 1
                             c = _with(plain, tp, pp, zero, micro, recompute, sp, msp, cp)
@@ -188,16 +192,47 @@ def search_layouts(cfg) -> tuple[list[Candidate], dict]:
                                 counts["invalid"] += 1
                                 continue
                             cand = evaluate(c, layout, shape, hw)
-                            if not cand.memory.fits:
-                                counts["does_not_fit"] += 1
-                                continue
-                            if not host.fits(c, layout, cand.strategy, shape):
+                            fits = cand.memory.fits and host.fits(c, layout, cand.strategy, shape)
+                            if not recompute:
+                                kept_fits = fits
+                            if not fits:
                                 counts["does_not_fit"] += 1
                                 continue
                             fitting.append(cand)
+                            if recompute and kept_fits is False:
+                                # Between the two: the fewest checkpointed blocks a stage that fit (Megatron's
+                                # --recompute-num-layers), which recompute less than all of them.
+                                fewest = _fewest_checkpointed(plain, (tp, pp, zero, micro, sp, msp, cp), shape, hw, host,
+                                                              cand.strategy)
+                                if fewest is not None:
+                                    counts["enumerated"] += 1
+                                    fitting.append(fewest)
     fitting.sort(key=lambda k: (-k.time.tokens_per_s, -k.memory.headroom_bytes))
     counts["fit"] = len(fitting)
     return fitting, counts
+
+
+def _fewest_checkpointed(plain, grid: tuple, shape: ModelShape, hw: Hardware, host, full: Strategy) -> Optional[Candidate]:
+    """The candidate with the fewest model.checkpoint_blocks (1 .. a stage's blocks - 1) that fits, by bisection
+    (memory falls as blocks are checkpointed: plan/memory.py checkpointed_in_stage), where the layout fits with every
+    block checkpointed (`full`, its strategy) and not with none; None where only all of them fit."""
+    tp, pp, zero, micro, sp, msp, cp = grid
+
+    def at(n: int) -> Optional[Candidate]:
+        c = _with(plain, tp, pp, zero, micro, True, sp, msp, cp, checkpoint_blocks=n)
+        layout = resolve_layout(c)
+        cand = evaluate(c, layout, shape, hw)
+        return cand if cand.memory.fits and host.fits(c, layout, cand.strategy, shape) else None
+
+    lo, hi, best = 1, max(blocks_in_stage(shape, full, s) for s in range(pp)) - 1, None
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        cand = at(mid)
+        if cand is not None:
+            best, hi = cand, mid - 1
+        else:
+            lo = mid + 1
+    return best
 
 
 def _label(c: Candidate) -> str:
@@ -206,7 +241,13 @@ def _label(c: Candidate) -> str:
     sp += f" CP{st.context_degree}" if st.context_degree > 1 else ""
     tp = f"TP{st.tensor_degree}+SP" if st.sequence_parallel else f"TP{st.tensor_degree}"   # Megatron SP inside TP
     return (f"{tp} PP{st.pipeline_degree}{sp} DP{st.data_degree} Z{st.zero_stage} "
-            f"mb{st.micro_batch_size} {'recompute' if st.recompute == 'full' else 'no-recompute'}")
+            f"mb{st.micro_batch_size} {_recompute_label(st)}")
+
+
+def _recompute_label(st: Strategy) -> str:
+    if st.recompute != "full":
+        return "no-recompute"
+    return "recompute" if st.checkpoint_blocks is None else f"recompute {st.checkpoint_blocks}/stage"
 
 
 def explain(c: Candidate, best: Candidate) -> str:
@@ -235,6 +276,7 @@ def search_rows(ranked: list[Candidate], top: int = 10) -> list[dict]:
                     "sequence_degree": st.sequence_degree, "sequence_parallel": st.sequence_parallel,
                     "context_degree": st.context_degree, "data_degree": st.data_degree, "zero_stage": st.zero_stage,
                     "micro_batch_size": st.micro_batch_size, "recompute": st.recompute,
+                    "checkpoint_blocks": st.checkpoint_blocks,
                     "tokens_per_s": t.tokens_per_s, "step_time_s": t.step_time_s, "mfu": t.mfu,
                     "memory_total_bytes": c.memory.peak.total, "why": explain(c, ranked[0])})
     return out

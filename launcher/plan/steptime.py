@@ -60,7 +60,8 @@ One micro-batch on one rank (n = b s / sp tokens outside attention; t = TP, sp =
                             accumulators (2 n a d x 4 bytes each, latency each). Both overlap the ring's block
                             kernels (the exchange is issued before the block that does not need it): only the
                             excess over the attention time of the same pass is charged, as sp_comm.
-    recompute (full)        the forward of every block again before its backward.
+    recompute (full)        the forward of every checkpointed block again before its backward (all of them, or the
+                            first model.checkpoint_blocks of each stage: memory.checkpointed_in_stage).
     PP 1F1B                 stage s takes T_s per micro-batch (its blocks, plus the embedding on the first
                             stage and the final norm, head and loss on the last, plus its point-to-point
                             sends/receives, over the inter-node link unless the whole pipeline group fits in a
@@ -171,7 +172,8 @@ from typing import Optional
 from launcher.config.supported import LLAMA_FAMILY
 from launcher.plan.flops import flops_per_token, recompute_flops_per_token
 from launcher.plan.inputs import Hardware, ModelShape, Strategy
-from launcher.plan.memory import (PARAM_PERSISTENCE_THRESHOLD, REDUCE_BUCKET_ELEMENTS, blocks_in_stage, stage_params,
+from launcher.plan.memory import (PARAM_PERSISTENCE_THRESHOLD, REDUCE_BUCKET_ELEMENTS, blocks_in_stage,
+                                  checkpointed_in_stage, checkpointed_layers, stage_params,
                                   weight_bytes)
 from launcher.plan.profile import Link, Profile, interpolate
 
@@ -626,14 +628,13 @@ def estimate_step_time(shape: ModelShape, st: Strategy, hw: Hardware, train_toke
 
     bf, bb = block_costs(shape, st, prof, links)
     first, last = end_costs(shape, st, prof, links)
-    full = st.recompute == "full"
-    per_block = bf + bb + (bf if full else Cost())
+    per_block = bf + bb     # and the forward again for each checkpointed block (checkpointed_in_stage)
     act_bytes = st.micro_batch_size * s / sp * shape.hidden_size * w / t  # pipe_partitioned: scattered over TP
     p2p = p2p_s(act_bytes, links["pp"]) if p > 1 else 0.0
 
     costs = []
     for stage in range(p):
-        c = per_block * blocks_in_stage(shape, st, stage)
+        c = per_block * blocks_in_stage(shape, st, stage) + bf * checkpointed_in_stage(shape, st, stage)
         if stage == 0:
             c = c + first
         if stage == p - 1:
@@ -676,7 +677,7 @@ def estimate_step_time(shape: ModelShape, st: Strategy, hw: Hardware, train_toke
         stages.append({"cost": c, "compute": compute, "host_wait": host_wait, "pp": 2 * neighbours * p2p, "wait": wait,
                        "syncs": syncs,
                        "busy": busy, "time": busy + c.tp + c.sp + 2 * neighbours * p2p + wait,
-                       "recompute": bf.compute * blocks_in_stage(shape, st, stage) * k if full else 0.0})
+                       "recompute": bf.compute * checkpointed_in_stage(shape, st, stage) * k})
     slow = max(stages, key=lambda x: x["time"])
     pipeline_s = sum(x["time"] for x in stages) + (m - 1) * slow["time"]
 
@@ -710,11 +711,11 @@ def estimate_step_time(shape: ModelShape, st: Strategy, hw: Hardware, train_toke
             # bytes taken as equal, which matters only where NCCL's protocol choice depends on the size).
             modules = max(1, _fetched_modules(shape, st, blocks_in_stage(shape, st, stage), stage, p))
             per_mb = 2 * modules * gather_s(par_b / modules, r, link) + reduce
-            if full:
+            ckpt = checkpointed_in_stage(shape, st, stage)
+            if ckpt:
                 again, again_modules = _zero3_regathered_per_block(shape, st)
                 if again_modules:
-                    per_mb += blocks_in_stage(shape, st, stage) * again_modules * gather_s(again * w / again_modules,
-                                                                                          r, link)
+                    per_mb += ckpt * again_modules * gather_s(again * w / again_modules, r, link)
             hide = x["compute"] if overlap else 0.0
             exposed = m * max(0.0, per_mb - hide)
         dp_exposed.append(exposed)
@@ -731,7 +732,7 @@ def estimate_step_time(shape: ModelShape, st: Strategy, hw: Hardware, train_toke
 
     c = slow["cost"]
     f_model = flops_per_token(shape, s)
-    f_hw = f_model + recompute_flops_per_token(shape, s, st.recompute)
+    f_hw = f_model + recompute_flops_per_token(shape, s, st.recompute, checkpointed_layers(shape, st))
     tokens_per_s = st.tokens_per_step / step
     tflops = f_model * tokens_per_s / world / 1e12
     hw_tflops = f_hw * tokens_per_s / world / 1e12
@@ -765,20 +766,20 @@ def _syncs_per_micro_batch(shape: ModelShape, st: Strategy, stage: int) -> tuple
     """(synchronisations, the largest group among them) that one micro-batch meets on a pipeline stage: the
     collectives and sends the module docstring's terms charge, counted the same way (stragglers)."""
     blocks = blocks_in_stage(shape, st, stage)
-    full = st.recompute == "full"
+    ckpt = checkpointed_in_stage(shape, st, stage)     # their forward's collectives run again
     t, usp, cp, p, r = st.tensor_degree, st.sequence_degree, st.context_degree, st.pipeline_degree, st.zero_partition_degree
     syncs, group = 0, 1
     if t > 1 and st.sequence_parallel:   # an all-gather and a reduce-scatter for each all-reduce; the norms' grads
-        syncs, group = syncs + (12 if full else 8) * blocks + _sp_norm_params(shape) * blocks, max(group, t)
+        syncs, group = syncs + 8 * blocks + 4 * ckpt + _sp_norm_params(shape) * blocks, max(group, t)
     elif t > 1:
-        syncs, group = syncs + (6 if full else 4) * blocks, max(group, t)
+        syncs, group = syncs + 4 * blocks + 2 * ckpt, max(group, t)
     if usp > 1:
-        syncs, group = syncs + (12 if full else 8) * blocks, max(group, usp)
+        syncs, group = syncs + 8 * blocks + 4 * ckpt, max(group, usp)
     if cp > 1:
-        syncs, group = syncs + (3 if full else 2) * blocks + cp * blocks, max(group, cp)
+        syncs, group = syncs + 2 * blocks + ckpt + cp * blocks, max(group, cp)
     if r > 1 and st.zero_stage == 3:
         modules = max(1, _fetched_modules(shape, st, blocks, stage, p))
-        again = blocks * _zero3_regathered_per_block(shape, st)[1] if full else 0
+        again = ckpt * _zero3_regathered_per_block(shape, st)[1]
         syncs, group = syncs + 2 * modules + again + 1, max(group, r)
     elif r > 1 and st.zero_stage == 2:
         syncs, group = syncs + 1, max(group, r)

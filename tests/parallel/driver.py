@@ -169,6 +169,8 @@ def run_pipe(cfg, layout, sgd):
         "stage": grid.get_stage_id(), "dp_rank": dp_rank, "tp_rank": grid.get_slice_parallel_rank(),
         "slice_group": list(grid.slice_group), "params": sum(p.numel() for p in module.parameters()),
         "blocks": len(blocks),
+        # layers the PipelineEngine checkpoints (its per-layer flags at interval 1; model.checkpoint_blocks)
+        "checkpointed": sum(module.is_checkpointable_results) if module.activation_checkpoint_interval else 0,
         "column_parallel": sum(isinstance(m, ColumnParallelLinear) for m in module.modules()),
         "row_parallel": sum(isinstance(m, RowParallelLinear) for m in module.modules()),
         "plain_linear_in_blocks": sum(isinstance(m, torch.nn.Linear) for b in blocks for m in b.modules()),

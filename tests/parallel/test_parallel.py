@@ -53,7 +53,7 @@ LAUNCHES = {
     2: [
         f"pp2:pipe:{PP},{SGD}",
         f"pp2-z1-tied-type-ac:pipe:{PP},{Z1},model.tie_word_embeddings=true,parallel.partition_method=type:DecoderBlock,"
-        "model.activation_checkpointing=true",
+        "model.activation_checkpointing=true,model.checkpoint_blocks=1",
         f"pp2-bf16:pipe:{PP},{Z1},precision=bf16,precision.grad_accum_dtype=fp32",
         f"tp2:tpplain:{TP},{SGD}",
         f"tp2-z1:tpplain:{TP},{Z1}",
@@ -188,6 +188,8 @@ def test_pp2_tied_type_partition_checkpointing_zero1(ranks2):
     # Tied: both ends hold the embedding (TiedLayerSpec), no separate head: FULL - V*H + V*H again.
     assert sum(i["params"] for i in r["per_rank"]) == FULL
     assert [i["blocks"] for i in sorted(r["per_rank"], key=lambda i: i["stage"])] == [2, 2]
+    # model.checkpoint_blocks=1: the PipelineEngine checkpoints one of each stage's two blocks, not both.
+    assert [i["checkpointed"] for i in r["per_rank"]] == [1, 1]
 
 
 @pytest.mark.slow

@@ -42,7 +42,8 @@ def overrides(case) -> list:
     return BASE + ARCH_OVERRIDES[case["arch"]] + [
         f"precision={case['dtype']}", f"model.num_hidden_layers={case['layers']}", f"{degree}={RANKS}",
         f"batch.global_batch_size={MICRO}", f"model.activation_checkpointing={str(case['ckpt']).lower()}",
-        f"parallel.sequence_parallel={str(case['mode'] == 'pipe-sp').lower()}"]
+        f"parallel.sequence_parallel={str(case['mode'] == 'pipe-sp').lower()}"] + (
+        [f"model.checkpoint_blocks={case['checkpoint_blocks']}"] if case.get("checkpoint_blocks") else [])
 
 
 def ids_for(cfg):

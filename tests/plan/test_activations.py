@@ -39,12 +39,13 @@ def activation_shape(cfg, layout) -> act.ActivationShape:
                                vocab_size=layout.padded_vocab_size)
 
 
-def measure_model(compose, arch: str, dtype: str, layers: int, checkpointing: bool):
+def measure_model(compose, arch: str, dtype: str, layers: int, checkpointing: bool, checkpoint_blocks=None):
     from launcher.config.layout import resolve_layout
     from launcher.runtime.model import build_model
 
     cfg = compose(BASE + ARCHS[arch] + [f"precision={dtype}", f"model.num_hidden_layers={layers}",
-                                        f"model.activation_checkpointing={str(checkpointing).lower()}"])
+                                        f"model.activation_checkpointing={str(checkpointing).lower()}"]
+                  + ([f"model.checkpoint_blocks={checkpoint_blocks}"] if checkpoint_blocks else []))
     layout = resolve_layout(cfg)
     model = build_model(cfg.model, seed=0, vocab_size=layout.padded_vocab_size).to(DTYPES[dtype])
     if checkpointing:
@@ -85,12 +86,33 @@ def test_saved_bytes_match_planner(compose, arch, dtype, checkpointing):
     assert planned_total == pytest.approx(three, rel=0.02)
 
 
+@pytest.mark.parametrize("checkpoint_blocks", [1, 2])
+@pytest.mark.parametrize("dtype", sorted(DTYPES))
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_first_blocks_checkpointed_match_planner(compose, arch, dtype, checkpoint_blocks):
+    """model.checkpoint_blocks: the first N of 3 blocks checkpointed (train.checkpoint_first_blocks), the others
+    keeping their whole saved set; held to the planner's stage total within 2%, and strictly between the two ends."""
+    cfg, layout, partial = measure_model(compose, arch, dtype, 3, True, checkpoint_blocks)
+    _, _, none = measure_model(compose, arch, dtype, 3, False)
+    _, _, full = measure_model(compose, arch, dtype, 3, True)
+    m = activation_shape(cfg, layout)
+    planned = act.stage_saved_bytes(m, 3, SEQ, MICRO, dtype, "full", checkpointed=checkpoint_blocks)
+    print(f"{arch} {dtype} first {checkpoint_blocks} of 3 checkpointed: planned/measured {planned / partial:.4f}")
+    assert full < partial < none
+    assert planned == pytest.approx(partial, rel=0.02)
+
+
 # --- 2 CPU ranks: our TP layers as a pipeline's layer list and at pipeline_degree = 1, Ulysses SP -------------------
 # (tests/plan/activation_worker.py)
 RANK_CASES = [(mode, arch, dtype, ckpt)
               for mode, archs in (("pipe", ("llama", "bloom")), ("pipe-sp", ("llama",)), ("tp", ("llama", "bloom")),
                                   ("ulysses", ("llama",)))
               for arch in archs for dtype in ("bf16", "fp32") for ckpt in (False, True)]
+
+
+# model.checkpoint_blocks on our TP layer list at one stage (build_tensor_parallel_model: StagePipelineModule clears
+# DeepSpeed's per-layer checkpoint flags past the N-th block), 3 blocks.
+PARTIAL_RANK_CASES = [("tp", "llama", "bf16", 1), ("tp", "bloom", "fp32", 2)]
 
 
 def _case_name(mode, arch, dtype, ckpt, layers):
@@ -103,6 +125,8 @@ def rank_measurements(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("activations")
     cases = [{"name": _case_name(m, a, d, c, n), "mode": m, "arch": a, "dtype": d, "ckpt": c, "layers": n}
              for (m, a, d, c) in RANK_CASES for n in (1, 3)]
+    cases += [{"name": f"{m}-{a}-{d}-first{k}-L3", "mode": m, "arch": a, "dtype": d, "ckpt": True, "layers": 3,
+               "checkpoint_blocks": k} for (m, a, d, k) in PARTIAL_RANK_CASES]
     return measure_on_two_ranks(tmp, cases)
 
 
@@ -134,6 +158,21 @@ def test_parallel_saved_bytes_match_planner(rank_measurements, mode, arch, dtype
           f"stage {planned_total / three[0]:.4f}")
     assert planned_block == pytest.approx(measured_block, rel=0.02)
     assert planned_total == pytest.approx(three[0], rel=0.02)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode, arch, dtype, blocks", PARTIAL_RANK_CASES,
+                         ids=[f"{m}-{a}-{d}-first{k}" for m, a, d, k in PARTIAL_RANK_CASES])
+def test_parallel_first_blocks_checkpointed_match_planner(rank_measurements, mode, arch, dtype, blocks):
+    shapes = {"llama": act.ActivationShape("llama", 128, 4, 2, 352, 256),
+              "bloom": act.ActivationShape("bloom", 128, 4, 4, 512, 256)}   # the worker's ARCH_OVERRIDES
+    got = rank_measurements[f"{mode}-{arch}-{dtype}-first{blocks}-L3"]
+    none = rank_measurements[_case_name(mode, arch, dtype, False, 3)]
+    full = rank_measurements[_case_name(mode, arch, dtype, True, 3)]
+    assert got[0] == got[1] and full[0] < got[0] < none[0]
+    planned = act.stage_saved_bytes(shapes[arch], 3, SEQ, MICRO, dtype, "full", 2, 1, pipeline=True, checkpointed=blocks)
+    print(f"{mode} {arch} {dtype} first {blocks} of 3 checkpointed: planned/measured {planned / got[0]:.4f}")
+    assert planned == pytest.approx(got[0], rel=0.02)
 
 
 def test_plan_json_reports_activation_bytes_per_layer(compose):

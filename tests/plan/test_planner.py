@@ -15,7 +15,7 @@ import pytest
 
 from launcher.config.compose import compose
 from launcher.config.layout import resolve_layout
-from launcher.plan import flops, memory
+from launcher.plan import flops, memory, steptime
 from launcher.plan.inputs import model_shape, resolve_hardware, strategy
 from launcher.plan.search import search_layouts
 
@@ -134,3 +134,27 @@ def test_search_returns_valid_fitting_layouts_and_beats_the_recipe(recipe):
     from launcher.plan.steptime import estimate_step_time
     own = estimate_step_time(shape, strategy(cfg, resolve_layout(cfg)), hw)
     assert ranked[0].time.tokens_per_s >= own.tokens_per_s
+
+
+@pytest.mark.parametrize("overrides, checkpointed_fraction", [
+    (["recipe=llama-7b", "model.checkpoint_blocks=8"], 8 / 32),                                  # one stage of 32 blocks
+    (["recipe=llama-65b", "parallel.pipeline_degree=4", "model.checkpoint_blocks=5"], 4 * 5 / 80),   # 4 stages of 20
+])
+def test_checkpointing_the_first_blocks_lies_between_none_and_all(overrides, checkpointed_fraction):
+    """model.checkpoint_blocks: memory and time between no recompute and every block's, and the recomputed FLOPs the
+    checkpointed share of every block's (the fraction counted here from the stages, not by the planner)."""
+    import dataclasses
+
+    cfg = compose([*overrides, "model.activation_checkpointing=true"])
+    layout = resolve_layout(cfg)
+    shape, hw = model_shape(cfg.model), resolve_hardware(cfg.cluster, cfg.precision.dtype)
+    partial = strategy(cfg, layout)
+    assert partial.recompute == "full" and partial.checkpoint_blocks is not None
+    every = dataclasses.replace(partial, checkpoint_blocks=None)
+    none = dataclasses.replace(partial, recompute="none", checkpoint_blocks=None)
+    acts = [memory.estimate_memory(shape, s, hw).peak.activations for s in (every, partial, none)]
+    times = [steptime.estimate_step_time(shape, s, hw) for s in (none, partial, every)]
+    assert acts[0] < acts[1] < acts[2]
+    assert times[0].step_time_s < times[1].step_time_s < times[2].step_time_s
+    extra = [t.hardware_flops_per_token - t.flops_per_token for t in times]
+    assert extra[0] == 0 and extra[1] == pytest.approx(checkpointed_fraction * extra[2], rel=1e-12)
