@@ -2,6 +2,7 @@
 memory on CPU ranks; not a test).
 
     .venv/bin/python bench/steptime/memory_timeline.py 4 8 16      # recipe=tiny at these micro-batch sizes
+    .venv/bin/python bench/steptime/memory_timeline.py --checkpointing 8   # none, the first 1-3 of 4 blocks, all
 
 One process builds recipe=tiny's model as the runtime does (launcher/runtime/model.py), runs one AdamW step to create
 the optimizer state, then profiles a second step with profile_memory=True and reads torch's memory timeline
@@ -31,9 +32,13 @@ from launcher.runtime.model import build_model  # noqa: E402
 MIB = 2 ** 20
 
 
-def live_peak(mb: int) -> dict:
-    cfg = compose(["recipe=tiny"])
+def live_peak(mb: int, extra: tuple = ()) -> dict:
+    cfg = compose(["recipe=tiny", *extra])
     model = build_model(cfg.model, seed=0, vocab_size=2048)
+    if cfg.model.activation_checkpointing:
+        from launcher.train import maybe_apply_activation_checkpointing
+
+        maybe_apply_activation_checkpointing(cfg, model)
     x = torch.randint(0, 2048, (mb, cfg.data.seq_length))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 
@@ -51,15 +56,30 @@ def live_peak(mb: int) -> dict:
     return {"total": sum(sizes[at]), **{names.get(j, f"column {j}"): v for j, v in enumerate(sizes[at]) if v}}
 
 
-def planned(mb: int) -> dict:
-    out = subprocess.run([LAUNCHER, "plan", "recipe=tiny", "parallel.zero_stage=0",
+def planned(mb: int, extra: tuple = ()) -> dict:
+    out = subprocess.run([LAUNCHER, "plan", "recipe=tiny", *extra, "parallel.zero_stage=0",
                           f"batch.micro_batch_size={mb}", f"batch.global_batch_size={2 * mb}",
                           f"cluster.profile={HERE / 'profile.yaml'}", "--json"],
                          capture_output=True, text=True, check=True, cwd=REPO)
     return json.loads(out.stdout)["memory_per_gpu_bytes"]
 
 
+# model.checkpoint_blocks against none and every block: the plan counts the recompute's working set (one block's whole
+# saved set) only where every block is checkpointed (plan/memory.py _stage_memory).
+CHECKPOINTING = {"none": (), **{f"first {n} of 4": ("model.activation_checkpointing=true", f"model.checkpoint_blocks={n}")
+                                for n in (1, 2, 3)}, "all 4": ("model.activation_checkpointing=true",)}
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["--checkpointing"]:
+        mb = int(sys.argv[2]) if len(sys.argv) > 2 else 8
+        for name, extra in CHECKPOINTING.items():
+            live, plan = live_peak(mb, extra), planned(mb, extra)
+            print(f"micro-batch {mb}, {name} checkpointed: live peak {live['total'] / MIB:.1f} MiB (activation "
+                  f"{live.get('activation', 0) / MIB:.1f}, temporary {live.get('temporary', 0) / MIB:.1f}, autograd "
+                  f"detail {live.get('autograd_detail', 0) / MIB:.1f}); planned activations {plan['activations'] / MIB:.1f}, "
+                  f"without overhead {(plan['params'] + plan['grads'] + plan['optimizer'] + plan['activations']) / MIB:.1f} MiB")
+        return
     for mb in [int(a) for a in sys.argv[1:]] or [8]:
         live, plan = live_peak(mb), planned(mb)
         terms = plan["params"] + plan["grads"] + plan["optimizer"] + plan["activations"]

@@ -28,9 +28,13 @@ backward, held to a saved_tensors_hooks measurement by tests/plan/test_activatio
 2022's Megatron-GPT count, 34 s b h + 5 a s^2 b per block, is what they depart from, and why, is written
 there). Per stage and rank: the stage's saved bytes for one micro-batch (its blocks, plus the embedding on the
 first stage and the final norm, head and fp32 log-softmax on the last) x the micro-batches in flight; with
-activation checkpointing the blocks keep only their inputs and one block's full set is live while it is
+activation checkpointing the checkpointed blocks (all, or the first model.checkpoint_blocks of each stage) keep
+only their inputs and, where every block of the stage is checkpointed, one block's full set is live while it is
 recomputed (the working set); the last stage adds the transient gradient of the logits at the start of
-backward (fp32, plus its 16-bit cast).
+backward (fp32, plus its 16-bit cast), and its peak is the larger of that moment and the recompute of its last
+block, by when the head's saved tensors and that gradient are freed (the two do not add: the 1B LLaMA on one
+H200 with checkpointing, 21.14 GB measured, was planned 22.32 GB when they did, 21.55 GB now;
+bench/gpu/results.md).
 
 Under 1F1B (Narayanan et al. 2021, section 2.2.1) stage i holds the activations of min(PP - i, m)
 micro-batches: the first stage holds PP of them (Korthikanti et al. 2022, section 4.2.3).
@@ -233,15 +237,25 @@ def _stage_memory(shape: ModelShape, st: Strategy, stage: int, working_set: floa
     saved = act.stage_saved_bytes(m, blocks, s, b, st.dtype, st.recompute, st.tensor_degree, st.sequence_degree,
                                   first=first, last=last, pipeline=st.pipeline_layers, sp=st.sequence_parallel,
                                   context=st.context_degree, document_mask=st.document_mask, checkpointed=ckpt)
+    kept = saved * in_flight_micro_batches(st, stage)
     # The recompute's working set peaks above the saved set only where every block is checkpointed: with the first
     # N of them, the backward has freed the later blocks' whole sets before it recomputes the N-th.
-    acts = saved * in_flight_micro_batches(st, stage) + (working_set if ckpt and ckpt == blocks else 0.0)
-    logits = 0.0
+    working = working_set if ckpt and ckpt == blocks else 0.0
+    acts, logits = kept + working, 0.0
     if last:
         # The head's vocabulary is not split by our TP (replicated head), so neither are its logits.
         predicted = (s - 1) * b if st.pipeline_layers and u == 1 else s * b / u   # CP's loss: no shift (activations.py)
-        logits = predicted * (4 * st.padded_vocab_size + act.INDEX_BYTES) + act.loss_backward_bytes(m, s, b, st.dtype, u)
-        acts += act.loss_backward_bytes(m, s, b, st.dtype, u)
+        loss_backward = act.loss_backward_bytes(m, s, b, st.dtype, u)
+        # Two moments (the last stage holds one micro-batch): the start of the backward, everything saved plus the
+        # logits' gradient; and the recompute of the last block, by when the backward has freed the head's saved
+        # tensors (its fp32 log-softmax) and the logits' gradient. One block's working set does not come on top of
+        # the loss end's transient (recipe=tiny at micro-batch 8, all 4 blocks checkpointed: live peak 42.8 MiB,
+        # the same 10 MiB below no checkpointing per block checkpointed; bench/steptime/memory_timeline.py).
+        head = act.head_bytes(m, s, b, st.dtype, u, st.pipeline_layers and u == 1,
+                              st.tensor_degree if st.sequence_parallel else 1)
+        acts = max(kept + loss_backward, kept - head + working)
+        if kept + loss_backward >= kept - head + working:
+            logits = predicted * (4 * st.padded_vocab_size + act.INDEX_BYTES) + loss_backward
     w = weight_bytes(st.dtype)
     if st.zero_stage == 3:
         buffers = 2 * shape.params.per_layer / st.tensor_degree * w

@@ -256,8 +256,8 @@ def _performance_rows(s: dict) -> list[tuple[str, str, str]]:
             f"{s['checkpoint_blocks']} a stage), the others keep their saved tensors"
             if s["recompute"] == "full" and s["checkpointed_blocks"] < s["num_blocks"] else "")
          + ", plan/activations.py) x blocks x in-flight micro-batches (1F1B: first stage holds PP) + embedding/head/"
-         + "fp32 loss" + (" + one block's full set while recomputed" if s["recompute"] == "full"
-                                  and s["checkpointed_blocks"] == s["num_blocks"] else "")),
+         + "fp32 loss" + (", or one block's full set while recomputed once those are freed, whichever is larger"
+                          if s["recompute"] == "full" and s["checkpointed_blocks"] == s["num_blocks"] else "")),
         ("memory: overhead", _gb(m["overhead"]), "stated allowance: 2 GB CUDA/NCCL/fragmentation + ZeRO buffers"),
         ("memory per GPU", f"{_gb(m['total'])} / {_gb(s['memory_capacity_bytes'])}",
          ("fits, " if s["fits"] else "DOES NOT FIT, ") + f"{_gb(abs(s['memory_headroom_bytes']))} "
