@@ -43,6 +43,10 @@ LAYOUTS = {
     # Megatron sequence parallelism inside TP2 (not in issue 14's list; --search ranks TP + SP layouts)
     "TP2-SP": (2, ["parallel.tensor_degree=2", "parallel.sequence_parallel=true", "parallel.zero_stage=1"]),
     "TP2 x PP2": (4, ["parallel.tensor_degree=2", "parallel.pipeline_degree=2", "parallel.zero_stage=1"]),
+    # beyond the issue's list: activation checkpointing, every block and the first 2 of the 4 (model.checkpoint_blocks)
+    "DP2 ZeRO-1 ckpt": (2, ["parallel.zero_stage=1", "model.activation_checkpointing=true"]),
+    "DP2 ZeRO-1 ckpt first 2": (2, ["parallel.zero_stage=1", "model.activation_checkpointing=true",
+                                     "model.checkpoint_blocks=2"]),
 }
 
 
