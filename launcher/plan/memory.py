@@ -253,8 +253,9 @@ def _stage_memory(shape: ModelShape, st: Strategy, stage: int, working_set: floa
         # the same 10 MiB below no checkpointing per block checkpointed; bench/steptime/memory_timeline.py).
         head = act.head_bytes(m, s, b, st.dtype, u, st.pipeline_layers and u == 1,
                               st.tensor_degree if st.sequence_parallel else 1)
-        acts = max(kept + loss_backward, kept - head + working)
-        if kept + loss_backward >= kept - head + working:
+        backward_start, last_recompute = kept + loss_backward, kept - head + working
+        acts = max(backward_start, last_recompute)
+        if backward_start >= last_recompute:
             logits = predicted * (4 * st.padded_vocab_size + act.INDEX_BYTES) + loss_backward
     w = weight_bytes(st.dtype)
     if st.zero_stage == 3:

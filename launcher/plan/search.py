@@ -191,11 +191,10 @@ def search_layouts(cfg) -> tuple[list[Candidate], dict]:
                             except ConfigError:
                                 counts["invalid"] += 1
                                 continue
-                            cand = evaluate(c, layout, shape, hw)
-                            fits = cand.memory.fits and host.fits(c, layout, cand.strategy, shape)
+                            cand = _if_fits(c, layout, shape, hw, host)
                             if not recompute:
-                                kept_fits = fits
-                            if not fits:
+                                kept_fits = cand is not None
+                            if cand is None:
                                 counts["does_not_fit"] += 1
                                 continue
                             fitting.append(cand)
@@ -212,6 +211,12 @@ def search_layouts(cfg) -> tuple[list[Candidate], dict]:
     return fitting, counts
 
 
+def _if_fits(c, layout: Layout, shape: ModelShape, hw: Hardware, host) -> Optional[Candidate]:
+    """The candidate of a resolved config, or None where it does not fit the GPU or the node's host memory."""
+    cand = evaluate(c, layout, shape, hw)
+    return cand if cand.memory.fits and host.fits(c, layout, cand.strategy, shape) else None
+
+
 def _fewest_checkpointed(plain, grid: tuple, shape: ModelShape, hw: Hardware, host, full: Strategy) -> Optional[Candidate]:
     """The candidate with the fewest model.checkpoint_blocks (1 .. a stage's blocks - 1) that fits, by bisection
     (memory falls as blocks are checkpointed: plan/memory.py checkpointed_in_stage), where the layout fits with every
@@ -220,9 +225,7 @@ def _fewest_checkpointed(plain, grid: tuple, shape: ModelShape, hw: Hardware, ho
 
     def at(n: int) -> Optional[Candidate]:
         c = _with(plain, tp, pp, zero, micro, True, sp, msp, cp, checkpoint_blocks=n)
-        layout = resolve_layout(c)
-        cand = evaluate(c, layout, shape, hw)
-        return cand if cand.memory.fits and host.fits(c, layout, cand.strategy, shape) else None
+        return _if_fits(c, resolve_layout(c), shape, hw, host)
 
     lo, hi, best = 1, max(blocks_in_stage(shape, full, s) for s in range(pp)) - 1, None
     while lo <= hi:

@@ -632,9 +632,10 @@ def estimate_step_time(shape: ModelShape, st: Strategy, hw: Hardware, train_toke
     act_bytes = st.micro_batch_size * s / sp * shape.hidden_size * w / t  # pipe_partitioned: scattered over TP
     p2p = p2p_s(act_bytes, links["pp"]) if p > 1 else 0.0
 
+    ckpts = [checkpointed_in_stage(shape, st, stage) for stage in range(p)]
     costs = []
     for stage in range(p):
-        c = per_block * blocks_in_stage(shape, st, stage) + bf * checkpointed_in_stage(shape, st, stage)
+        c = per_block * blocks_in_stage(shape, st, stage) + bf * ckpts[stage]
         if stage == 0:
             c = c + first
         if stage == p - 1:
@@ -677,7 +678,7 @@ def estimate_step_time(shape: ModelShape, st: Strategy, hw: Hardware, train_toke
         stages.append({"cost": c, "compute": compute, "host_wait": host_wait, "pp": 2 * neighbours * p2p, "wait": wait,
                        "syncs": syncs,
                        "busy": busy, "time": busy + c.tp + c.sp + 2 * neighbours * p2p + wait,
-                       "recompute": bf.compute * checkpointed_in_stage(shape, st, stage) * k})
+                       "recompute": bf.compute * ckpts[stage] * k})
     slow = max(stages, key=lambda x: x["time"])
     pipeline_s = sum(x["time"] for x in stages) + (m - 1) * slow["time"]
 
@@ -711,11 +712,10 @@ def estimate_step_time(shape: ModelShape, st: Strategy, hw: Hardware, train_toke
             # bytes taken as equal, which matters only where NCCL's protocol choice depends on the size).
             modules = max(1, _fetched_modules(shape, st, blocks_in_stage(shape, st, stage), stage, p))
             per_mb = 2 * modules * gather_s(par_b / modules, r, link) + reduce
-            ckpt = checkpointed_in_stage(shape, st, stage)
-            if ckpt:
+            if ckpts[stage]:
                 again, again_modules = _zero3_regathered_per_block(shape, st)
                 if again_modules:
-                    per_mb += ckpt * again_modules * gather_s(again * w / again_modules, r, link)
+                    per_mb += ckpts[stage] * again_modules * gather_s(again * w / again_modules, r, link)
             hide = x["compute"] if overlap else 0.0
             exposed = m * max(0.0, per_mb - hide)
         dp_exposed.append(exposed)
