@@ -120,8 +120,11 @@ def start_lr_schedule(engine) -> None:
 
 def maybe_apply_activation_checkpointing(cfg, model) -> None:
     if cfg.model.activation_checkpointing:
-        # Non-reentrant checkpointing works with ZeRO-3's parameter hooks and needs no requires_grad inputs.
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        from launcher.runtime.recompute import checkpoint_kwargs
+
+        # Non-reentrant, with torch's selection policy under model.checkpoint_mode=selective.
+        model.gradient_checkpointing_enable(
+            gradient_checkpointing_kwargs=checkpoint_kwargs(getattr(cfg.model, "checkpoint_mode", "full")))
         checkpoint_first_blocks(model, getattr(cfg.model, "checkpoint_blocks", None))
 
 

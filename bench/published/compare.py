@@ -116,7 +116,9 @@ def to_config(r: dict, base) -> tuple[SimpleNamespace, str, list[str]]:
         recompute, _ = "none", assumed.append("recompute=none")
     if recompute not in ("none", "full"):
         raise ConfigError("model.activation_checkpointing", recompute,
-                          "the launcher checkpoints whole blocks or nothing (no selective / per-op recompute)", "")
+                          "the launcher checkpoints whole blocks, or keeps every matmul's and attention's output "
+                          "(model.checkpoint_mode=selective); the run's selective recompute is another policy "
+                          "(Megatron's: the attention core; MaxText's and torchtitan's: their own operator lists)", "")
     sharding = r["sharding"]
     if sharding == "fsdp":
         zero = 1 if r["pp"] > 1 else 3

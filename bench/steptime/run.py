@@ -47,6 +47,9 @@ LAYOUTS = {
     "DP2 ZeRO-1 ckpt": (2, ["parallel.zero_stage=1", "model.activation_checkpointing=true"]),
     "DP2 ZeRO-1 ckpt first 2": (2, ["parallel.zero_stage=1", "model.activation_checkpointing=true",
                                      "model.checkpoint_blocks=2"]),
+    # selective checkpointing (model.checkpoint_mode=selective): the matmuls' outputs kept, element-wise ops recomputed
+    "DP2 ZeRO-1 selective": (2, ["parallel.zero_stage=1", "model.activation_checkpointing=true",
+                                 "model.checkpoint_mode=selective"]),
 }
 
 

@@ -440,6 +440,46 @@ def _check_offload(cfg, zero: int) -> None:
                           "set parallel.zero_stage=3, or parallel.offload_param=false")
 
 
+CHECKPOINT_MODES = ("full", "selective")
+
+
+def _check_checkpoint_mode(cfg, tp: int, pp: int, sp: int, cp: int) -> None:
+    """model.checkpoint_mode=selective runs through torch's selective checkpoint (launcher/runtime/recompute.py) on
+    the transformers model: DP / ZeRO 0-3. Our layer list (TP, stages) checkpoints with DeepSpeed's reentrant
+    function, which takes no policy; Ulysses' and ring attention's exchanges and the document mask's saved set under
+    it are not measured (tests/plan/test_activations.py), so they are refused, by `plan` too, rather than planned by
+    guess."""
+    mode = getattr(cfg.model, "checkpoint_mode", "full")
+    if mode not in CHECKPOINT_MODES:
+        raise ConfigError("model.checkpoint_mode", mode, f"must be one of {', '.join(CHECKPOINT_MODES)}",
+                          "set model.checkpoint_mode=full (recompute whole blocks) or selective (keep the matmuls' outputs)")
+    if mode == "full":
+        return
+    if not cfg.model.activation_checkpointing:
+        raise ConfigError("model.checkpoint_mode", mode,
+                          "says what a checkpointed block keeps, and model.activation_checkpointing is false",
+                          "set model.activation_checkpointing=true, or model.checkpoint_mode=full")
+    degrees = {"parallel.tensor_degree": (tp, "our TP layers checkpoint with DeepSpeed's reentrant "
+                                          "checkpoint, which takes no selection policy"),
+               "parallel.pipeline_degree": (pp, "the pipeline's layer list checkpoints with "
+                                            "DeepSpeed's reentrant checkpoint, which takes no selection policy"),
+               "parallel.sequence_degree": (sp, "what Ulysses' all-to-alls leave saved under it is "
+                                            "not measured"),
+               "parallel.context_degree": (cp, "what ring attention leaves saved under it is not "
+                                           "measured")}
+    for key, (degree, why) in degrees.items():
+        if degree > 1:
+            raise ConfigError("model.checkpoint_mode", mode,
+                              f"selective checkpointing runs on the transformers model (DP / ZeRO 0-3) only, not with "
+                              f"{key}={degree}: {why}",
+                              f"set model.checkpoint_mode=full, or {key}=1")
+    if getattr(cfg.data, "document_mask", False):
+        raise ConfigError("model.checkpoint_mode", mode,
+                          "selective checkpointing with data.document_mask=true is not measured (the mask's saved "
+                          "set under the selection policy), so it is not run",
+                          "set model.checkpoint_mode=full, or data.document_mask=false")
+
+
 def resolve_layout(cfg) -> Layout:
     """Check every layout rule and derive the numbers above. `cfg` is the composed config."""
     check_ranges(cfg)  # every numeric setting in its documented range first (launcher/config/ranges.py)
@@ -468,6 +508,7 @@ def resolve_layout(cfg) -> Layout:
     _check_sequence_parallel(cfg, sp, pp)
     megatron_sp = _check_megatron_sequence_parallel(cfg, tp)
     _check_context_parallel(cfg, cp, tp, sp, device)
+    _check_checkpoint_mode(cfg, tp, pp, sp, cp)
     dp = _data_degree(cfg, world, tp, pp, sp, cp)
     accum = _check_batch(cfg, dp)
     _check_pipeline(cfg, pp, p.zero_stage, accum, warnings)

@@ -55,6 +55,12 @@ class ModelConfig:
     pipeline) are checkpointed, counted from the stage's first; the others keep their activations. null = every block.
     Fewer recompute less and hold more memory (Megatron's --recompute-method block --recompute-num-layers); a stage
     with fewer blocks checkpoints all of them. Range: >= 1, or null."""
+    checkpoint_mode: str = "full"
+    """With activation_checkpointing: what a checkpointed block keeps. full = its input only, the whole forward runs
+    again in the backward (~33% more compute); selective = also every matmul's and attention kernel's output, only
+    the element-wise operators (norms, rotary, activation, residual adds) run again: no GEMM recomputed, about half
+    the block's activation bytes kept (launcher/runtime/recompute.py). selective runs on the transformers model
+    (DP / ZeRO 0-3), not with TP, pipeline stages, Ulysses or CP."""
     init_from: Optional[str] = None
     """Path of a transformers checkpoint directory (or an `owner/name` in the local HF cache) to start from instead of random init. Its config.json is then the
     model (trained and exported unchanged); every model.* value must equal it (launcher/config/hfmodel.py)."""

@@ -57,15 +57,30 @@ Outside the blocks (first and last pipeline stage; both on a 1-stage run; replic
                          cast back (w V), alive together while the saved tensors above still are. Counted in the
                          last stage's peak; the hook cannot see it (stated from autograd's backward, not measured).
 
-Activation checkpointing (model.activation_checkpointing; the only recompute mode `launcher train` runs: whole
-blocks, transformers' gradient_checkpointing (non-reentrant) or DeepSpeed's reentrant checkpoint in the
-PipelineModule, one block per checkpoint):
+Activation checkpointing (model.activation_checkpointing with model.checkpoint_mode=full: whole blocks,
+transformers' gradient_checkpointing (non-reentrant) or DeepSpeed's reentrant checkpoint in the PipelineModule,
+one block per checkpoint):
     kept per block       w h per token: the block's input (torch's _NoopSaveInputs; DeepSpeed's CheckpointFunction
                          keeps it as ctx.deepspeed_saved_tensors). Not divided by t: DeepSpeed partitions checkpointed
                          inputs over TP (partition_activations) only after deepspeed.checkpointing.configure,
                          which its engine never calls and we do not either, so every TP rank keeps the full input
                          (a departure from Megatron's 2sbh/t).
     working set          one block's full set (the formula above) while that block is recomputed in backward.
+
+Selective checkpointing (model.checkpoint_mode=selective, launcher/runtime/recompute.py: torch's selective
+checkpoint keeps the outputs of mm / addmm / bmm / baddbmm and the SDPA kernels, everything else is recomputed;
+the transformers model only, t = u = 1): a checkpointed block keeps its input (w h, as above) plus, per token,
+    LLaMA                w (h + 2 k d) (q, k, v projections, before rotary) + w h + 4 a (SDPA's output and fp32
+                         logsumexp) + w h (o_proj's output) + 2 w f (gate, up) + w h (down_proj's output)
+                         = w (4h + 2kd) + 2wf + 4a
+    GPT-2                3 w h (c_attn) + w h + 4 a (SDPA) + w h (c_proj) + w f (c_fc) + w h (the MLP's c_proj)
+                         = 6wh + wf + 4a
+    BLOOM                3 w h (query_key_value) + w a s (baddbmm's scores, in the dtype) + w h (the context bmm)
+                         + w h (dense) + w f (dense_h_to_4h) + w h (dense_4h_to_h) = 6wh + wf + was
+  (bf16 LLaMA, recipe=tiny's widths: 2,960 of the 5,400 bytes a token the block saves without checkpointing).
+  Measured: the hooks' bytes plus the storages the policy's cache holds (tests/plan/test_activations.py).
+    working set          the recomputed rest of one block (its full set minus the kept outputs) while it is
+                         recomputed in backward.
 
 Document mask (data.document_mask, launcher/runtime/documents.py; llama family and gpt on 1 rank / ZeRO DP, llama
 family under our TP layers at pipeline_degree 1 too, where the embedding builds the mask and the blocks take
@@ -200,10 +215,27 @@ def ulysses_attention_bytes_per_token(m: ActivationShape, dtype: str) -> float:
     return w * (h + kv) + w * h + LOGSUMEXP_BYTES * a + w * h
 
 
-def checkpointed_block_bytes_per_token(m: ActivationShape, dtype: str, sp_tp: int = 1) -> float:
+def checkpointed_block_bytes_per_token(m: ActivationShape, dtype: str, sp_tp: int = 1, seq_length: int = 0,
+                                       recompute: str = "full") -> float:
     """Bytes a checkpointed block keeps per local token between forward and its recompute: its input
-    (1/sp_tp of it under Megatron sequence parallelism over sp_tp TP ranks)."""
-    return dtype_bytes(dtype) * m.hidden_size / sp_tp
+    (1/sp_tp of it under Megatron sequence parallelism over sp_tp TP ranks), and under recompute="selective" the
+    outputs the selection policy keeps (selective_kept_bytes_per_token)."""
+    inp = dtype_bytes(dtype) * m.hidden_size / sp_tp
+    return inp + (selective_kept_bytes_per_token(m, seq_length, dtype) if recompute == "selective" else 0.0)
+
+
+def selective_kept_bytes_per_token(m: ActivationShape, seq_length: int, dtype: str) -> float:
+    """The matmuls' and attention kernels' outputs a selectively checkpointed block keeps per token (SELECTIVE in
+    the module docstring; one rank of the transformers model: no TP, Ulysses or CP)."""
+    h, f, a, k, d = m.hidden_size, m.intermediate_size, m.num_heads, m.num_kv_heads, m.head_dim
+    w = dtype_bytes(dtype)
+    if m.arch in LLAMA_FAMILY:
+        return w * (4 * h + 2 * k * d) + 2 * w * f + LOGSUMEXP_BYTES * a
+    if m.arch == "gpt":
+        return 6 * w * h + w * f + LOGSUMEXP_BYTES * a
+    if m.arch == "bloom":
+        return 6 * w * h + w * f + w * a * seq_length
+    raise ValueError(f"unknown arch {m.arch!r}")
 
 
 def rotary_bytes(m: ActivationShape, seq_length: int, dtype: str, ulysses: int = 1, samples: int = 1) -> float:
@@ -255,15 +287,15 @@ def stage_saved_bytes(m: ActivationShape, blocks: int, seq_length: int, micro_ba
                       document_mask: bool = False, checkpointed: Optional[int] = None) -> float:
     """Bytes one micro-batch leaves saved for backward on one rank of a stage holding `blocks` blocks
     (and the embedding if `first`, the head and loss if `last`): what the tests measure. `checkpointed`: how many of
-    the blocks are checkpointed under recompute="full" (model.checkpoint_blocks; None: all); the others keep their
-    whole saved set, as without recompute.
+    the blocks are checkpointed under recompute="full" or "selective" (model.checkpoint_blocks; None: all); the others
+    keep their whole saved set, as without recompute.
     `sp`: Megatron sequence parallelism over the `tp` ranks (parallel.sequence_parallel). `context`: the
     ring-attention degree (its ranks hold s / context tokens each, the same bytes per token as one rank)."""
     split = ulysses * context   # ranks sharing one sample's tokens (one of the two is 1)
     tokens = seq_length * micro_batch / split
     sp_tp = tp if sp else 1
-    ckpt = (blocks if checkpointed is None else min(blocks, checkpointed)) if recompute == "full" else 0
-    kept = tokens * checkpointed_block_bytes_per_token(m, dtype, sp_tp)
+    ckpt = (blocks if checkpointed is None else min(blocks, checkpointed)) if recompute != "none" else 0
+    kept = tokens * checkpointed_block_bytes_per_token(m, dtype, sp_tp, seq_length, recompute)
     whole = tokens * block_bytes_per_token(m, seq_length, dtype, tp, ulysses, sp, document_mask)
     rotary = rotary_bytes(m, seq_length, dtype, split, micro_batch if document_mask else 1)
     held = 0.0

@@ -13,8 +13,9 @@ matmul FLOPs of the weights; 12LHQT is the attention score and value matmuls
 Hardware FLOPs add what recomputation repeats (Narayanan et al. 2021, "Efficient
 Large-Scale Language Model Training on GPU Clusters Using Megatron-LM", eq. 3:
 96 B s l h^2 (1 + s/6h + V/16lh) per step with full recompute, i.e. a second
-forward of every block: + 2 N_blocks + 4 L H Q T per token; the runtime has no
-selective recompute: launcher/plan/inputs.py RECOMPUTE_MODES). With N = 12 l h^2 + V h the two agree term by term:
+forward of every block: + 2 N_blocks + 4 L H Q T per token; selective checkpointing
+(model.checkpoint_mode=selective) keeps every matmul's and attention's output, so it adds none:
+launcher/plan/inputs.py RECOMPUTE_MODES). With N = 12 l h^2 + V h the two agree term by term:
 72 l h^2 + 6 V h + 12 l h s + 24 l h^2 + 4 l h s = 96 l h^2 + 16 l h s + 6 V h.
 
 The step time itself is launcher/plan/steptime.py (per operator, from a hardware profile).

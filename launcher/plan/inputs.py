@@ -25,9 +25,12 @@ from launcher.plan.profile import BUILTIN, Profile, generic_profile, load_profil
 # transformers' Bloom computes ALiBi attention eagerly, so BLOOM stores the scores (launcher/plan/activations.py).
 SDPA_ARCHS = frozenset({"llama", "mistral", "qwen2", "gpt"})
 
-# What `launcher train` can run: model.activation_checkpointing off ("none") or on ("full": whole blocks).
-# Korthikanti et al.'s selective recomputation is not implemented by the runtime, so the planner does not offer it.
-RECOMPUTE_MODES = ("none", "full")
+# What `launcher train` can run: model.activation_checkpointing off ("none"), or on with model.checkpoint_mode "full"
+# (whole blocks) or "selective" (the matmuls' and attention's outputs kept, the element-wise operators recomputed:
+# launcher/runtime/recompute.py; the transformers model only, config/supported.py check_checkpoint_mode).
+# Korthikanti et al.'s selective recomputation (the attention core) is what a flash / memory-efficient SDPA kernel
+# already does; the runtime has no separate mode for it.
+RECOMPUTE_MODES = ("none", "full", "selective")
 
 
 @dataclass(frozen=True)
@@ -147,14 +150,19 @@ class Strategy:
     gpus_per_node: int
     dtype: str
     grad_accum_fp32: bool       # precision.grad_accum_dtype=fp32 (with bf16: DeepSpeed's BF16_Optimizer)
-    recompute: str              # "none" or "full" (RECOMPUTE_MODES)
-    checkpoint_blocks: Optional[int] = None  # model.checkpoint_blocks: under "full", the first N blocks of each stage
+    recompute: str              # "none", "full" or "selective" (RECOMPUTE_MODES)
+    checkpoint_blocks: Optional[int] = None  # model.checkpoint_blocks: when checkpointing, the first N blocks of each stage
     offload_optimizer: bool = False
     offload_param: bool = False
     partition_method: str = "parameters"   # parallel.partition_method: how DeepSpeed cuts the pipeline (plan/stages.py)
     sequence_parallel: bool = False        # parallel.sequence_parallel: Megatron SP over the TP ranks
     context_degree: int = 1     # ring-attention CP ranks (launcher/parallel/context.py)
     document_mask: bool = False            # data.document_mask: a (micro, 1, s, s) mask reaches every block (plan/activations.py)
+
+    @property
+    def checkpointing(self) -> bool:
+        """Activation checkpointing on (full or selective)."""
+        return self.recompute != "none"
 
     @property
     def pipeline_layers(self) -> bool:
@@ -184,12 +192,12 @@ class Strategy:
 def strategy(cfg, layout, recompute: Optional[str] = None) -> Strategy:
     """The Strategy of a composed config and its resolved layout.
 
-    `model.activation_checkpointing` maps to full recomputation (DeepSpeed / transformers checkpoint whole
-    blocks: all of them, or the first model.checkpoint_blocks of each stage); `recompute` overrides it with one of
-    RECOMPUTE_MODES.
+    `model.activation_checkpointing` maps to model.checkpoint_mode's recomputation ("full": DeepSpeed / transformers
+    checkpoint whole blocks; "selective": they keep the matmuls' outputs too), on all blocks or the first
+    model.checkpoint_blocks of each stage; `recompute` overrides it with one of RECOMPUTE_MODES.
     """
     if recompute is None:
-        recompute = "full" if cfg.model.activation_checkpointing else "none"
+        recompute = getattr(cfg.model, "checkpoint_mode", "full") if cfg.model.activation_checkpointing else "none"
     if recompute not in RECOMPUTE_MODES:
         raise ValueError(f"recompute={recompute!r}: the runtime runs {RECOMPUTE_MODES}")
     return Strategy(
@@ -199,7 +207,7 @@ def strategy(cfg, layout, recompute: Optional[str] = None) -> Strategy:
         global_batch_size=layout.global_batch_size, seq_length=layout.seq_length,
         padded_vocab_size=layout.padded_vocab_size, gpus_per_node=layout.gpus_per_node, dtype=layout.dtype,
         grad_accum_fp32=cfg.precision.grad_accum_dtype == "fp32", recompute=recompute,
-        checkpoint_blocks=getattr(cfg.model, "checkpoint_blocks", None) if recompute == "full" else None,
+        checkpoint_blocks=getattr(cfg.model, "checkpoint_blocks", None) if recompute != "none" else None,
         offload_optimizer=bool(cfg.parallel.offload_optimizer), offload_param=bool(cfg.parallel.offload_param),
         partition_method=cfg.parallel.partition_method, sequence_parallel=layout.sequence_parallel,
         context_degree=layout.context_degree, document_mask=bool(getattr(cfg.data, "document_mask", False)))

@@ -29,7 +29,7 @@ backward, held to a saved_tensors_hooks measurement by tests/plan/test_activatio
 there). Per stage and rank: the stage's saved bytes for one micro-batch (its blocks, plus the embedding on the
 first stage and the final norm, head and fp32 log-softmax on the last) x the micro-batches in flight; with
 activation checkpointing the checkpointed blocks (all, or the first model.checkpoint_blocks of each stage) keep
-only their inputs and, where every block of the stage is checkpointed, one block's full set is live while it is
+only their inputs (selective: and their matmuls' and attention's outputs) and, where every block of the stage is checkpointed, one block's full set is live while it is
 recomputed (the working set); the last stage adds the transient gradient of the logits at the start of
 backward (fp32, plus its 16-bit cast), and its peak is the larger of that moment and the recompute of its last
 block, by when the head's saved tensors and that gradient are freed (the two do not add: the 1B LLaMA on one
@@ -117,8 +117,9 @@ def activation_bytes_per_layer(shape: ModelShape, st: Strategy) -> float:
     saved set, or with activation checkpointing only its input. Pipeline blocks add their own rotary cos/sin."""
     m = activation_shape(shape, st)
     tokens = st.seq_length * st.micro_batch_size / st.sequence_split
-    if st.recompute == "full":
-        return tokens * act.checkpointed_block_bytes_per_token(m, st.dtype, st.tensor_degree if st.sequence_parallel else 1)
+    if st.checkpointing:
+        return tokens * act.checkpointed_block_bytes_per_token(m, st.dtype, st.tensor_degree if st.sequence_parallel else 1,
+                                                               st.seq_length, st.recompute)
     per_block = tokens * act.block_bytes_per_token(m, st.seq_length, st.dtype, st.tensor_degree, st.sequence_degree,
                                                    st.sequence_parallel, st.document_mask)
     if st.pipeline_layers:
@@ -162,7 +163,7 @@ def checkpointed_in_stage(shape: ModelShape, st: Strategy, stage: int) -> int:
     """Decoder blocks of stage `stage` that activation checkpointing recomputes: none without it, else the stage's
     first model.checkpoint_blocks (all of them where that is null or larger), as the runtime picks them
     (launcher/train.py checkpoint_first_blocks, launcher/parallel/pipeline.py StagePipelineModule)."""
-    if st.recompute != "full":
+    if not st.checkpointing:
         return 0
     blocks = blocks_in_stage(shape, st, stage)
     return blocks if st.checkpoint_blocks is None else min(blocks, st.checkpoint_blocks)
@@ -170,7 +171,7 @@ def checkpointed_in_stage(shape: ModelShape, st: Strategy, stage: int) -> int:
 
 def checkpointed_layers(shape: ModelShape, st: Strategy) -> int:
     """Decoder blocks recomputed over the whole model (every stage's checkpointed_in_stage)."""
-    if st.recompute != "full":
+    if not st.checkpointing:
         return 0
     if st.checkpoint_blocks is None:
         return shape.num_layers
@@ -272,14 +273,16 @@ def _stage_memory(shape: ModelShape, st: Strategy, stage: int, working_set: floa
 
 def estimate_memory(shape: ModelShape, st: Strategy, hw: Hardware) -> MemoryEstimate:
     """Memory of every pipeline stage of one rank, and whether the worst one fits the GPU."""
-    # Full recompute rebuilds one block's activations at a time in backward: that block's full set is live (on a
-    # stage that checkpoints any).
+    # Recompute rebuilds one block's activations at a time in backward: that block's full set is live (on a stage
+    # that checkpoints any), less the outputs selective checkpointing kept (already in the saved set).
     working_set = 0.0
-    if st.recompute == "full":
+    if st.checkpointing:
         m = activation_shape(shape, st)
-        working_set = (st.seq_length * st.micro_batch_size / st.sequence_split
-                       * act.block_bytes_per_token(m, st.seq_length, st.dtype, st.tensor_degree, st.sequence_degree,
-                                                   st.sequence_parallel, st.document_mask))
+        per_token = act.block_bytes_per_token(m, st.seq_length, st.dtype, st.tensor_degree, st.sequence_degree,
+                                              st.sequence_parallel, st.document_mask)
+        if st.recompute == "selective":
+            per_token -= act.selective_kept_bytes_per_token(m, st.seq_length, st.dtype)
+        working_set = st.seq_length * st.micro_batch_size / st.sequence_split * per_token
     # Stages other than the first and last differ only in in-flight micro-batches and block count, so the
     # first, the last and (for the block-count remainder) stage 1 bound them all; evaluating every stage
     # would cost O(PP) per candidate in --search for no new maximum.

@@ -76,6 +76,15 @@ A profile says how fast one accelerator (or one CPU rank) runs each kind of oper
                             floor); {} on CPU ranks and where not measured. The host's speed is the node's CPU,
                             not the GPU's: the built-in A100 / H100 take the H200 node's (the only GPU host
                             calibrated), which the H100 runs held out of sample (BUILTIN below)
+    selective_framework_s[arch][dt]  [block forward, block backward] seconds per micro-batch that a selectively
+                            checkpointed block (model.checkpoint_mode=selective) adds beyond the terms: torch's
+                            dispatch mode over every operator in the forward, the module Python and the mode again
+                            in the recompute; the framework probe run again with selective checkpointing on, less
+                            the probe without it and the recomputed element-wise operators the plan charges
+                            (steptime.selective_residual). CPU ranks; {} where not measured (the plan then charges
+                            the recompute's operators and module Python only, an under-charge on CPU ranks)
+    selective_host_s[arch][dt]  the same on a GPU, as host issue time (the probe's difference whole); {} where not
+                            measured (the built-ins: the recompute's issue time is taken as the forward's)
     release[g]              optional: what a synchronisation of g ranks costs once the last arrived, by the compute
                             before it (seconds by segment seconds; calibrate's _release, which writes one figure
                             at every length, its rows pooled: calibrate.pooled_release): the plan charges what it
@@ -218,6 +227,20 @@ class Profile:
     release: dict = field(default_factory=dict)
     framework_s: dict = field(default_factory=dict)
     host_s: dict = field(default_factory=dict)
+    # {arch: {dtype: [forward, backward]}}: what a selectively checkpointed block (model.checkpoint_mode=selective)
+    # adds per micro-batch beyond the terms above (module docstring); {} where not measured
+    selective_framework_s: dict = field(default_factory=dict)
+    selective_host_s: dict = field(default_factory=dict)
+
+    def selective(self, arch: str, dtype: str) -> tuple[Optional[float], Optional[float]]:
+        """(framework, host) seconds a selectively checkpointed block adds per micro-batch, forward and backward
+        together, looked up as framework() is; None for either where the profile has not measured it."""
+        out = []
+        for table in (self.selective_framework_s, self.selective_host_s):
+            by_dtype = table.get("llama" if arch in LLAMA_FAMILY else arch, {})
+            v = by_dtype.get(dtype) or by_dtype.get("bf16" if dtype == "fp16" else dtype)
+            out.append(sum(v) if v else None)
+        return out[0], out[1]
 
     def framework(self, arch: str, dtype: str) -> tuple[float, float, float]:
         """(block forward, block backward, model) seconds per micro-batch beyond the operator terms for `arch` in
@@ -620,6 +643,10 @@ def load_profile(path: str) -> Profile:
                          for a, by_dtype in (doc.get("framework_s") or {}).items()},
             host_s={str(a): {str(d): [float(x) for x in v] for d, v in by_dtype.items()}
                     for a, by_dtype in (doc.get("host_s") or {}).items()},
+            selective_framework_s={str(a): {str(d): [float(x) for x in v] for d, v in by_dtype.items()}
+                                   for a, by_dtype in (doc.get("selective_framework_s") or {}).items()},
+            selective_host_s={str(a): {str(d): [float(x) for x in v] for d, v in by_dtype.items()}
+                              for a, by_dtype in (doc.get("selective_host_s") or {}).items()},
             source=f"{p} ({doc.get('source', 'launcher calibrate')})")
     except (TypeError, ValueError, KeyError, AttributeError) as err:
         raise ConfigError(key, path, f"has a malformed field ({type(err).__name__}: {err})", fix)
@@ -643,6 +670,11 @@ def load_profile(path: str) -> Profile:
         if any(len(v) != 3 or any(x < 0 for x in v) for by_dtype in table.values() for v in by_dtype.values()):
             raise ConfigError(key, path, f"has a {name} that is not 3 non-negative seconds (block forward, block "
                               "backward, model) per architecture and dtype", fix)
+    for name, table in (("selective_framework_s", prof.selective_framework_s),
+                        ("selective_host_s", prof.selective_host_s)):
+        if any(len(v) != 2 or any(x < 0 for x in v) for by_dtype in table.values() for v in by_dtype.values()):
+            raise ConfigError(key, path, f"has a {name} that is not 2 non-negative seconds (block forward, block "
+                              "backward) per architecture and dtype", fix)
     if not prof.gemm_tflops or not prof.attention_tflops or any(not (r > 0) for r in rates) \
             or any(v < 0 for v in (*prof.gemm_half_dim.values(), *prof.attention_half_seq.values())):
         raise ConfigError(key, path, "has a rate that is not positive (every TFLOP/s and GB/s must be > 0)", fix)
@@ -679,4 +711,6 @@ def alone_rates(prof: Profile, measured_ranks) -> Profile:
                    engine_tensor_s={d: [x / f for x in v] for d, v in prof.engine_tensor_s.items()},
                    engine_element_micro_s={d: [x / f for x in v] for d, v in prof.engine_element_micro_s.items()},
                    engine_tensor_micro_s={d: [x / f for x in v] for d, v in prof.engine_tensor_micro_s.items()},
-                   framework_s={a: {d: [x / f for x in v] for d, v in by.items()} for a, by in prof.framework_s.items()})
+                   framework_s={a: {d: [x / f for x in v] for d, v in by.items()} for a, by in prof.framework_s.items()},
+                   selective_framework_s={a: {d: [x / f for x in v] for d, v in by.items()}
+                                          for a, by in prof.selective_framework_s.items()})

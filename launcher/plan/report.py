@@ -251,13 +251,14 @@ def _performance_rows(s: dict) -> list[tuple[str, str, str]]:
         ("memory: optimizer", _gb(m["optimizer"]), "fp32 master + Adam m, v = 12 B/param (ZeRO paper section 5, K = 12)"),
         ("memory: activations", _gb(m["activations"]),
          f"{s['activation_bytes_per_layer'] / 1e6:,.1f} MB per block per micro-batch ("
-         + ("checkpointed: its input" if s["recompute"] == "full" else "its saved tensors")
+         + {"full": "checkpointed: its input", "none": "its saved tensors",
+            "selective": "selectively checkpointed: its input and its matmuls' and attention's outputs"}[s["recompute"]]
          + (f"; {s['checkpointed_blocks']} of {s['num_blocks']} blocks checkpointed (model.checkpoint_blocks="
             f"{s['checkpoint_blocks']} a stage), the others keep their saved tensors"
-            if s["recompute"] == "full" and s["checkpointed_blocks"] < s["num_blocks"] else "")
+            if s["recompute"] != "none" and s["checkpointed_blocks"] < s["num_blocks"] else "")
          + ", plan/activations.py) x blocks x in-flight micro-batches (1F1B: first stage holds PP) + embedding/head/"
-         + "fp32 loss" + (", or one block's full set while recomputed once those are freed, whichever is larger"
-                          if s["recompute"] == "full" and s["checkpointed_blocks"] == s["num_blocks"] else "")),
+         + "fp32 loss" + (", or one block's recomputed set while recomputed once those are freed, whichever is larger"
+                          if s["recompute"] != "none" and s["checkpointed_blocks"] == s["num_blocks"] else "")),
         ("memory: overhead", _gb(m["overhead"]), "stated allowance: 2 GB CUDA/NCCL/fragmentation + ZeRO buffers"),
         ("memory per GPU", f"{_gb(m['total'])} / {_gb(s['memory_capacity_bytes'])}",
          ("fits, " if s["fits"] else "DOES NOT FIT, ") + f"{_gb(abs(s['memory_headroom_bytes']))} "

@@ -10,7 +10,8 @@ Megatron sequence parallelism on and off wherever TP > 1 (LLaMA family; our TP l
 pipeline, 0-2 without),
 ZeRO stage 0-3 (0-1 with a pipeline), micro batch (divisors of the per-replica batch), recompute (off, every
 block, and where a layout fits with every block checkpointed but not with none, the fewest checkpointed blocks a
-stage that fit: model.activation_checkpointing, model.checkpoint_blocks). Held as configured: the global batch and the
+stage that fit: model.activation_checkpointing, model.checkpoint_blocks; where none does not fit and the layout is
+the transformers model's (no TP, PP, SP, CP), selective checkpointing of every block too: model.checkpoint_mode). Held as configured: the global batch and the
 sequence length (so the tokens per step), precision, cluster and model. The configured TP / PP / SP / ZeRO /
 micro batch are only a starting point: they need not be a valid layout themselves.
 
@@ -64,13 +65,15 @@ def plain_config(cfg) -> SimpleNamespace:
 
 
 def _with(cfg: SimpleNamespace, tp: int, pp: int, zero: int, micro: int, recompute: bool, sp: int = 1,
-          megatron_sp: bool = False, cp: int = 1, checkpoint_blocks: Optional[int] = None) -> SimpleNamespace:
+          megatron_sp: bool = False, cp: int = 1, checkpoint_blocks: Optional[int] = None,
+          mode: str = "full") -> SimpleNamespace:
     parallel = SimpleNamespace(**{**vars(cfg.parallel), "tensor_degree": tp, "pipeline_degree": pp, "sequence_degree": sp,
                                   "sequence_parallel": megatron_sp, "context_degree": cp, "zero_stage": zero,
                                   "data_degree": None})
     batch = SimpleNamespace(**{**vars(cfg.batch), "micro_batch_size": micro})
     model = SimpleNamespace(**{**vars(cfg.model), "activation_checkpointing": recompute,
-                               "checkpoint_blocks": checkpoint_blocks if recompute else None})
+                               "checkpoint_blocks": checkpoint_blocks if recompute else None,
+                               "checkpoint_mode": mode if recompute else "full"})
     return SimpleNamespace(**{**vars(cfg), "parallel": parallel, "batch": batch, "model": model})
 
 
@@ -182,9 +185,14 @@ def search_layouts(cfg) -> tuple[list[Candidate], dict]:
                                   for z in _zero_stages(tp, pp, msp)]:
                     for micro in _divisors(gbs // dp):
                         kept_fits = None    # whether the same layout fits without recompute
-                        for recompute in (False, True):
+                        # Selective checkpointing is faster than full and slower than none, so it is tried only where
+                        # none does not fit, and only where train runs it (the transformers model: no TP, PP, SP, CP).
+                        modes = [(False, "full"), (True, "full")]
+                        for recompute, mode in modes:
+                            if recompute and mode == "full" and kept_fits is False and tp == pp == sp == cp == 1:
+                                modes.append((True, "selective"))
                             counts["enumerated"] += 1
-                            c = _with(plain, tp, pp, zero, micro, recompute, sp, msp, cp)
+                            c = _with(plain, tp, pp, zero, micro, recompute, sp, msp, cp, mode=mode)
                             try:
                                 layout = resolve_layout(c)
                                 check_supported(c, layout)
@@ -198,7 +206,7 @@ def search_layouts(cfg) -> tuple[list[Candidate], dict]:
                                 counts["does_not_fit"] += 1
                                 continue
                             fitting.append(cand)
-                            if recompute and kept_fits is False:
+                            if recompute and mode == "full" and kept_fits is False:
                                 # Between the two: the fewest checkpointed blocks a stage that fit (Megatron's
                                 # --recompute-num-layers), which recompute less than all of them.
                                 fewest = _fewest_checkpointed(plain, (tp, pp, zero, micro, sp, msp, cp), shape, hw, host,
@@ -248,9 +256,10 @@ def _label(c: Candidate) -> str:
 
 
 def _recompute_label(st: Strategy) -> str:
-    if st.recompute != "full":
+    if not st.checkpointing:
         return "no-recompute"
-    return "recompute" if st.checkpoint_blocks is None else f"recompute {st.checkpoint_blocks}/stage"
+    name = "recompute" if st.recompute == "full" else "selective recompute"
+    return name if st.checkpoint_blocks is None else f"{name} {st.checkpoint_blocks}/stage"
 
 
 def explain(c: Candidate, best: Candidate) -> str:

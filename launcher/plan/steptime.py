@@ -62,6 +62,17 @@ One micro-batch on one rank (n = b s / sp tokens outside attention; t = TP, sp =
                             excess over the attention time of the same pass is charged, as sp_comm.
     recompute (full)        the forward of every checkpointed block again before its backward (all of them, or the
                             first model.checkpoint_blocks of each stage: memory.checkpointed_in_stage).
+    recompute (selective)   the same blocks' element-wise operators again (the forward's memory-bound term), with
+                            the forward's Python and kernel issue (framework, host): the module code runs whole
+                            again, its GEMMs and attention answered from the cache (launcher/runtime/recompute.py).
+                            No GEMM or attention time, no TP / SP collectives (it runs without them); ZeRO-3's
+                            re-gathers as under full recompute (the modules' hooks fire again). Plus what torch's
+                            dispatch mode costs, in the forward over every operator of the block and again in the
+                            recompute (profile.selective_framework_s, CPU ranks; selective_host_s as issue time on
+                            a GPU, in place of the forward's): measured by `launcher calibrate`'s framework probe
+                            with selective checkpointing on (selective_residual); recipe=tiny on one CPU process
+                            2026-12-02: the mode took the forward from 38.8 to 43.3 ms for 4 blocks and the step
+                            from 115 to 134 ms, full recompute's 140 (bench/steptime/selective_overhead.py).
     PP 1F1B                 stage s takes T_s per micro-batch (its blocks, plus the embedding on the first
                             stage and the final norm, head and loss on the last, plus its point-to-point
                             sends/receives, over the inter-node link unless the whole pipeline group fits in a
@@ -527,6 +538,27 @@ def framework_residual(arch: str, dtype: str, measured: dict, prof: Profile) -> 
             max(0.0, model - first.compute - last.compute)]
 
 
+def selective_residual(arch: str, dtype: str, plain: dict, selective: dict, prof: Profile) -> list:
+    """[block forward, block backward] seconds per micro-batch (profile.selective_framework_s): what the framework
+    probe's blocks took more with selective checkpointing on ({layers: (fwd, bwd)} each, probe_split's per-block
+    parts), less what the plan charges a selectively checkpointed block's recompute on `prof` (its element-wise
+    operators and the forward's framework time, estimate_step_time). Clipped at 0."""
+    from dataclasses import replace
+
+    from launcher.plan.params import ParamCount
+
+    h, a, f, v, s = (FRAMEWORK_PROBE[k] for k in ("hidden_size", "num_heads", "intermediate_size", "vocab_size",
+                                                   "seq_length"))
+    shape = ModelShape(arch=arch, hidden_size=h, num_layers=FRAMEWORK_PROBE["layers"][0], num_heads=a, num_kv_heads=a,
+                       intermediate_size=f, vocab_size=v, tied_embeddings=False, params=ParamCount(0, 0, 0, 0, 0))
+    st = Strategy(tensor_degree=1, pipeline_degree=1, sequence_degree=1, data_degree=1, zero_stage=0,
+                  micro_batch_size=1, grad_accum_steps=1, global_batch_size=1, seq_length=s, padded_vocab_size=v,
+                  gpus_per_node=1, dtype=dtype, grad_accum_fp32=False, recompute="none")
+    bf, _ = block_costs(shape, st, replace(prof, selective_framework_s={}), _links(st, prof))
+    (pf, pb, _), (sf, sb, _) = probe_split(plain), probe_split(selective)
+    return [max(0.0, sf - pf), max(0.0, sb - pb - bf.memory - bf.framework)]
+
+
 def probe_split(measured: dict) -> list:
     """[block forward, block backward, model] seconds from the framework probe's {layers: (forward s, backward s)}
     at FRAMEWORK_PROBE's two block counts: the difference over the blocks added is a block's, what is left at one
@@ -629,13 +661,14 @@ def estimate_step_time(shape: ModelShape, st: Strategy, hw: Hardware, train_toke
     bf, bb = block_costs(shape, st, prof, links)
     first, last = end_costs(shape, st, prof, links)
     per_block = bf + bb     # and the forward again for each checkpointed block (checkpointed_in_stage)
+    recomputed = bf if st.recompute != "selective" else _selective_recompute(shape, st, prof, bf)
     act_bytes = st.micro_batch_size * s / sp * shape.hidden_size * w / t  # pipe_partitioned: scattered over TP
     p2p = p2p_s(act_bytes, links["pp"]) if p > 1 else 0.0
 
     ckpts = [checkpointed_in_stage(shape, st, stage) for stage in range(p)]
     costs = []
     for stage in range(p):
-        c = per_block * blocks_in_stage(shape, st, stage) + bf * ckpts[stage]
+        c = per_block * blocks_in_stage(shape, st, stage) + recomputed * ckpts[stage]
         if stage == 0:
             c = c + first
         if stage == p - 1:
@@ -678,7 +711,7 @@ def estimate_step_time(shape: ModelShape, st: Strategy, hw: Hardware, train_toke
         stages.append({"cost": c, "compute": compute, "host_wait": host_wait, "pp": 2 * neighbours * p2p, "wait": wait,
                        "syncs": syncs,
                        "busy": busy, "time": busy + c.tp + c.sp + 2 * neighbours * p2p + wait,
-                       "recompute": bf.compute * ckpts[stage] * k})
+                       "recompute": recomputed.compute * ckpts[stage] * k})
     slow = max(stages, key=lambda x: x["time"])
     pipeline_s = sum(x["time"] for x in stages) + (m - 1) * slow["time"]
 
@@ -750,6 +783,15 @@ def estimate_step_time(shape: ModelShape, st: Strategy, hw: Hardware, train_toke
         engine_s=m * hooks[stages.index(slow)] + engine_step[i_tail],
         straggler_s=m * slow["wait"] + end_wait[i_tail],
         sp_comm_s=m * c.sp, recompute_s=m * slow["recompute"], optimizer_s=opt[i_tail], profile=prof.name)
+
+
+def _selective_recompute(shape: ModelShape, st: Strategy, prof: Profile, bf: Cost) -> Cost:
+    """What one selectively checkpointed block adds per micro-batch (module docstring, recompute (selective)): its
+    forward's element-wise operators and framework time again, and the dispatch mode's cost where the profile
+    measured it; the host's issue time on a GPU, measured whole, else taken as the forward's."""
+    framework, host = prof.selective(shape.arch, st.dtype)
+    return Cost(memory=bf.memory, framework=bf.framework + (framework or 0.0),
+                host=host if host is not None else bf.host)
 
 
 def _release_beyond_latency(prof: Profile, ranks: int, segment_s: float, st: Strategy) -> float:

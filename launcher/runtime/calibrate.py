@@ -55,7 +55,9 @@ memory bus and cores as they will in training, measures:
                        autograd and module Python, less what the step-time model charges for that model
                        (framework_s: per block forward, backward, and per model). On a GPU the same probe
                        times the host's issue time per micro-batch (host_s, whole): the plan's floor under
-                       each micro-batch's kernels
+                       each micro-batch's kernels. The same models with selective checkpointing on, in the same
+                       rounds: what such a block adds per micro-batch (selective_framework_s, less the recompute
+                       the plan charges; on a GPU selective_host_s, whole)
     host memory        /proc/meminfo MemTotal; compute slots: cores / threads per rank (CPU ranks)
 
 The compute rates (GEMM, attention, memory, kernel overhead), the collectives after compute, the stragglers, the
@@ -194,7 +196,7 @@ def write_profile(raw: dict, out: str, seconds: float) -> Path:
     import yaml
 
     from launcher.plan.profile import PROFILE_VERSION, Link, Profile, profile_to_dict
-    from launcher.plan.steptime import framework_residual, probe_split
+    from launcher.plan.steptime import framework_residual, probe_split, selective_residual
     from launcher.runtime.durable import write_atomic
 
     device = "cpu" if raw["device_name"] == "cpu" else "cuda"
@@ -244,16 +246,27 @@ def write_profile(raw: dict, out: str, seconds: float) -> Path:
     # under each micro-batch's kernels (host_s; steptime Cost.host), whole.
     probe = {arch: {d: {int(k): v for k, v in by_layers.items()} for d, by_layers in by_dtype.items()}
              for arch, by_dtype in raw["framework"].items()}
+    # Selectively checkpointed blocks: the same probe with selective checkpointing, per block beyond the plain one
+    # (steptime.selective_residual on CPU ranks; on a GPU the issue time's difference, forward and backward).
+    sel = {arch: {d: {int(k): v for k, v in by_layers.items()} for d, by_layers in by_dtype.items()}
+           for arch, by_dtype in raw.get("framework_selective", {}).items()}
     if device == "cpu":
         prof = replace(prof, framework_s={arch: {d: framework_residual(arch, d, m, prof) for d, m in by_dtype.items()}
                                           for arch, by_dtype in probe.items()})
+        prof = replace(prof, selective_framework_s={
+            arch: {d: selective_residual(arch, d, probe[arch][d], m, prof) for d, m in by_dtype.items()}
+            for arch, by_dtype in sel.items()})
     else:
         prof = replace(prof, host_s={arch: {d: probe_split(m) for d, m in by_dtype.items()}
                                      for arch, by_dtype in probe.items()})
+        prof = replace(prof, selective_host_s={
+            arch: {d: [max(0.0, x - y) for x, y in zip(probe_split(m)[:2], probe_split(probe[arch][d])[:2])]
+                   for d, m in by_dtype.items()} for arch, by_dtype in sel.items()})
     kept = ("gemm", "attention", "attention_hd", "attention_head_dim", "all_reduce", "all_reduce_after_compute",
             "all_to_all_after_compute",
             "all_reduce_groups_after_compute", "all_reduce_rail_after_compute", "all_reduce_world_after_compute",
-            "straggler", "release", "zero3", "engine", "framework", "world", "local_world", "nodes", "backend",
+            "straggler", "release", "zero3", "engine", "framework", "framework_selective", "world", "local_world",
+            "nodes", "backend",
             "device_name", "cores", "seconds", "phase_seconds", "sweep_spread", "probe_rounds")
     doc = profile_to_dict(prof, measured={k: raw[k] for k in kept if k in raw}
                                          | ({"kernel_host_s": raw["kernel_host_s"]} if device != "cpu" else {}))
@@ -269,7 +282,8 @@ def write_profile(raw: dict, out: str, seconds: float) -> Path:
                                    "step [dtype, ZeRO stage, side d, micro-batches a step, Linear(d, d) layers, "
                                    "engine, plain]; framework: {arch: {dtype: {blocks: "
                                    "[forward s, backward s]}} of the near-zero-compute probe model "
-                                   "(steptime.FRAMEWORK_PROBE); "
+                                   "(steptime.FRAMEWORK_PROBE), framework_selective the same with every block "
+                                   "selectively checkpointed; "
                                    + ("inter = intra (one node measured)" if nodes == 1 else
                                       f"{nodes} nodes measured" + ("; intra = inter (one rank a node)" if local == 1 else "")))
     assert doc["version"] == PROFILE_VERSION
@@ -495,7 +509,7 @@ def _worker(raw_path: str, device: str, grad_clip: str) -> None:
     out["engine"], engine = _engine_per_element(dev, device, dtypes, sync, agree, float(grad_clip))
     out |= engine
     phases.done("DeepSpeed engine per element and tensor")
-    out["framework"] = _framework(dev, device, dtypes)
+    out["framework"], out["framework_selective"] = _framework(dev, device, dtypes)
     out["host_memory_gb"] = _host_memory_gb()
     out["process_bytes"] = process_bytes
     phases.done("framework / host issue time")
@@ -1185,8 +1199,8 @@ FRAMEWORK_ARCHS = ("llama", "gpt", "bloom")
 FRAMEWORK_ROUNDS = 30
 
 
-def _framework(dev, device: str, dtypes) -> dict:
-    """{arch: {dtype: {blocks: [forward s, backward s]}}}: one micro-batch through the runtime's own model (launcher/
+def _framework(dev, device: str, dtypes) -> tuple[dict, dict]:
+    """({arch: {dtype: {blocks: [forward s, backward s]}}}, the same with selective checkpointing): one micro-batch through the runtime's own model (launcher/
     runtime/model.py build_model) at steptime.FRAMEWORK_PROBE's near-zero shape, with its two block counts, forward
     (the loss) and backward timed apart, medians of FRAMEWORK_ROUNDS rounds that alternate the two models (so that
     the machine's drift falls on both alike). No collective: every rank runs its own, all at once, as in training.
@@ -1195,29 +1209,41 @@ def _framework(dev, device: str, dtypes) -> dict:
     runs ahead of them. It bounds a micro-batch from below instead, and where the device's work is shorter the
     step is host-bound: the ~1B LLaMA on one H100 at micro-batch 2 took 94 ms a micro-batch where its kernels need
     ~70 (bench/gpu/results.md, 2026-11-27). write_profile keeps it as host_s, the plan's floor under a micro-batch's
-    kernels (launcher/plan/steptime.py Cost.host)."""
+    kernels (launcher/plan/steptime.py Cost.host).
+    The same models with every block selectively checkpointed (model.checkpoint_mode=selective: torch's dispatch
+    mode over every operator, the recompute's module Python) run in the same rounds: the second dict, from which
+    write_profile takes what such a block adds (profile.selective_framework_s / selective_host_s)."""
     import torch
     from omegaconf import OmegaConf
 
     from launcher.config.compose import compose
     from launcher.plan.steptime import FRAMEWORK_PROBE as P
     from launcher.runtime.model import build_model
+    from launcher.runtime.recompute import checkpoint_kwargs
 
     base = compose(["model=tiny"]).model
     out: dict = {}
+    selective: dict = {}
     for arch in FRAMEWORK_ARCHS:
-        out[arch] = {}
+        out[arch], selective[arch] = {}, {}
         for dname, tdtype in dtypes:
             models = {}
-            for layers in P["layers"]:
-                cfg = OmegaConf.merge(base, {"arch": arch, "hidden_size": P["hidden_size"], "num_hidden_layers": layers,
-                                             "num_attention_heads": P["num_heads"], "num_key_value_heads": P["num_heads"],
-                                             "intermediate_size": P["intermediate_size"], "vocab_size": P["vocab_size"]})
-                models[layers] = build_model(cfg, seed=0, vocab_size=P["vocab_size"]).to(dev, tdtype)
+            for mode in ("none", "selective"):
+                for layers in P["layers"]:
+                    cfg = OmegaConf.merge(base, {"arch": arch, "hidden_size": P["hidden_size"],
+                                                 "num_hidden_layers": layers, "num_attention_heads": P["num_heads"],
+                                                 "num_key_value_heads": P["num_heads"],
+                                                 "intermediate_size": P["intermediate_size"],
+                                                 "vocab_size": P["vocab_size"]})
+                    model = build_model(cfg, seed=0, vocab_size=P["vocab_size"]).to(dev, tdtype)
+                    if mode == "selective":
+                        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=checkpoint_kwargs(mode))
+                    model.train()
+                    models[mode, layers] = model
             x = torch.randint(0, P["vocab_size"], (1, P["seq_length"]), device=dev)
-            times: dict = {layers: ([], []) for layers in models}
+            times: dict = {key: ([], []) for key in models}
             for rnd in range(FRAMEWORK_ROUNDS + 2):
-                for layers, model in (models.items() if rnd % 2 else reversed(models.items())):
+                for key, model in (models.items() if rnd % 2 else reversed(models.items())):
                     t0 = time.perf_counter()
                     loss = model(input_ids=x, labels=x).loss
                     t1 = time.perf_counter()
@@ -1227,10 +1253,12 @@ def _framework(dev, device: str, dtypes) -> dict:
                     if device != "cpu":
                         torch.cuda.synchronize()    # the next round starts on an idle device
                     if rnd >= 2:     # the first two rounds warm up
-                        times[layers][0].append(t1 - t0)
-                        times[layers][1].append(t2 - t1)
-            out[arch][dname] = {layers: [statistics.median(f), statistics.median(b)] for layers, (f, b) in times.items()}
-    return out
+                        times[key][0].append(t1 - t0)
+                        times[key][1].append(t2 - t1)
+            for mode, table in (("none", out), ("selective", selective)):
+                table[arch][dname] = {layers: [statistics.median(times[mode, layers][0]),
+                                               statistics.median(times[mode, layers][1])] for layers in P["layers"]}
+    return out, selective
 
 
 def _process_bytes(dist, dev) -> float:

@@ -35,3 +35,42 @@ def saved_bytes(fn, exclude: set = frozenset(), seen: dict | None = None):
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = fn()
     return out, sum(seen.values())
+
+
+class SelectiveCacheBytes:
+    """What selective checkpointing (launcher/runtime/recompute.py) keeps outside autograd's saved tensors: torch's
+    caching dispatch mode stores the outputs its policy keeps in a dict of its own, which saved_tensors_hooks never
+    sees. Used as a context manager around the forward, it wraps the runtime's create_selective_checkpoint_contexts
+    (the same contexts are returned, so nothing the run does changes) to hold on to each cache; `add(seen, exclude)`
+    then counts every cached storage not already in `seen` (data_ptr -> bytes) or `exclude` into `seen`."""
+
+    def __enter__(self):
+        from launcher.runtime import recompute
+
+        self._module, self._original, self.caches = recompute, recompute.create_selective_checkpoint_contexts, []
+
+        def observed(policy_fn, *args, **kwargs):
+            forward, recompute_ctx = self._original(policy_fn, *args, **kwargs)
+            self.caches.append(forward.storage)
+            return forward, recompute_ctx
+
+        recompute.create_selective_checkpoint_contexts = observed
+        return self
+
+    def __exit__(self, *exc):
+        self._module.create_selective_checkpoint_contexts = self._original
+
+    def add(self, seen: dict, exclude: set = frozenset()) -> int:
+        from torch.utils._pytree import tree_leaves
+
+        before = sum(seen.values())
+        for cache in self.caches:
+            for outputs in cache.values():          # {op key: {call index: outputs}}
+                for out in outputs.values():
+                    for t in tree_leaves(out):
+                        t = getattr(t, "val", t)     # torch keeps each output in a _VersionWrapper
+                        if isinstance(t, torch.Tensor):
+                            s = t.untyped_storage()
+                            if s.data_ptr() not in exclude and s.data_ptr() not in seen:
+                                seen[s.data_ptr()] = s.nbytes()
+        return sum(seen.values()) - before

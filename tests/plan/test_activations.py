@@ -16,7 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from launcher.plan import activations as act  # noqa: E402
-from tests.plan.activation_measure import param_storages, saved_bytes  # noqa: E402
+from tests.plan.activation_measure import SelectiveCacheBytes, param_storages, saved_bytes  # noqa: E402
 
 SEQ, MICRO = 256, 2
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -39,13 +39,15 @@ def activation_shape(cfg, layout) -> act.ActivationShape:
                                vocab_size=layout.padded_vocab_size)
 
 
-def measure_model(compose, arch: str, dtype: str, layers: int, checkpointing: bool, checkpoint_blocks=None):
+def measure_model(compose, arch: str, dtype: str, layers: int, checkpointing: bool, checkpoint_blocks=None,
+                  mode: str = "full"):
     from launcher.config.layout import resolve_layout
     from launcher.runtime.model import build_model
 
     cfg = compose(BASE + ARCHS[arch] + [f"precision={dtype}", f"model.num_hidden_layers={layers}",
                                         f"model.activation_checkpointing={str(checkpointing).lower()}"]
-                  + ([f"model.checkpoint_blocks={checkpoint_blocks}"] if checkpoint_blocks else []))
+                  + ([f"model.checkpoint_blocks={checkpoint_blocks}"] if checkpoint_blocks else [])
+                  + ([f"model.checkpoint_mode={mode}"] if checkpointing else []))
     layout = resolve_layout(cfg)
     model = build_model(cfg.model, seed=0, vocab_size=layout.padded_vocab_size).to(DTYPES[dtype])
     if checkpointing:
@@ -60,7 +62,11 @@ def measure_model(compose, arch: str, dtype: str, layers: int, checkpointing: bo
         model.model.rotary_emb.register_forward_hook(
             lambda mod, args, out: held.update({o.untyped_storage().data_ptr(): o.untyped_storage().nbytes() for o in out}))
     ids = torch.randint(0, cfg.model.vocab_size, (MICRO, SEQ), generator=torch.Generator().manual_seed(0))
-    loss, measured = saved_bytes(lambda: model(input_ids=ids, labels=ids).loss, param_storages(model), held)
+    params = param_storages(model)
+    with SelectiveCacheBytes() as cache:   # selective: the outputs its policy keeps live in torch's own cache
+        loss, measured = saved_bytes(lambda: model(input_ids=ids, labels=ids).loss, params, held)
+    measured += cache.add(held, params)
+    assert bool(cache.caches) == (checkpointing and mode == "selective")
     loss.backward()  # the graph is complete and runs
     return cfg, layout, measured
 
@@ -100,6 +106,29 @@ def test_first_blocks_checkpointed_match_planner(compose, arch, dtype, checkpoin
     print(f"{arch} {dtype} first {checkpoint_blocks} of 3 checkpointed: planned/measured {planned / partial:.4f}")
     assert full < partial < none
     assert planned == pytest.approx(partial, rel=0.02)
+
+
+@pytest.mark.parametrize("checkpoint_blocks", [None, 1])
+@pytest.mark.parametrize("dtype", sorted(DTYPES))
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_selective_checkpointing_matches_planner(compose, arch, dtype, checkpoint_blocks):
+    """model.checkpoint_mode=selective (launcher/runtime/recompute.py): a checkpointed block keeps its input and its
+    matmuls' and attention's outputs. Per block (3 blocks - 1 block) / 2 and the model's total (every block, or the
+    first of 3) within 2% of the planner, and strictly between full checkpointing and none."""
+    cfg, layout, three = measure_model(compose, arch, dtype, 3, True, checkpoint_blocks, mode="selective")
+    _, _, none = measure_model(compose, arch, dtype, 3, False)
+    _, _, full = measure_model(compose, arch, dtype, 3, True, checkpoint_blocks)
+    m = activation_shape(cfg, layout)
+    planned_total = act.stage_saved_bytes(m, 3, SEQ, MICRO, dtype, "selective", checkpointed=checkpoint_blocks)
+    line = f"{arch} {dtype} selective, {checkpoint_blocks or 'every'} block(s): model planned/measured {planned_total / three:.4f}"
+    if checkpoint_blocks is None:
+        _, _, one = measure_model(compose, arch, dtype, 1, True, mode="selective")
+        planned_block = SEQ * MICRO * act.checkpointed_block_bytes_per_token(m, dtype, 1, SEQ, "selective")
+        line += f", block {planned_block / ((three - one) / 2):.4f}"
+        assert planned_block == pytest.approx((three - one) / 2, rel=0.02)
+    print(line)
+    assert full < three < none
+    assert planned_total == pytest.approx(three, rel=0.02)
 
 
 # --- 2 CPU ranks: our TP layers as a pipeline's layer list and at pipeline_degree = 1, Ulysses SP -------------------

@@ -586,6 +586,69 @@ def test_framework_residual_is_the_probe_beyond_the_charged_terms():
     assert min(steptime.framework_residual("llama", "fp32", fast, prof)) == 0.0
 
 
+def test_selective_recompute_charges_element_wise_operators_and_the_dispatch_mode():
+    # model.checkpoint_mode=selective on recipe=tiny (4 llama blocks, fp32, 2 micro-batches): the recompute is each
+    # block's forward element-wise operators and framework time again, no GEMM or attention; the profile's
+    # selective_framework_s (the dispatch mode, forward + backward) comes on top, per block and micro-batch.
+    # Element-wise at 10 GB/s and 5 us a kernel, GEMMs at 0.1 TFLOP/s, framework 3 ms + 1 ms a block.
+    rates = dict(gemm_tflops={"any": 0.1}, memory_gbps=10.0, kernel_overhead_s=5e-6, attention_tflops={"any": 0.05},
+                 framework_s={"llama": {"fp32": [3e-3, 1e-3, 0.0]}})
+    sel_f, sel_b = 2e-3, 0.5e-3
+    plans = {}
+    for mode, extra in (("none", []), ("full", ["model.activation_checkpointing=true"]),
+                        ("selective", ["model.activation_checkpointing=true", "model.checkpoint_mode=selective"])):
+        _, shape, st = setup("batch.global_batch_size=32", *extra)
+        assert st.recompute == mode and st.grad_accum_steps == 2 and shape.num_layers == 4
+        plans[mode] = [steptime.estimate_step_time(shape, st, hardware(ideal(**rates, **more), device="cpu"))
+                       for more in ({}, {"selective_framework_s": {"llama": {"fp32": [sel_f, sel_b]}}})]
+    bf, _ = steptime.block_costs(shape, st, ideal(**rates), steptime._links(st, ideal(**rates)))
+    none, full, selective = plans["none"][0], plans["full"][0], plans["selective"][0]
+    assert none.step_time_s < selective.step_time_s < full.step_time_s
+    assert selective.gemm_s == none.gemm_s and selective.attention_s == none.attention_s
+    assert full.gemm_s > none.gemm_s
+    assert selective.step_time_s - none.step_time_s == pytest.approx(2 * 4 * (bf.memory + 3e-3), rel=1e-9)
+    assert selective.recompute_s == pytest.approx(2 * 4 * (bf.memory + 3e-3), rel=1e-9)
+    measured = plans["selective"][1]
+    assert measured.step_time_s - selective.step_time_s == pytest.approx(2 * 4 * (sel_f + sel_b), rel=1e-9)
+    assert plans["none"][1].step_time_s == none.step_time_s     # only selectively checkpointed blocks pay it
+    assert plans["full"][1].step_time_s == full.step_time_s
+
+
+def test_selective_residual_is_the_probe_beyond_the_charged_recompute():
+    # The framework probe with selective checkpointing took 2 ms a block more forward and, backward, the charged
+    # recompute (element-wise operators + the forward's framework time) plus 0.5 ms a block: the residual is those.
+    prof = ideal(gemm_tflops={"any": 0.1}, memory_gbps=10.0, kernel_overhead_s=5e-6, attention_tflops={"any": 0.05},
+                 framework_s={"llama": {"fp32": [3e-3, 1e-3, 0.0]}})
+    P_ = steptime.FRAMEWORK_PROBE
+    lo, hi = P_["layers"]
+    shape = dataclasses.replace(model_shape(compose(["recipe=tiny"]).model), hidden_size=P_["hidden_size"],
+                                num_layers=lo, num_heads=P_["num_heads"], num_kv_heads=P_["num_heads"],
+                                intermediate_size=P_["intermediate_size"], vocab_size=P_["vocab_size"])
+    st = dataclasses.replace(setup("cluster.gpus_per_node=1", "batch.global_batch_size=8")[2], micro_batch_size=1,
+                             global_batch_size=1, seq_length=P_["seq_length"], padded_vocab_size=P_["vocab_size"])
+    bf, _ = steptime.block_costs(shape, st, prof, steptime._links(st, prof))
+    plain = {lo: (0.010, 0.020), hi: (0.016, 0.024)}                       # 3 ms + 2 ms a block
+    per_f, per_b = 3e-3 + 2e-3, 2e-3 + bf.memory + bf.framework + 0.5e-3
+    selective = {lo: (0.010 + per_f - 3e-3, 0.020 + per_b - 2e-3), hi: (0.016 + 3 * (per_f - 3e-3), 0.024 + 3 * (per_b - 2e-3))}
+    assert steptime.selective_residual("llama", "fp32", plain, selective, prof) == pytest.approx([2e-3, 0.5e-3], rel=1e-6)
+    assert steptime.selective_residual("llama", "fp32", plain, plain, prof) == [0.0, 0.0]     # never negative
+
+
+def test_selective_figures_in_profile_files(tmp_path):
+    import yaml
+
+    path = tmp_path / "p.yaml"
+    prof = ideal(selective_framework_s={"llama": {"fp32": [2e-3, 1e-3]}}, selective_host_s={"gpt": {"bf16": [1e-3, 0.0]}})
+    path.write_text(yaml.safe_dump(profile_to_dict(prof)))
+    back = load_profile(str(path))
+    assert back.selective("mistral", "fp32") == (pytest.approx(3e-3), None)    # the llama family reads llama's
+    assert back.selective("gpt", "fp16") == (None, pytest.approx(1e-3))        # fp16 takes bf16's
+    for bad in ([1e-3], [1e-3, -1e-3]):
+        path.write_text(yaml.safe_dump(profile_to_dict(ideal(selective_framework_s={"llama": {"fp32": bad}}))))
+        with pytest.raises(ConfigError, match="selective_framework_s.*block forward"):
+            load_profile(str(path))
+
+
 def test_framework_in_profile_files(tmp_path):
     import yaml
 

@@ -37,6 +37,12 @@ CASES = {
     "zero3": ["parallel.zero_stage=3", "batch.micro_batch_size=4"],
     "zero2_micro1_accum4": ["parallel.zero_stage=2", "batch.micro_batch_size=1"],
     "zero2_bf16": ["parallel.zero_stage=2", "batch.micro_batch_size=4", "precision=bf16"],
+    # Selective checkpointing (launcher/runtime/recompute.py): the element-wise operators recomputed, the matmuls'
+    # outputs from torch's cache; on the plain model (ZeRO-1, the first 2 blocks) and under ZeRO-3's hooks.
+    "zero1_selective_first2": ["parallel.zero_stage=1", "batch.micro_batch_size=4", "model.activation_checkpointing=true",
+                               "model.checkpoint_mode=selective", "model.checkpoint_blocks=2"],
+    "zero3_selective": ["parallel.zero_stage=3", "batch.micro_batch_size=4", "model.activation_checkpointing=true",
+                        "model.checkpoint_mode=selective"],
 }
 SAVE_CASES = ("zero0", "zero3")
 

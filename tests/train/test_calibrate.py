@@ -101,6 +101,14 @@ def test_calibrate_two_cpu_ranks_then_plan(tmp_path, capsys):
     assert set(prof.framework_s) == {"llama", "gpt", "bloom"}
     assert all(len(v) == 3 and min(v) >= 0 for by in prof.framework_s.values() for v in by.values())
     assert prof.framework("llama", "fp32")[0] > 0
+    # The same probe with selective checkpointing (model.checkpoint_mode=selective): torch's dispatch mode over every
+    # operator makes its forward slower than the plain probe's; the profile carries what it adds per block.
+    sel = raw["framework_selective"]
+    assert set(sel) == set(fw) and all(set(by) == {"fp32", "bf16"} for by in sel.values())
+    assert all(sel[a][d]["3"][0] > fw[a][d]["3"][0] for a in sel for d in sel[a])
+    assert set(prof.selective_framework_s) == {"llama", "gpt", "bloom"}
+    assert all(len(v) == 2 and min(v) >= 0 for by in prof.selective_framework_s.values() for v in by.values())
+    assert prof.selective("llama", "fp32")[0] > 0 and prof.selective("llama", "fp32")[1] is None
     # Stragglers: 2 ranks, one group size, every target segment length timed, longer segments longer, fractions >= 0
     # (a slowest-minus-mean wait); the profile carries the table the plan reads.
     assert set(raw["straggler"]) == {"2"} and prof.straggler == {2: raw["straggler"]["2"]}

@@ -1,6 +1,7 @@
 """Real multi-process training runs on 2 CPU ranks (gloo), batched into few launches.
 
-- one torchrun launch of equivalence_driver.py trains ZeRO 0/1/2/3, micro 1 x accum 4 and bf16 with the
+- one torchrun launch of equivalence_driver.py trains ZeRO 0/1/2/3, micro 1 x accum 4, bf16 and selective activation
+  checkpointing (ZeRO-1 on the first 2 blocks, ZeRO-3 on all) with the
   loop's own build_engine/train_step; the fp32 losses and global gradient norms are held to a plain
   single-process PyTorch reference (torch.optim.AdamW, clip_grad_norm_, DeepSpeed's WarmupCosineLR formula
   written out) within 1e-5; the norms are what sees a gradient-scale error (AdamW and clipping hide one
@@ -85,7 +86,7 @@ def test_zero_stages_and_accumulation_match_single_process(driver):
     # ZeRO-0's norms are those of the applied gradients (equivalence_driver.applied_gradient_norms), i.e. after
     # clipping: they are the raw norms only while these stay below the clip (measured: 0.66-0.85 < 1.0).
     assert max(ref_norms) < results["zero0"]["grad_clip"]
-    for name in ("zero0", "zero1", "zero2", "zero3", "zero2_micro1_accum4"):
+    for name in ("zero0", "zero1", "zero2", "zero3", "zero2_micro1_accum4", "zero1_selective_first2", "zero3_selective"):
         got = results[name]
         assert len(got["losses"]) == STEPS
         diffs = [abs(a - b) for a, b in zip(got["losses"], ref)]
