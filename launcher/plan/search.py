@@ -11,7 +11,8 @@ pipeline, 0-2 without),
 ZeRO stage 0-3 (0-1 with a pipeline), micro batch (divisors of the per-replica batch), recompute (off, every
 block, and where a layout fits with every block checkpointed but not with none, the fewest checkpointed blocks a
 stage that fit: model.activation_checkpointing, model.checkpoint_blocks; where none does not fit and the layout is
-the transformers model's (no TP, PP, SP, CP), selective checkpointing of every block too: model.checkpoint_mode). Held as configured: the global batch and the
+the transformers model's (no TP, PP, SP, CP), selective checkpointing too, of every block and of the fewest a stage
+that fit: model.checkpoint_mode). Held as configured: the global batch and the
 sequence length (so the tokens per step), precision, cluster and model. The configured TP / PP / SP / ZeRO /
 micro batch are only a starting point: they need not be a valid layout themselves.
 
@@ -206,11 +207,11 @@ def search_layouts(cfg) -> tuple[list[Candidate], dict]:
                                 counts["does_not_fit"] += 1
                                 continue
                             fitting.append(cand)
-                            if recompute and mode == "full" and kept_fits is False:
+                            if recompute and kept_fits is False:
                                 # Between the two: the fewest checkpointed blocks a stage that fit (Megatron's
                                 # --recompute-num-layers), which recompute less than all of them.
                                 fewest = _fewest_checkpointed(plain, (tp, pp, zero, micro, sp, msp, cp), shape, hw, host,
-                                                              cand.strategy)
+                                                              cand.strategy, mode)
                                 if fewest is not None:
                                     counts["enumerated"] += 1
                                     fitting.append(fewest)
@@ -225,14 +226,16 @@ def _if_fits(c, layout: Layout, shape: ModelShape, hw: Hardware, host) -> Option
     return cand if cand.memory.fits and host.fits(c, layout, cand.strategy, shape) else None
 
 
-def _fewest_checkpointed(plain, grid: tuple, shape: ModelShape, hw: Hardware, host, full: Strategy) -> Optional[Candidate]:
+def _fewest_checkpointed(plain, grid: tuple, shape: ModelShape, hw: Hardware, host, full: Strategy,
+                         mode: str = "full") -> Optional[Candidate]:
     """The candidate with the fewest model.checkpoint_blocks (1 .. a stage's blocks - 1) that fits, by bisection
     (memory falls as blocks are checkpointed: plan/memory.py checkpointed_in_stage), where the layout fits with every
-    block checkpointed (`full`, its strategy) and not with none; None where only all of them fit."""
+    block checkpointed in model.checkpoint_mode `mode` (`full`, its strategy) and not with none; None where only all
+    of them fit."""
     tp, pp, zero, micro, sp, msp, cp = grid
 
     def at(n: int) -> Optional[Candidate]:
-        c = _with(plain, tp, pp, zero, micro, True, sp, msp, cp, checkpoint_blocks=n)
+        c = _with(plain, tp, pp, zero, micro, True, sp, msp, cp, checkpoint_blocks=n, mode=mode)
         return _if_fits(c, resolve_layout(c), shape, hw, host)
 
     lo, hi, best = 1, max(blocks_in_stage(shape, full, s) for s in range(pp)) - 1, None

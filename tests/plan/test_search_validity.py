@@ -159,8 +159,8 @@ def test_search_proposes_the_fewest_checkpointed_blocks_that_fit():
 
 def test_search_proposes_selective_checkpointing_where_none_does_not_fit(tmp_path):
     """model.checkpoint_mode=selective: where a layout of the transformers model (no TP, PP, SP, CP) does not fit
-    without recompute, the search also tries keeping the matmuls' outputs. Each such candidate passes train's
-    validation, holds more memory than full checkpointing and takes less time (no GEMM recomputed), and more time
+    without recompute, the search also tries keeping the matmuls' outputs, on every block and on the fewest a stage
+    that fit (where one fewer does not, and faster than every block). Each such candidate passes train's validation, holds more memory than full checkpointing and takes less time (no GEMM recomputed), and more time
     than no recompute (its element-wise operators run twice). Llama 3.1 8B's recipe on its 128 H100s."""
     import dataclasses
 
@@ -182,3 +182,9 @@ def test_search_proposes_selective_checkpointing_where_none_does_not_fit(tmp_pat
         assert estimate_memory(shape, full, hw).peak.total < cand.memory.peak.total
         times = [estimate_step_time(shape, x, hw).step_time_s for x in (none, st, full)]
         assert times[0] < times[1] < times[2], times
+        if st.checkpoint_blocks is not None:      # the fewest selectively checkpointed blocks that fit
+            fewer = dataclasses.replace(st, checkpoint_blocks=st.checkpoint_blocks - 1)
+            assert st.checkpoint_blocks == 1 or not estimate_memory(shape, fewer, hw).fits
+            every = dataclasses.replace(st, checkpoint_blocks=None)
+            assert cand.time.step_time_s < estimate_step_time(shape, every, hw).step_time_s
+    assert any(c.strategy.checkpoint_blocks is not None for c in selective)
