@@ -55,7 +55,9 @@ def planned(cfg, layout) -> dict:
         return {}
     shape, st = model_shape(cfg.model), strategy(cfg, layout)
     return {"predicted_step_time_s": estimate_step_time(shape, st, hw).step_time_s,
-            "predicted_peak_memory_bytes": int(estimate_memory(shape, st, hw).peak.total)}
+            "predicted_peak_memory_bytes": int(estimate_memory(shape, st, hw).peak.total),
+            "profile": (f"cluster.profile={cfg.cluster.profile}" if getattr(cfg.cluster, "profile", None)
+                        else f"the built-in {cfg.cluster.gpu} profile")}
 
 
 # Steps left out of the end-of-run comparison: the first ones pay one-time costs (allocator growth, lazy
@@ -83,7 +85,8 @@ class Throughput:
         out = {"tokens_per_s": tokens_s, "tokens_per_s_per_rank": per_rank, "tflops_per_rank": tflops,
                "mfu": tflops / self.peak if self.peak else None}
         if self.plan:
-            out |= self.plan | {"step_time_over_predicted": step_time_s / self.plan["predicted_step_time_s"]}
+            out |= {k: self.plan[k] for k in ("predicted_step_time_s", "predicted_peak_memory_bytes")}
+            out["step_time_over_predicted"] = step_time_s / self.plan["predicted_step_time_s"]
         return out
 
     def versus_plan(self, peak_memory_bytes: int) -> dict:
@@ -96,7 +99,12 @@ class Throughput:
         return {"steps_timed": len(timed), "step_time_s": measured, "predicted_step_time_s": pred,
                 "step_time_over_predicted": measured / pred if measured and pred else None,
                 "peak_memory_bytes": peak_memory_bytes, "predicted_peak_memory_bytes": pmem,
-                "peak_memory_over_predicted": peak_memory_bytes / pmem if pmem else None}
+                "peak_memory_over_predicted": peak_memory_bytes / pmem if pmem else None,
+                "profile": self.plan.get("profile")}
+
+
+# How far a measured step may be from the plan before the summary says what to check (issue 14 part 4's target).
+PLAN_TOLERANCE = 0.15
 
 
 def format_versus_plan(rec: dict) -> str:
@@ -106,10 +114,18 @@ def format_versus_plan(rec: dict) -> str:
     if rec["predicted_step_time_s"] is None:
         return (f"median step {rec['step_time_s'] * 1e3:,.0f} ms over {rec['steps_timed']} steps (no plan prediction: "
                 "CPU ranks without cluster.profile; `launcher calibrate` writes one)")
-    return (f"median step {rec['step_time_s'] * 1e3:,.0f} ms over {rec['steps_timed']} steps, planned "
+    line = (f"median step {rec['step_time_s'] * 1e3:,.0f} ms over {rec['steps_timed']} steps, planned "
             f"{rec['predicted_step_time_s'] * 1e3:,.0f} ms (x{rec['step_time_over_predicted']:.2f}); peak memory "
             f"{rec['peak_memory_bytes'] / 2**20:,.0f} MiB, planned {rec['predicted_peak_memory_bytes'] / 2**20:,.0f} MiB "
             f"(x{rec['peak_memory_over_predicted']:.2f}; on CPU ranks the measured figure is the process's peak RSS)")
+    if abs(rec["step_time_over_predicted"] - 1) > PLAN_TOLERANCE:
+        # Most misses on a calibrated machine are the machine moving after its calibration (other load, another
+        # node), which shifts every layout alike (bench/steptime/results.md): say which rates the plan read.
+        line += (f". The step is more than {PLAN_TOLERANCE:.0%} from the plan, whose rates come from "
+                 f"{rec.get('profile') or 'its profile'}: if this machine is not the one measured there, or has changed "
+                 "since (other jobs, another node type), run `launcher calibrate` here and pass its profile; `launcher "
+                 "plan --json` with this run's overrides breaks the planned step down (step_time_breakdown_s)")
+    return line
 
 
 def peak_memory_bytes(device: str) -> int:

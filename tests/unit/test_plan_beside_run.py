@@ -34,6 +34,23 @@ def test_records_carry_the_plan_when_a_profile_gives_rates():
     assert s["step_time_over_predicted"] == pytest.approx(s["step_time_s"] / planned)
     assert s["peak_memory_over_predicted"] == pytest.approx((123 << 20) / s["predicted_peak_memory_bytes"])
     assert "planned" in format_versus_plan(s)
+    assert "profile" not in recs[2]     # the per-step records carry numbers; the summary names the rates' source
+
+
+@pytest.mark.parametrize("ratio, says", [(1.10, False), (0.90, False), (1.30, True), (0.70, True)])
+def test_summary_says_what_to_check_when_the_step_is_off_the_plan(ratio, says):
+    # More than 15% from the plan (issue 14 part 4's target): the summary names the profile whose rates the plan read
+    # and what to do; within it, nothing more.
+    cfg = compose(["recipe=tiny", f"cluster.profile={PROFILE}"])
+    th = Throughput(cfg, resolve_layout(cfg))
+    planned = th.plan["predicted_step_time_s"]
+    for _ in range(WARMUP_STEPS + 3):
+        th(planned * ratio)
+    s = th.versus_plan(1 << 20)
+    assert s["step_time_over_predicted"] == pytest.approx(ratio)
+    line = format_versus_plan(s)
+    assert ("more than 15% from the plan" in line) == says
+    assert (str(PROFILE) in line and "launcher calibrate" in line) == says
 
 
 def test_cpu_ranks_without_a_profile_record_no_prediction():
