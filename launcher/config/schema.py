@@ -58,7 +58,7 @@ class ModelConfig:
     checkpoint_mode: str = "full"
     """With activation_checkpointing: what a checkpointed block keeps. full = its input only, the whole forward runs
     again in the backward (~33% more compute); selective = also every matmul's and attention kernel's output, only
-    the element-wise operators (norms, rotary, activation, residual adds) run again: no GEMM recomputed, about half
+    the element-wise operators (norms, rotary, activation, residual adds) run again: no GEMM recomputed, about 60% of
     the block's activation bytes kept (launcher/runtime/recompute.py). selective runs on the transformers model
     (DP / ZeRO 0-3), not with TP, pipeline stages, Ulysses or CP."""
     init_from: Optional[str] = None

@@ -77,7 +77,7 @@ the transformers model only, t = u = 1): a checkpointed block keeps its input (w
                          = 6wh + wf + 4a
     BLOOM                3 w h (query_key_value) + w a s (baddbmm's scores, in the dtype) + w h (the context bmm)
                          + w h (dense) + w f (dense_h_to_4h) + w h (dense_4h_to_h) = 6wh + wf + was
-  (bf16 LLaMA, recipe=tiny's widths: 2,960 of the 5,400 bytes a token the block saves without checkpointing).
+  (bf16 LLaMA, h 128, f 352, 4 heads: 2,960 of the 5,400 bytes a token the block saves without checkpointing).
   Measured: the hooks' bytes plus the storages the policy's cache holds (tests/plan/test_activations.py).
     working set          the recomputed rest of one block (its full set minus the kept outputs) while it is
                          recomputed in backward.

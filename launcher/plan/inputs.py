@@ -27,7 +27,7 @@ SDPA_ARCHS = frozenset({"llama", "mistral", "qwen2", "gpt"})
 
 # What `launcher train` can run: model.activation_checkpointing off ("none"), or on with model.checkpoint_mode "full"
 # (whole blocks) or "selective" (the matmuls' and attention's outputs kept, the element-wise operators recomputed:
-# launcher/runtime/recompute.py; the transformers model only, config/supported.py check_checkpoint_mode).
+# launcher/runtime/recompute.py; the transformers model only, config/layout.py _check_checkpoint_mode).
 # Korthikanti et al.'s selective recomputation (the attention core) is what a flash / memory-efficient SDPA kernel
 # already does; the runtime has no separate mode for it.
 RECOMPUTE_MODES = ("none", "full", "selective")

@@ -30,8 +30,8 @@ there). Per stage and rank: the stage's saved bytes for one micro-batch (its blo
 first stage and the final norm, head and fp32 log-softmax on the last) x the micro-batches in flight; with
 activation checkpointing the checkpointed blocks (all, or the first model.checkpoint_blocks of each stage) keep
 only their inputs (selective: and their matmuls' and attention's outputs) and, where every block of the stage is
-checkpointed, one block's full set is live while it is recomputed (the working set); the last stage adds the transient gradient of the logits at the start of
-backward (fp32, plus its 16-bit cast), and its peak is the larger of that moment and the recompute of its last
+checkpointed, one block's full set is live while it is recomputed (the working set); the last stage adds the
+transient gradient of the logits at the start of backward (fp32, plus its 16-bit cast), and its peak is the larger of that moment and the recompute of its last
 block, by when the head's saved tensors and that gradient are freed (the two do not add: the 1B LLaMA on one
 H200 with checkpointing, 21.14 GB measured, was planned 22.32 GB when they did, 21.55 GB now;
 bench/gpu/results.md).

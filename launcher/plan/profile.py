@@ -235,12 +235,8 @@ class Profile:
     def selective(self, arch: str, dtype: str) -> tuple[Optional[float], Optional[float]]:
         """(framework, host) seconds a selectively checkpointed block adds per micro-batch, forward and backward
         together, looked up as framework() is; None for either where the profile has not measured it."""
-        out = []
-        for table in (self.selective_framework_s, self.selective_host_s):
-            by_dtype = table.get("llama" if arch in LLAMA_FAMILY else arch, {})
-            v = by_dtype.get(dtype) or by_dtype.get("bf16" if dtype == "fp16" else dtype)
-            out.append(sum(v) if v else None)
-        return out[0], out[1]
+        framework, host = (_row(t, arch, dtype) for t in (self.selective_framework_s, self.selective_host_s))
+        return (sum(framework) if framework else None), (sum(host) if host else None)
 
     def framework(self, arch: str, dtype: str) -> tuple[float, float, float]:
         """(block forward, block backward, model) seconds per micro-batch beyond the operator terms for `arch` in
@@ -342,14 +338,19 @@ def _table(tables: dict, dtype: str) -> Optional[list]:
     return None
 
 
-def _by_arch(table: dict, arch: str, dtype: str) -> tuple[float, float, float]:
-    """A [block forward, block backward, model] row of an {arch: {dtype: row}} table: the llama family shares
-    llama's (launcher/config/supported.py LLAMA_FAMILY: the same transformers code path), fp16 takes bf16's."""
+def _row(table: dict, arch: str, dtype: str) -> Optional[tuple]:
+    """The row of an {arch: {dtype: row}} table for `arch` in `dtype`: the llama family shares llama's
+    (launcher/config/supported.py LLAMA_FAMILY: the same transformers code path), fp16 takes bf16's; None where absent."""
     by_dtype = table.get(arch) or table.get("llama" if arch in LLAMA_FAMILY else arch) or {}
     for d in (dtype, "bf16" if dtype == "fp16" else None):
         if d and by_dtype.get(d):
             return tuple(float(x) for x in by_dtype[d])
-    return (0.0, 0.0, 0.0)
+    return None
+
+
+def _by_arch(table: dict, arch: str, dtype: str) -> tuple[float, float, float]:
+    """A [block forward, block backward, model] row (_row), zeros where the table has none."""
+    return _row(table, arch, dtype) or (0.0, 0.0, 0.0)
 
 
 def interpolate(table: list, x: float) -> float:
@@ -581,6 +582,20 @@ def _parse_profile(text: str):
     return yaml.safe_load(text)
 
 
+# The profile's {arch: {dtype: [seconds, ...]}} tables (framework, host issue, selective checkpointing's) and what
+# each row's entries are.
+ARCH_TABLES = {"framework_s": ("block forward", "block backward", "model"),
+               "host_s": ("block forward", "block backward", "model"),
+               "selective_framework_s": ("block forward", "block backward"),
+               "selective_host_s": ("block forward", "block backward")}
+
+
+def _arch_table(table: Optional[dict], divisor: float = 1.0) -> dict:
+    """An {arch: {dtype: [seconds, ...]}} table with str keys and float entries, each / `divisor`; {} for None."""
+    return {str(a): {str(d): [float(x) / divisor for x in v] for d, v in by_dtype.items()}
+            for a, by_dtype in (table or {}).items()}
+
+
 def load_profile(path: str) -> Profile:
     """Read and validate a profile written by `launcher calibrate`; ConfigError on cluster.profile otherwise."""
     import yaml
@@ -639,14 +654,7 @@ def load_profile(path: str) -> Profile:
             straggler={int(g): [[float(t), float(f)] for t, f in rows]
                        for g, rows in (doc.get("straggler") or {}).items()},
             release={int(g): [[float(t), float(c)] for t, c in rows] for g, rows in (doc.get("release") or {}).items()},
-            framework_s={str(a): {str(d): [float(x) for x in v] for d, v in by_dtype.items()}
-                         for a, by_dtype in (doc.get("framework_s") or {}).items()},
-            host_s={str(a): {str(d): [float(x) for x in v] for d, v in by_dtype.items()}
-                    for a, by_dtype in (doc.get("host_s") or {}).items()},
-            selective_framework_s={str(a): {str(d): [float(x) for x in v] for d, v in by_dtype.items()}
-                                   for a, by_dtype in (doc.get("selective_framework_s") or {}).items()},
-            selective_host_s={str(a): {str(d): [float(x) for x in v] for d, v in by_dtype.items()}
-                              for a, by_dtype in (doc.get("selective_host_s") or {}).items()},
+            **{name: _arch_table(doc.get(name)) for name in ARCH_TABLES},
             source=f"{p} ({doc.get('source', 'launcher calibrate')})")
     except (TypeError, ValueError, KeyError, AttributeError) as err:
         raise ConfigError(key, path, f"has a malformed field ({type(err).__name__}: {err})", fix)
@@ -666,15 +674,11 @@ def load_profile(path: str) -> Profile:
         if any(len(v) != 4 or any(x < 0 for x in v) for v in table.values()):
             raise ConfigError(key, path, f"has an {name} that is not 4 non-negative seconds (ZeRO stages 0-3) "
                               "per dtype", fix)
-    for name, table in (("framework_s", prof.framework_s), ("host_s", prof.host_s)):
-        if any(len(v) != 3 or any(x < 0 for x in v) for by_dtype in table.values() for v in by_dtype.values()):
-            raise ConfigError(key, path, f"has a {name} that is not 3 non-negative seconds (block forward, block "
-                              "backward, model) per architecture and dtype", fix)
-    for name, table in (("selective_framework_s", prof.selective_framework_s),
-                        ("selective_host_s", prof.selective_host_s)):
-        if any(len(v) != 2 or any(x < 0 for x in v) for by_dtype in table.values() for v in by_dtype.values()):
-            raise ConfigError(key, path, f"has a {name} that is not 2 non-negative seconds (block forward, block "
-                              "backward) per architecture and dtype", fix)
+    for name, parts in ARCH_TABLES.items():
+        if any(len(v) != len(parts) or any(x < 0 for x in v) for by_dtype in getattr(prof, name).values()
+               for v in by_dtype.values()):
+            raise ConfigError(key, path, f"has a {name} that is not {len(parts)} non-negative seconds "
+                              f"({', '.join(parts)}) per architecture and dtype", fix)
     if not prof.gemm_tflops or not prof.attention_tflops or any(not (r > 0) for r in rates) \
             or any(v < 0 for v in (*prof.gemm_half_dim.values(), *prof.attention_half_seq.values())):
         raise ConfigError(key, path, "has a rate that is not positive (every TFLOP/s and GB/s must be > 0)", fix)
@@ -711,6 +715,5 @@ def alone_rates(prof: Profile, measured_ranks) -> Profile:
                    engine_tensor_s={d: [x / f for x in v] for d, v in prof.engine_tensor_s.items()},
                    engine_element_micro_s={d: [x / f for x in v] for d, v in prof.engine_element_micro_s.items()},
                    engine_tensor_micro_s={d: [x / f for x in v] for d, v in prof.engine_tensor_micro_s.items()},
-                   framework_s={a: {d: [x / f for x in v] for d, v in by.items()} for a, by in prof.framework_s.items()},
-                   selective_framework_s={a: {d: [x / f for x in v] for d, v in by.items()}
-                                          for a, by in prof.selective_framework_s.items()})
+                   framework_s=_arch_table(prof.framework_s, f),
+                   selective_framework_s=_arch_table(prof.selective_framework_s, f))

@@ -186,12 +186,11 @@ def search_layouts(cfg) -> tuple[list[Candidate], dict]:
                                   for z in _zero_stages(tp, pp, msp)]:
                     for micro in _divisors(gbs // dp):
                         kept_fits = None    # whether the same layout fits without recompute
-                        # Selective checkpointing is faster than full and slower than none, so it is tried only where
-                        # none does not fit, and only where train runs it (the transformers model: no TP, PP, SP, CP).
-                        modes = [(False, "full"), (True, "full")]
-                        for recompute, mode in modes:
-                            if recompute and mode == "full" and kept_fits is False and tp == pp == sp == cp == 1:
-                                modes.append((True, "selective"))
+                        for recompute, mode in ((False, "full"), (True, "full"), (True, "selective")):
+                            # Selective checkpointing is faster than full and slower than none: tried only where none
+                            # does not fit, and where train runs it (the transformers model: no TP, PP, SP, CP).
+                            if mode == "selective" and not (kept_fits is False and tp == pp == sp == cp == 1):
+                                continue
                             counts["enumerated"] += 1
                             c = _with(plain, tp, pp, zero, micro, recompute, sp, msp, cp, mode=mode)
                             try:

@@ -511,6 +511,21 @@ FRAMEWORK_PROBE = {"hidden_size": 32, "num_heads": 2, "intermediate_size": 64, "
                    "layers": (1, 3)}
 
 
+def _probe_model(arch: str, dtype: str) -> tuple[ModelShape, Strategy]:
+    """The framework probe's model (FRAMEWORK_PROBE at its smaller block count) on one rank, one micro-batch of one
+    sequence: what calibrate times, as the plan sees it."""
+    from launcher.plan.params import ParamCount
+
+    h, a, f, v, s = (FRAMEWORK_PROBE[k] for k in ("hidden_size", "num_heads", "intermediate_size", "vocab_size",
+                                                   "seq_length"))
+    shape = ModelShape(arch=arch, hidden_size=h, num_layers=FRAMEWORK_PROBE["layers"][0], num_heads=a, num_kv_heads=a,
+                       intermediate_size=f, vocab_size=v, tied_embeddings=False, params=ParamCount(0, 0, 0, 0, 0))
+    st = Strategy(tensor_degree=1, pipeline_degree=1, sequence_degree=1, data_degree=1, zero_stage=0,
+                  micro_batch_size=1, grad_accum_steps=1, global_batch_size=1, seq_length=s, padded_vocab_size=v,
+                  gpus_per_node=1, dtype=dtype, grad_accum_fp32=False, recompute="none")
+    return shape, st
+
+
 def framework_residual(arch: str, dtype: str, measured: dict, prof: Profile) -> list:
     """[block forward, block backward, model] seconds per micro-batch (profile.framework_s): the probe model's
     measured forward and backward seconds at FRAMEWORK_PROBE's two block counts, {layers: (fwd, bwd)}, split into a
@@ -519,16 +534,7 @@ def framework_residual(arch: str, dtype: str, measured: dict, prof: Profile) -> 
     terms already charge more than the probe took, nothing is added."""
     from dataclasses import replace
 
-    from launcher.plan.params import ParamCount
-
-    lo = FRAMEWORK_PROBE["layers"][0]
-    h, a, f, v, s = (FRAMEWORK_PROBE[k] for k in ("hidden_size", "num_heads", "intermediate_size", "vocab_size",
-                                                   "seq_length"))
-    shape = ModelShape(arch=arch, hidden_size=h, num_layers=lo, num_heads=a, num_kv_heads=a, intermediate_size=f,
-                       vocab_size=v, tied_embeddings=False, params=ParamCount(0, 0, 0, 0, 0))
-    st = Strategy(tensor_degree=1, pipeline_degree=1, sequence_degree=1, data_degree=1, zero_stage=0,
-                  micro_batch_size=1, grad_accum_steps=1, global_batch_size=1, seq_length=s, padded_vocab_size=v,
-                  gpus_per_node=1, dtype=dtype, grad_accum_fp32=False, recompute="none")
+    shape, st = _probe_model(arch, dtype)
     bare = replace(prof, framework_s={})
     links = _links(st, bare)
     bf, bb = block_costs(shape, st, bare, links)
@@ -543,18 +549,8 @@ def selective_residual(arch: str, dtype: str, plain: dict, selective: dict, prof
     probe's blocks took more with selective checkpointing on ({layers: (fwd, bwd)} each, probe_split's per-block
     parts), less what the plan charges a selectively checkpointed block's recompute on `prof` (its element-wise
     operators and the forward's framework time, estimate_step_time). Clipped at 0."""
-    from dataclasses import replace
-
-    from launcher.plan.params import ParamCount
-
-    h, a, f, v, s = (FRAMEWORK_PROBE[k] for k in ("hidden_size", "num_heads", "intermediate_size", "vocab_size",
-                                                   "seq_length"))
-    shape = ModelShape(arch=arch, hidden_size=h, num_layers=FRAMEWORK_PROBE["layers"][0], num_heads=a, num_kv_heads=a,
-                       intermediate_size=f, vocab_size=v, tied_embeddings=False, params=ParamCount(0, 0, 0, 0, 0))
-    st = Strategy(tensor_degree=1, pipeline_degree=1, sequence_degree=1, data_degree=1, zero_stage=0,
-                  micro_batch_size=1, grad_accum_steps=1, global_batch_size=1, seq_length=s, padded_vocab_size=v,
-                  gpus_per_node=1, dtype=dtype, grad_accum_fp32=False, recompute="none")
-    bf, _ = block_costs(shape, st, replace(prof, selective_framework_s={}), _links(st, prof))
+    shape, st = _probe_model(arch, dtype)
+    bf, _ = block_costs(shape, st, prof, _links(st, prof))
     (pf, pb, _), (sf, sb, _) = probe_split(plain), probe_split(selective)
     return [max(0.0, sf - pf), max(0.0, sb - pb - bf.memory - bf.framework)]
 

@@ -244,12 +244,14 @@ def write_profile(raw: dict, out: str, seconds: float) -> Path:
     # step-time model charges for the same model on the rates just fitted (launcher/plan/steptime.py
     # framework_residual). On a GPU the probe's times are the host's issue time, which the plan holds as a floor
     # under each micro-batch's kernels (host_s; steptime Cost.host), whole.
-    probe = {arch: {d: {int(k): v for k, v in by_layers.items()} for d, by_layers in by_dtype.items()}
-             for arch, by_dtype in raw["framework"].items()}
+    def by_blocks(table: dict) -> dict:     # the raw JSON's block counts are strings
+        return {arch: {d: {int(k): v for k, v in by_layers.items()} for d, by_layers in by_dtype.items()}
+                for arch, by_dtype in table.items()}
+
+    probe = by_blocks(raw["framework"])
     # Selectively checkpointed blocks: the same probe with selective checkpointing, per block beyond the plain one
     # (steptime.selective_residual on CPU ranks; on a GPU the issue time's difference, forward and backward).
-    sel = {arch: {d: {int(k): v for k, v in by_layers.items()} for d, by_layers in by_dtype.items()}
-           for arch, by_dtype in raw.get("framework_selective", {}).items()}
+    sel = by_blocks(raw.get("framework_selective", {}))
     if device == "cpu":
         prof = replace(prof, framework_s={arch: {d: framework_residual(arch, d, m, prof) for d, m in by_dtype.items()}
                                           for arch, by_dtype in probe.items()})
