@@ -33,10 +33,9 @@ from launcher.runtime.elastic import universal_ds_config
 from launcher.runtime.preemption import PreemptionFlag
 from launcher.runtime.rundir import run_dir_of
 from launcher.runtime.state_bytes import MEASURE_STATE_AT_STEP, measure_model_state_bytes, record_state_bytes
-from launcher.runtime.metrics import (METRICS_FILE, SUMMARY_FILE, IntervalLoss, MetricsSink, Throughput,
+from launcher.runtime.metrics import (METRICS_FILE, SUMMARY_FILE, IntervalLoss, MetricsSink, Throughput, check_rates,
                                       current_rss_bytes, divert_library_logs, format_summary, format_versus_plan,
-                                      gather_peak_memory,
-                                      peak_memory_bytes, plot_loss, truncate_metrics, write_summary)
+                                      gather_peak_memory, peak_memory_bytes, plot_loss, truncate_metrics, write_summary)
 from launcher.runtime.model import build_model
 from launcher.runtime.nonfinite import UpdateVeto, nonfinite_action
 from launcher.runtime.optimizer import param_groups
@@ -475,6 +474,8 @@ def run(cfg) -> int:
     if stopped_by is None and cfg.train.eval_every and step > start_step and (last_eval is None or last_eval[0] != step):
         last_eval = run_eval(step)
 
+    rates_now = peak_before_probe = None    # set below where the steps missed the plan
+
     def report_summary(status: str, export) -> None:
         """The end-of-run record (metrics.jsonl, summary.json) and its lines on the console; rank 0."""
         tokens_run = tokens_seen - tokens_at_start
@@ -486,7 +487,8 @@ def run(cfg) -> int:
                    "run_dir": str(run_dir), "checkpoint": str(ckpt_root / ckpt.tag_for(step)), "export": export,
                    "metrics": str(run_dir / METRICS_FILE), "summary": str(run_dir / SUMMARY_FILE),
                    "library_log": str(library_log)}
-        summary |= throughput.versus_plan(peak_memory_bytes(layout.device))  # measured beside the plan
+        summary |= throughput.versus_plan(peak_before_probe or peak_memory_bytes(layout.device))  # beside the plan
+        summary["rates_now"] = rates_now
         sink.log(summary)
         write_summary(run_dir, summary)
         say(format_summary(summary), markup=False)
@@ -510,6 +512,11 @@ def run(cfg) -> int:
             report_summary("preempted", None)
         sink.close()
         return 0
+    # Off the plan by more than 15%? Every rank measures this machine's GEMM and copy rates now, to set beside the
+    # profile's: the summary then says whether the machine moved or the model missed (metrics.check_rates).
+    # The peak is read first: the probe's operands (~200 MiB on CPU ranks) would raise a CPU rank's peak RSS.
+    peak_before_probe = peak_memory_bytes(layout.device)
+    rates_now = check_rates(throughput, layout.device, layout.dtype, engine.device)
     # The artifacts need no other rank: they exit now instead of idling in a collective with a timeout.
     if is_main:
         (run_dir / PREEMPTED_FILE).unlink(missing_ok=True)

@@ -164,7 +164,9 @@ def train(name: str, ranks: int, extra: list[str], profile: Path, steps: int, ru
             "measured_s": summary["step_time_s"], "predicted_s": summary["predicted_step_time_s"],
             "ratio": summary["step_time_over_predicted"], "step_times_s": steps_s, "wall_s": time.perf_counter() - started,
             "peak_memory_bytes": peak, "predicted_peak_memory_bytes": summary["predicted_peak_memory_bytes"],
-            "load_avg_before": load_before, "load_avg_after": os.getloadavg()}
+            "load_avg_before": load_before, "load_avg_after": os.getloadavg(),
+            # off the plan by more than 15%: the GEMM and copy rates the run read after its steps, over the profile's
+            "rates_now": summary.get("rates_now")}
 
 
 def repredict() -> None:
@@ -189,11 +191,12 @@ def render() -> None:
     m = doc["machine"]
     lines = ["| layout | ranks | measured median step (ms) | repeats (ms) | load avg (1 min) before-after | "
              "predicted at run time, each repeat (ms) | predicted, committed model (ms) | measured / predicted, each repeat | within 15% | "
-             "peak memory (largest rank's peak RSS) / planned, each repeat |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "peak memory (largest rank's peak RSS) / planned, each repeat | "
+             "off the plan: GEMM / copy rate read after the steps over the profile's, each repeat |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in doc["results"]:
         if "error" in r:
-            lines.append(f"| {r['layout']} | | failed | | | | | | | |")
+            lines.append(f"| {r['layout']} | | failed | | | | | | | | |")
             continue
         # without --repredict: the last pass's prediction, whose profile is the one committed (the row's own run
         # may be an earlier pass's, predicted from that pass's calibration)
@@ -208,7 +211,8 @@ def render() -> None:
         lines.append(f"| {r['layout']} | {r['ranks']} | {r['measured_s'] * 1e3:.0f} | {reps} | {loads} | {at_run} | "
                      f"{now * 1e3:.0f} | {', '.join(f'{x:.2f}' for x in ratios)} | "
                      f"{', '.join('yes' if abs(x - 1) <= 0.15 else 'no' for x in ratios)} | "
-                     f"{', '.join(f'{x:.2f}' for x in r.get('repeats_memory_ratio', [])) or 'not recorded'} |")
+                     f"{', '.join(f'{x:.2f}' for x in r.get('repeats_memory_ratio', [])) or 'not recorded'} | "
+                     f"{rates_cell(r)} |")
     cmds = "\n".join(f"    {r['command']}" for r in doc["results"] if "command" in r)
     table = "\n".join(lines) + calibration_spread(doc.get("pass_profiles", []))
     held = ("calibrated again before every pass, each repeat held to the prediction from its own pass's profile "
@@ -229,6 +233,15 @@ def render() -> None:
     else:
         text = "# Predicted vs measured step time, recipe=tiny on CPU ranks\n\n" + head
     (HERE / "results.md").write_text(text)
+
+
+def rates_cell(row: dict) -> str:
+    """Each repeat's rates read after the steps over the profile's (GEMM / copy), '-' where the run was on its plan
+    (launcher train measures them only off it); 'not recorded' for rows from before the check existed."""
+    if "repeats_rates_now" not in row:
+        return "not recorded"
+    return ", ".join(f"{x['gemm_over_profile']:.2f} / {x['memory_over_profile']:.2f}" if x else "-"
+                     for x in row["repeats_rates_now"])
 
 
 def calibration_spread(pass_profiles: list) -> str:
@@ -292,6 +305,7 @@ def main() -> None:
         row["repeats_predicted_s"] = [r["predicted_s"] for r in rs if "error" not in r]
         row["repeats_load_avg"] = [[r["load_avg_before"][0], r["load_avg_after"][0]] for r in rs if "error" not in r]
         row["repeats_memory_ratio"] = [r["peak_memory_bytes"] / r["predicted_peak_memory_bytes"] for r in rs if "error" not in r]
+        row["repeats_rates_now"] = [r["rates_now"] for r in rs if "error" not in r]
         results.append(row)
     machine = {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
                "torch": torch.__version__, "load_avg_at_end": os.getloadavg()}

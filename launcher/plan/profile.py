@@ -315,6 +315,23 @@ class Profile:
         return (_by_dtype(self.gemm_tflops, dtype, self.name, "gemm_tflops") * 1e12,
                 _by_dtype(self.gemm_half_dim, dtype, self.name, "gemm_half_dim"))
 
+    def probe_rates(self, dtype: str, width: float, ranks: int) -> dict:
+        """What `launcher calibrate`'s GEMM probe and copy window should read now on each of `ranks` ranks of a node
+        probing at once, by this profile (launcher/runtime/calibrate.py rates_now measures them): the GEMM at the
+        side nearest `width` among those the profile's table measured (log distance; `width` itself where it has
+        no table), in TFLOP/s, and the copy in GB/s. The rates here are one rank's alone (alone_rates), so with
+        more ranks than compute slots each reads its slots / ranks share, as steptime stretches compute."""
+        import math
+
+        table = self.gemm_table_for(dtype)
+        if table:
+            side, rate = min(table, key=lambda row: abs(math.log(row[0] / width)))
+        else:
+            plateau, half = self.gemm_rate(dtype)
+            side, rate = width, plateau * width / (width + half)
+        share = min(1.0, self.compute_slots / ranks) if self.compute_slots else 1.0
+        return {"gemm_side": int(side), "gemm_tflops": rate * share / 1e12, "memory_gbps": self.memory_gbps * share}
+
     def attention_rate(self, dtype: str) -> tuple[float, float]:
         """(plateau FLOP/s, half-rate sequence length) of causal attention in `dtype`."""
         return (_by_dtype(self.attention_tflops, dtype, self.name, "attention_tflops") * 1e12,

@@ -93,6 +93,8 @@ from launcher.runtime.distributed import leave_rank
 from launcher.runtime.launch import rank_env
 
 GEMM_SIDES = (32, 64, 128, 256, 512)
+GEMM_SIDES_GPU = (256, 512, 1024, 2048, 4096, 8192)
+GEMM_TOKENS = {"cpu": 2048, "cuda": 16384}
 ATTN_SEQS_CPU = (64, 128, 256, 512, 1024)
 ATTN_SEQS_GPU = (256, 512, 1024, 2048, 4096)
 # 16-bit only, at 16,384 tokens a call (batch 2, 1): long-context layouts (bench/published's 16k-65k rows) read the
@@ -778,35 +780,14 @@ def wait_fraction(durations: list, arrivals: list, group: int) -> list:
 def _compute_sweep(dev, device, dtypes, sync, dist) -> dict:
     """One sweep of the compute microbenchmarks: GEMM and attention rates, memory bandwidth, per-operator overhead."""
     import torch
-    import torch.nn.functional as F
 
     out: dict = {}
     # Calls queued between two synchronisations (_median_time): on CPU ranks every call is synchronous anyway.
     queued = 1 if device == "cpu" else 20
-    # GEMMs: every rank at once (a barrier before each shape), as the ranks of a training step share the node, and
-    # as autograd issues them for a Linear(d, d) on `tokens` tokens: the forward X W^T (F.linear), the input
-    # gradient dY W and the weight gradient dY^T X, transposed operands as views. The operands rotate through a
-    # pool of GEMM_POOL_BYTES, so each GEMM reads them from beyond the core's cache, as a step does (a layer's
-    # backward meets its inputs after the rest of the model has passed through the cache). Against one hot
-    # contiguous torch.mm, 2 CPU ranks here: 4-27% slower by side (side 128, fp32: 0.096 -> 0.082 TFLOP/s), and the
-    # plain model's forward + backward + AdamW is then 0.92-1.19x its plan, about calibrate's own spread from one
-    # minute to the next (bench/steptime/results.md).
     out["gemm"], out["attention"] = {}, {}
-    tokens = 2048 if device == "cpu" else 16384
     for dname, tdtype in dtypes:
-        out["gemm"][dname] = []
-        for d in GEMM_SIDES if device == "cpu" else (256, 512, 1024, 2048, 4096, 8192):
-            set_bytes = (2 * tokens * d + d * d) * torch.finfo(tdtype).bits // 8
-            pool = [(torch.randn(tokens, d, device=dev, dtype=tdtype), torch.randn(d, d, device=dev, dtype=tdtype),
-                     torch.randn(tokens, d, device=dev, dtype=tdtype))
-                    for _ in range(max(2, min(16, -(-GEMM_POOL_BYTES // set_bytes))))]
-            turn = itertools.count()
-            for gemm in (lambda x, w, g: F.linear(x, w),        # forward
-                         lambda x, w, g: torch.mm(g, w),         # input gradient
-                         lambda x, w, g: torch.mm(g.t(), x)):    # weight gradient
-                dist.barrier()
-                t = _median_time(lambda: gemm(*pool[next(turn) % len(pool)]), sync, 20, calls=queued)
-                out["gemm"][dname].append([d, 2.0 * tokens * d * d / t])
+        out["gemm"][dname] = _gemm_rates(dev, device, tdtype, GEMM_SIDES if device == "cpu" else GEMM_SIDES_GPU,
+                                         sync, dist, queued)
 
         # Causal SDPA forward + backward, counted in causal FLOPs (launcher/plan/steptime.py attention_fwd_flops).
         # On a GPU 4 sequences (16,384 tokens a call past 4,096): one has too few (heads x query tiles) blocks for
@@ -821,6 +802,58 @@ def _compute_sweep(dev, device, dtypes, sync, dist) -> dict:
         for hd in ATTN_EXTRA_HEAD_DIMS[device] if device == "cpu" or tdtype != torch.float32 else ():
             out.setdefault("attention_hd", {}).setdefault(hd, {})[dname] = _attention_rates(
                 dev, tdtype, hd, seqs, device, sync, dist, queued)
+
+    out["memory_gbps"] = _copy_gbps(dev, device, sync, dist, queued)
+
+    # Per-operator overhead: 100 tiny ops forward and their 100 backward nodes.
+    dist.barrier()
+    host_per_op = _median_time(tiny_op_chain(dev, 100), sync, 10) / 200
+    if device == "cpu":
+        out["kernel_overhead_s"] = host_per_op
+        return out
+    # On a GPU the host's cost per operator (H100: 15.5 us) runs ahead of the kernels a step has queued (the ~1B
+    # LLaMA's micro-batch: 2,457 kernels, GPU busy 138 of 142 ms wall, sync_probe.py), so what each kernel adds to
+    # the step is the device's own gap between kernels: the same 200 tiny kernels replayed from a CUDA graph (no host
+    # work; H100: 1.0 us). The host's figure is kept beside it (kernel_host_s in the raw measurements).
+    out["kernel_host_s"] = host_per_op
+    out["kernel_overhead_s"] = _median_time(tiny_kernel_graph(dev, 200).replay, sync, 10, calls=queued) / 200
+    return out
+
+
+def _gemm_rates(dev, device: str, tdtype, sides, sync, dist, queued: int) -> list:
+    """[[side, FLOP/s], ...]: the three GEMMs of a Linear(side, side) at each side, forward, input gradient and
+    weight gradient, on GEMM_TOKENS[device] tokens."""
+    import torch
+    import torch.nn.functional as F
+
+    # Every rank at once (a barrier before each shape), as the ranks of a training step share the node, and
+    # as autograd issues them for a Linear(d, d) on `tokens` tokens: the forward X W^T (F.linear), the input
+    # gradient dY W and the weight gradient dY^T X, transposed operands as views. The operands rotate through a
+    # pool of GEMM_POOL_BYTES, so each GEMM reads them from beyond the core's cache, as a step does (a layer's
+    # backward meets its inputs after the rest of the model has passed through the cache). Against one hot
+    # contiguous torch.mm, 2 CPU ranks here: 4-27% slower by side (side 128, fp32: 0.096 -> 0.082 TFLOP/s), and the
+    # plain model's forward + backward + AdamW is then 0.92-1.19x its plan, about calibrate's own spread from one
+    # minute to the next (bench/steptime/results.md).
+    tokens = GEMM_TOKENS[device]
+    rows = []
+    for d in sides:
+        set_bytes = (2 * tokens * d + d * d) * torch.finfo(tdtype).bits // 8
+        pool = [(torch.randn(tokens, d, device=dev, dtype=tdtype), torch.randn(d, d, device=dev, dtype=tdtype),
+                 torch.randn(tokens, d, device=dev, dtype=tdtype))
+                for _ in range(max(2, min(16, -(-GEMM_POOL_BYTES // set_bytes))))]
+        turn = itertools.count()
+        for gemm in (lambda x, w, g: F.linear(x, w),        # forward
+                     lambda x, w, g: torch.mm(g, w),         # input gradient
+                     lambda x, w, g: torch.mm(g.t(), x)):    # weight gradient
+            dist.barrier()
+            t = _median_time(lambda: gemm(*pool[next(turn) % len(pool)]), sync, 20, calls=queued)
+            rows.append([d, 2.0 * tokens * d * d / t])
+    return rows
+
+
+def _copy_gbps(dev, device: str, sync, dist, queued: int) -> float:
+    """GB/s of a copy (it reads and writes its size), every rank at once on CPU ranks."""
+    import torch
 
     # Memory bandwidth: a copy reads and writes its size each; 64 MiB on CPU ranks, 256 MiB on a GPU (a 1B model's
     # element-wise operands are 32-88 MiB; queued, an H100 copies 64 MiB at 2,739 GB/s, 256 MiB at 2,942, 1 GiB at
@@ -839,21 +872,21 @@ def _compute_sweep(dev, device, dtypes, sync, dist) -> dict:
     dst.copy_(src)
     dist.barrier()
     t = _shared_copy_s(dst, src, dist) if device == "cpu" else _median_time(lambda: dst.copy_(src), sync, 10, calls=queued)
-    out["memory_gbps"] = 2 * n * 4 / t / 1e9
+    return 2 * n * 4 / t / 1e9
 
-    # Per-operator overhead: 100 tiny ops forward and their 100 backward nodes.
-    dist.barrier()
-    host_per_op = _median_time(tiny_op_chain(dev, 100), sync, 10) / 200
-    if device == "cpu":
-        out["kernel_overhead_s"] = host_per_op
-        return out
-    # On a GPU the host's cost per operator (H100: 15.5 us) runs ahead of the kernels a step has queued (the ~1B
-    # LLaMA's micro-batch: 2,457 kernels, GPU busy 138 of 142 ms wall, sync_probe.py), so what each kernel adds to
-    # the step is the device's own gap between kernels: the same 200 tiny kernels replayed from a CUDA graph (no host
-    # work; H100: 1.0 us). The host's figure is kept beside it (kernel_host_s in the raw measurements).
-    out["kernel_host_s"] = host_per_op
-    out["kernel_overhead_s"] = _median_time(tiny_kernel_graph(dev, 200).replay, sync, 10, calls=queued) / 200
-    return out
+
+def rates_now(device: str, dtype: str, side: int, dev) -> dict:
+    """This machine's GEMM rate at one side (the median of the forward, input- and weight-gradient GEMMs of a
+    Linear(side, side), as _compute_sweep times them) and its copy bandwidth, measured now on every rank at once:
+    a collective, every rank calls it. `launcher train` sets them beside its profile's when a run lands off its plan
+    (launcher/runtime/metrics.py check_rates): one sweep of two of calibrate's probes, ~0.5 s on 2 CPU ranks."""
+    import torch
+    import torch.distributed as dist
+
+    tdtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    sync, queued = _timer(device), 1 if device == "cpu" else 20
+    gemm = statistics.median(r for _, r in _gemm_rates(dev, device, tdtype, (side,), sync, dist, queued))
+    return {"gemm_side": side, "gemm_tflops": gemm / 1e12, "memory_gbps": _copy_gbps(dev, device, sync, dist, queued)}
 
 
 def _attention_rates(dev, tdtype, hd: int, seqs, device: str, sync, dist, queued: int) -> list:

@@ -56,6 +56,9 @@ def planned(cfg, layout) -> dict:
     shape, st = model_shape(cfg.model), strategy(cfg, layout)
     return {"predicted_step_time_s": estimate_step_time(shape, st, hw).step_time_s,
             "predicted_peak_memory_bytes": int(estimate_memory(shape, st, hw).peak.total),
+            # what calibrate's GEMM probe (at the model's sharded width) and copy should read here (check_rates)
+            "profile_rates": hw.profile.probe_rates(layout.dtype, shape.hidden_size / st.tensor_degree,
+                                                    cfg.cluster.gpus_per_node),
             "profile": (f"cluster.profile={cfg.cluster.profile}" if getattr(cfg.cluster, "profile", None)
                         else f"the built-in {cfg.cluster.gpu} profile")}
 
@@ -89,14 +92,23 @@ class Throughput:
             out["step_time_over_predicted"] = step_time_s / self.plan["predicted_step_time_s"]
         return out
 
+    def median_step_s(self) -> tuple[Optional[float], int]:
+        """(median step time after WARMUP_STEPS, steps it is over); (None, 0) before any step."""
+        timed = self.step_times[WARMUP_STEPS:] or self.step_times
+        return (statistics.median(timed) if timed else None), len(timed)
+
+    def off_plan(self) -> bool:
+        """The median step is more than PLAN_TOLERANCE from the plan's."""
+        measured, pred = self.median_step_s()[0], self.plan.get("predicted_step_time_s")
+        return bool(measured and pred and abs(measured / pred - 1) > PLAN_TOLERANCE)
+
     def versus_plan(self, peak_memory_bytes: int) -> dict:
         """The end-of-run summary's fields: the median measured step time (after WARMUP_STEPS) and this rank's peak
         memory beside the plan's predictions (null where the plan has none)."""
-        timed = self.step_times[WARMUP_STEPS:] or self.step_times
-        measured = statistics.median(timed) if timed else None
+        measured, timed = self.median_step_s()
         pred = self.plan.get("predicted_step_time_s")
         pmem = self.plan.get("predicted_peak_memory_bytes")
-        return {"steps_timed": len(timed), "step_time_s": measured, "predicted_step_time_s": pred,
+        return {"steps_timed": timed, "step_time_s": measured, "predicted_step_time_s": pred,
                 "step_time_over_predicted": measured / pred if measured and pred else None,
                 "peak_memory_bytes": peak_memory_bytes, "predicted_peak_memory_bytes": pmem,
                 "peak_memory_over_predicted": peak_memory_bytes / pmem if pmem else None,
@@ -105,6 +117,42 @@ class Throughput:
 
 # How far a measured step may be from the plan before the summary says what to check (issue 14 part 4's target).
 PLAN_TOLERANCE = 0.15
+
+
+# How far a rate read now may be from the profile's before the summary calls the machine changed: above the probe's own
+# spread (three recipe=tiny runs in a row, 2 CPU ranks, 2026-12-02: the GEMM 0.754-0.772 of a profile's rate, the copy
+# 0.727-0.798), below what moves a step past PLAN_TOLERANCE (minutes later, against bench/steptime/profile.yaml
+# calibrated 3.5 hours before: steps 0.81 and 0.91 of the plan, the GEMM and copy 1.19 and 1.24 of its rates).
+RATE_TOLERANCE = 0.10
+
+
+def check_rates(throughput: Throughput, device: str, dtype: str, dev) -> Optional[dict]:
+    """Every rank (a collective): where a rank's median step is more than PLAN_TOLERANCE from the plan, measure this
+    machine's GEMM rate and copy bandwidth now with calibrate's own probes (calibrate.rates_now) and set them beside
+    what the profile says they are (Profile.probe_rates); None on plan, without a plan, or on a GPU.
+
+    Why: on a calibrated machine most misses have been the machine moving after its calibration, every layout alike
+    (bench/steptime/results.md: the same layouts 0.74-0.97 and 0.88-1.08 of their plans in two passes 10 minutes
+    apart); rates read now say whether this miss is that (recalibrate) or a term the model gets wrong. CPU ranks
+    only: on a GPU the probe's operands (~0.6 GB at side 4,096) are not free beside a run that filled its memory."""
+    import torch
+    import torch.distributed as dist
+
+    if not throughput.plan or device != "cpu":
+        return None
+    off = torch.tensor([1.0 if throughput.off_plan() else 0.0], device=dev)
+    dist.all_reduce(off, op=dist.ReduceOp.MAX)     # one rank's miss is the run's: every rank probes, or none
+    if not off.item():
+        return None
+    from launcher.runtime.calibrate import rates_now
+
+    expected = throughput.plan["profile_rates"]
+    now = rates_now(device, dtype, expected["gemm_side"], dev)
+    return {"gemm_side": now["gemm_side"], "dtype": dtype,
+            "gemm_tflops": now["gemm_tflops"], "profile_gemm_tflops": expected["gemm_tflops"],
+            "gemm_over_profile": now["gemm_tflops"] / expected["gemm_tflops"],
+            "memory_gbps": now["memory_gbps"], "profile_memory_gbps": expected["memory_gbps"],
+            "memory_over_profile": now["memory_gbps"] / expected["memory_gbps"]}
 
 
 def format_versus_plan(rec: dict) -> str:
@@ -118,13 +166,25 @@ def format_versus_plan(rec: dict) -> str:
             f"{rec['predicted_step_time_s'] * 1e3:,.0f} ms (x{rec['step_time_over_predicted']:.2f}); peak memory "
             f"{rec['peak_memory_bytes'] / 2**20:,.0f} MiB, planned {rec['predicted_peak_memory_bytes'] / 2**20:,.0f} MiB "
             f"(x{rec['peak_memory_over_predicted']:.2f}; on CPU ranks the measured figure is the process's peak RSS)")
-    if abs(rec["step_time_over_predicted"] - 1) > PLAN_TOLERANCE:
+    if abs(rec["step_time_over_predicted"] - 1) <= PLAN_TOLERANCE:
+        return line
+    source = rec.get("profile") or "its profile"
+    line += f". The step is more than {PLAN_TOLERANCE:.0%} from the plan, whose rates come from {source}"
+    now = rec.get("rates_now")
+    if now is None:
         # Most misses on a calibrated machine are the machine moving after its calibration (other load, another
         # node), which shifts every layout alike (bench/steptime/results.md): say which rates the plan read.
-        line += (f". The step is more than {PLAN_TOLERANCE:.0%} from the plan, whose rates come from "
-                 f"{rec.get('profile') or 'its profile'}: if this machine is not the one measured there, or has changed "
-                 "since (other jobs, another node type), run `launcher calibrate` here and pass its profile; `launcher "
-                 "plan --json` with this run's overrides breaks the planned step down (step_time_breakdown_s)")
+        return line + (": if this machine is not the one measured there, or has changed since (other jobs, another "
+                       "node type), run `launcher calibrate` here and pass its profile; `launcher plan --json` with this "
+                       "run's overrides breaks the planned step down (step_time_breakdown_s)")
+    line += (f". Measured after the steps with calibrate's probes, this machine's {now['dtype']} GEMM (side "
+             f"{now['gemm_side']}) runs at x{now['gemm_over_profile']:.2f} of the profile's rate and its copy at "
+             f"x{now['memory_over_profile']:.2f}: ")
+    if max(abs(now["gemm_over_profile"] - 1), abs(now["memory_over_profile"] - 1)) > RATE_TOLERANCE:
+        return line + ("the machine is not what that profile measured (other jobs, another node type, or it changed "
+                       "since): run `launcher calibrate` here and pass its profile")
+    return line + ("those rates hold, so the miss is in the plan's other terms (collectives, waits, framework time): "
+                   "`launcher plan --json` with this run's overrides breaks the planned step down (step_time_breakdown_s)")
     return line
 
 

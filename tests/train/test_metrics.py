@@ -1,6 +1,8 @@
 """What a run records and prints (issue 15, metrics): two real 2-rank `launcher train` runs of the same config.
 
-A logs every step; B logs every 3rd (logging.log_every=3), evaluates every 5th and exports. The runs train
+A logs every step, planned from a profile whose rates are a twentieth of this machine's committed calibration
+(bench/steptime/profile.yaml), so its steps land far off the plan and it measures the machine's rates beside the
+profile's (issue 14 part 4); B logs every 3rd (logging.log_every=3), evaluates every 5th and exports. The runs train
 identically (batches are a pure function of seed and step), so A's per-step losses are B's too: the test
 averages them itself and holds B's interval means to that. B's console carries our lines only (no
 DeepSpeed chatter: it is in <run_dir>/deepspeed.log), and ends with the summary that summary.json and the
@@ -11,12 +13,28 @@ import json
 import math
 
 import pytest
+import yaml
 
-from train_helpers import base_overrides, launcher
+from train_helpers import REPO, base_overrides, launcher
 
 pytestmark = pytest.mark.slow
 STEPS = 8
 TOKENS_PER_STEP = 8 * 32  # batch.global_batch_size x data.seq_length of base_overrides
+SLOWER = 20     # run A's profile: the committed calibration's compute rates / SLOWER
+
+
+def slow_profile(path):
+    """bench/steptime/profile.yaml with its GEMM, attention and copy rates divided by SLOWER, written to `path`."""
+    doc = yaml.safe_load((REPO / "bench" / "steptime" / "profile.yaml").read_text())
+    for key in ("gemm_tflops", "attention_tflops"):
+        doc[key] = {d: v / SLOWER for d, v in doc[key].items()}
+    doc["memory_gbps"] /= SLOWER
+    for key in ("gemm_table", "attention_table"):
+        doc[key] = {d: [[x, r / SLOWER] for x, r in rows] for d, rows in doc[key].items()}
+    doc["attention_table_by_head_dim"] = {hd: {d: [[x, r / SLOWER] for x, r in rows] for d, rows in by.items()}
+                                          for hd, by in doc["attention_table_by_head_dim"].items()}
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return doc
 
 
 def records(run_dir):
@@ -26,18 +44,20 @@ def records(run_dir):
 @pytest.fixture(scope="module")
 def two_runs(cache_dir, tmp_path_factory):
     runs = tmp_path_factory.mktemp("runs")
-    a = launcher(["train", *base_overrides(cache_dir, STEPS), f"runs_dir={runs}", "run_name=a"])
+    slow_profile(runs / "slow.yaml")
+    a = launcher(["train", *base_overrides(cache_dir, STEPS), f"runs_dir={runs}", "run_name=a",
+                  f"cluster.profile={runs / 'slow.yaml'}"])
     assert a.returncode == 0, a.stdout[-3000:] + a.stderr[-3000:]
     b = launcher(["train", *base_overrides(cache_dir, STEPS), f"runs_dir={runs}", "run_name=b", "logging.log_every=3",
                   "train.eval_every=5", "checkpoint.save_every=4", "checkpoint.export_hf=true",
                   "logging.mlflow.enabled=true", f"logging.mlflow.tracking_uri=file:{runs / 'mlruns'}"],
                  MLFLOW_ALLOW_FILE_STORE="true")
     assert b.returncode == 0, b.stdout[-3000:] + b.stderr[-3000:]
-    return runs / "a", runs / "b", b.stdout + b.stderr
+    return runs / "a", runs / "b", b.stdout + b.stderr, a.stdout + a.stderr
 
 
 def test_a_record_carries_the_mean_loss_of_its_interval(two_runs):
-    a, b, _ = two_runs
+    a, b, *_ = two_runs
     per_step = {r["step"]: r["loss"] for r in records(a) if r["kind"] == "train"}
     assert sorted(per_step) == list(range(1, STEPS + 1))
     train = [r for r in records(b) if r["kind"] == "train"]
@@ -53,7 +73,7 @@ def test_a_record_carries_the_mean_loss_of_its_interval(two_runs):
 
 
 def test_every_rank_peak_memory_and_tokens_on_every_record(two_runs):
-    _, b, _ = two_runs
+    _, b, *_ = two_runs
     recs = records(b)
     for r in recs:
         if r["kind"] == "train":
@@ -68,7 +88,7 @@ def test_every_rank_peak_memory_and_tokens_on_every_record(two_runs):
 
 
 def test_summary_printed_and_written(two_runs):
-    _, b, out = two_runs
+    _, b, out, _ = two_runs
     recs = records(b)
     summary = json.loads((b / "summary.json").read_text())
     assert recs[-1] == summary and summary["kind"] == "summary" and summary["status"] == "completed"
@@ -86,10 +106,37 @@ def test_summary_printed_and_written(two_runs):
             f"{summary['final_train_loss']:.4f} (mean of the last 2 step(s)), val loss {summary['final_val_loss']:.4f}") in text
     assert f"transformers export {b / 'hf'}" in text and f"checkpoint {b / 'checkpoints' / 'step_00000008'}" in text
     assert math.isfinite(summary["final_train_loss"])
+    # No cluster.profile on CPU ranks: no plan, so nothing to hold the steps to and no rates measured after them.
+    assert summary["predicted_step_time_s"] is None and summary["rates_now"] is None
+
+
+def test_a_run_off_its_plan_measures_the_machine_beside_its_profile(two_runs, tmp_path):
+    # A's plan read rates SLOWER times below this machine's, so its steps ran far faster than planned; after them
+    # every rank ran calibrate's GEMM probe and copy window, and the summary sets the rates read beside the
+    # profile's: the GEMM at the profile's measured side nearest the model's width (32), the copy.
+    a, _, _, out = two_runs
+    doc = slow_profile(tmp_path / "slow.yaml")
+    summary = json.loads((a / "summary.json").read_text())
+    assert summary["step_time_over_predicted"] < 0.85
+    now = summary["rates_now"]
+    table = dict(doc["gemm_table"]["fp32"])
+    assert now["gemm_side"] == 32 and now["dtype"] == "fp32"
+    # 2 ranks on the profile's 2 compute slots: each rank's expected rate is the profile's (alone) rate itself
+    assert doc["compute_slots"] == 2
+    assert now["profile_gemm_tflops"] == pytest.approx(table[32])
+    assert now["profile_memory_gbps"] == pytest.approx(doc["memory_gbps"])
+    assert now["gemm_over_profile"] == pytest.approx(now["gemm_tflops"] / now["profile_gemm_tflops"])
+    assert now["memory_over_profile"] == pytest.approx(now["memory_gbps"] / now["profile_memory_gbps"])
+    # This machine type computes well above a twentieth of its own calibration: the summary says so and what to do.
+    assert now["gemm_over_profile"] > 2 and now["memory_over_profile"] > 2
+    text = " ".join(out.split())
+    assert (f"fp32 GEMM (side 32) runs at x{now['gemm_over_profile']:.2f} of the profile's rate and its copy at "
+            f"x{now['memory_over_profile']:.2f}: the machine is not what that profile measured") in text
+    assert "run `launcher calibrate` here and pass its profile" in text
 
 
 def test_deepspeed_noise_goes_to_the_run_log_not_the_console(two_runs):
-    _, b, out = two_runs
+    _, b, out, _ = two_runs
     for noise in ("Processing zero checkpoint", "Setting accelerator", "get learning rate from scheduler",
                   "Loading checkpoint shards", "Reconstructed fp32 state dict"):
         assert noise not in out, noise
@@ -103,7 +150,7 @@ def test_mlflow_file_store_holds_the_records(two_runs, monkeypatch):
     from mlflow.tracking import MlflowClient
 
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 opens a file store only with it, to read too
-    _, b, _ = two_runs
+    _, b, *_ = two_runs
     client = MlflowClient(f"file:{b.parent / 'mlruns'}")
     run_id = (b / "mlflow_run_id").read_text().strip()
     recs = records(b)

@@ -69,3 +69,40 @@ def test_a_launch_that_timed_no_step_says_so():
     s = Throughput(cfg, resolve_layout(cfg)).versus_plan(1 << 20)
     assert s["step_time_s"] is None
     assert "no step timed" in format_versus_plan(s)
+
+
+@pytest.mark.parametrize("gemm, copy, moved", [(1.05, 0.95, False), (0.92, 1.08, False), (1.19, 1.24, True),
+                                               (1.0, 0.80, True), (0.5, 1.0, True)])
+def test_rates_read_after_a_miss_say_whether_the_machine_moved(gemm, copy, moved):
+    # A run off its plan measures the GEMM and copy rates (metrics.check_rates): more than 10% from the profile's
+    # in either, the machine is not what the profile measured (recalibrate); within it, the miss is the model's.
+    cfg = compose(["recipe=tiny", f"cluster.profile={PROFILE}"])
+    th = Throughput(cfg, resolve_layout(cfg))
+    for _ in range(WARMUP_STEPS + 3):
+        th(th.plan["predicted_step_time_s"] * 0.7)
+    s = th.versus_plan(1 << 20) | {"rates_now": {"gemm_side": 128, "dtype": "fp32", "gemm_over_profile": gemm,
+                                                 "memory_over_profile": copy}}
+    line = format_versus_plan(s)
+    assert f"fp32 GEMM (side 128) runs at x{gemm:.2f} of the profile's rate and its copy at x{copy:.2f}" in line
+    assert ("run `launcher calibrate` here" in line) == moved
+    assert ("those rates hold, so the miss is in the plan's other terms" in line) == (not moved)
+
+
+def test_probe_rates_are_what_a_rank_of_the_run_should_read():
+    # The GEMM at the profile's measured side nearest the model's (sharded) width, log distance; with more ranks
+    # than the profile's compute slots each rank reads its share of the profile's alone rates.
+    import yaml
+
+    from launcher.plan.profile import load_profile
+
+    doc = yaml.safe_load(PROFILE.read_text())
+    table = dict((int(x), r) for x, r in doc["gemm_table"]["fp32"])
+    prof = load_profile(str(PROFILE))
+    assert doc["compute_slots"] == 2 and doc["measurements"]["local_world"] == 2
+    for width, side in [(32, 32), (44, 32), (46, 64), (256, 256), (300, 256), (4096, 512), (8, 32)]:
+        r = prof.probe_rates("fp32", width, 2)
+        assert r["gemm_side"] == side and r["gemm_tflops"] == pytest.approx(table[side])
+        assert r["memory_gbps"] == pytest.approx(doc["memory_gbps"])
+        four = prof.probe_rates("fp32", width, 4)      # 4 ranks on 2 slots: half each
+        assert four["gemm_tflops"] == pytest.approx(table[side] / 2)
+        assert four["memory_gbps"] == pytest.approx(doc["memory_gbps"] / 2)
