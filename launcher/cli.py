@@ -12,6 +12,7 @@
     launcher submit -m [sweep overrides]        one job per point of a Hydra sweep (a=1,2 b=x,y: 4 jobs)
     launcher export CKPT OUT              a checkpoint -> a transformers directory
     launcher calibrate [overrides] --out PATH   measure this machine (cluster.gpus_per_node ranks) -> a profile YAML
+    launcher calibrate --check cluster.profile=PATH [overrides]   is that profile still this machine? (~10 s)
     launcher submit --calibrate [overrides] --out PATH   the same as a SLURM job on cluster.nodes nodes (several:
                                           the inter-node link measured too)
     launcher plan|show|train|submit [overrides] --cfg job|hydra|all [-p KEY] | --info   Hydra's flags: the
@@ -376,9 +377,23 @@ def cmd_export(args) -> int:
 
 def cmd_calibrate(args) -> int:
     from launcher.config.compose import compose
-    from launcher.runtime.calibrate import calibrate
+    from launcher.runtime.calibrate import calibrate, check, format_check
 
-    path = calibrate(compose(args.overrides), args.out)
+    cfg = compose(args.overrides)
+    if args.check:
+        if args.out:
+            raise ConfigError("(command line)", f"--out {args.out}", "--check measures this machine against "
+                              "cluster.profile and writes nothing", "drop --out, or drop --check to write a new profile")
+        if not cfg.cluster.profile:
+            raise ConfigError("cluster.profile", None, "--check compares this machine with a profile, and none is given",
+                              "add cluster.profile=PATH (a file `launcher calibrate --out PATH` wrote)")
+        result = check(cfg)
+        _console().print(format_check(result), markup=False)
+        return 1 if result["moved"] else 0
+    if not args.out:
+        raise ConfigError("(command line)", None, "launcher calibrate writes a profile and needs --out PATH for it",
+                          "add --out profiles/<machine>.yaml (or --check cluster.profile=PATH to test an existing one)")
+    path = calibrate(cfg, args.out)
     _console().print(f"wrote {path} (use it: cluster.profile={path})", markup=False)
     return 0
 
@@ -425,7 +440,10 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--out", default=None, help="--calibrate: where the job writes the profile YAML")
     cal = add("calibrate", cmd_calibrate, "measure this machine (GEMM, attention, memory, collectives on "
               "cluster.gpus_per_node local ranks) and write a hardware profile for cluster.profile=PATH")
-    cal.add_argument("--out", required=True, help="where to write the profile YAML")
+    cal.add_argument("--out", default=None, help="where to write the profile YAML")
+    cal.add_argument("--check", action="store_true",
+                     help="measure GEMM and copy rates now (~10 s) against cluster.profile=PATH; exit 1 when more than "
+                          "10%% off (the machine moved: calibrate again), 0 when within")
     export = sub.add_parser("export", help="write a transformers directory from a checkpoint",
                             description="write a transformers directory (safetensors, config, tokenizer) from a checkpoint of any ZeRO stage")
     export.add_argument("checkpoint", help="<run_dir>/checkpoints/latest, a checkpoints dir or a step_* dir")

@@ -541,14 +541,16 @@ def _scaled_tables(tables: dict, f: float) -> dict:
     return {d: [[x, r * f] for x, r in rows] for d, rows in tables.items()}
 
 
-def scaled(p: Profile, compute: float = 1.0, intra_gbps: Optional[float] = None, inter_gbps: Optional[float] = None) -> Profile:
-    """The profile with its compute rates times `compute` (cluster.peak_tflops over the catalog peak) and the
-    links' bandwidth replaced by cluster.intra_node_gbps / inter_node_gbps where the user gives them (0.8 / 0.9
-    of the per-direction figure reach the bus, as for the built-ins)."""
+def scaled(p: Profile, compute: float = 1.0, intra_gbps: Optional[float] = None, inter_gbps: Optional[float] = None,
+           memory: float = 1.0) -> Profile:
+    """The profile with its compute rates (GEMM and attention) times `compute` (cluster.peak_tflops over the catalog
+    peak; a run's GEMM rate read now over the profile's, launcher/runtime/metrics.py), its memory bandwidth times
+    `memory`, and the links' bandwidth replaced by cluster.intra_node_gbps / inter_node_gbps where the user gives
+    them (0.8 / 0.9 of the per-direction figure reach the bus, as for the built-ins)."""
     from dataclasses import replace
 
     return replace(
-        p, gemm_tflops={k: v * compute for k, v in p.gemm_tflops.items()},
+        p, memory_gbps=p.memory_gbps * memory, gemm_tflops={k: v * compute for k, v in p.gemm_tflops.items()},
         attention_tflops={k: v * compute for k, v in p.attention_tflops.items()},
         attention_table=_scaled_tables(p.attention_table, compute), gemm_table=_scaled_tables(p.gemm_table, compute),
         attention_table_by_head_dim={hd: _scaled_tables(by, compute) for hd, by in p.attention_table_by_head_dim.items()},

@@ -126,19 +126,32 @@ def calibrate(cfg, out: str, progress=None) -> Path:
     """Run the measurement on cluster.gpus_per_node local ranks and write the profile YAML to `out`. `progress`
     (default: print to stderr) gets a line as each probe finishes, with its seconds: a calibration takes 1-3
     minutes, and a user (or a GPU session on a clock) sees where they go."""
+    progress = progress or (lambda line: print(line, file=sys.stderr, flush=True))
+    nproc, device = _local_ranks(cfg)
+    started = time.perf_counter()
+    raw = _run_ranks(nproc, device, lambda raw_path: [str(raw_path), device, str(float(cfg.optimizer.grad_clip))],
+                     progress)
+    for line in busy_warnings(raw):
+        progress(f"{PHASE_PREFIX}{line}")
+    return write_profile(raw, out, time.perf_counter() - started)
+
+
+def _local_ranks(cfg) -> tuple[int, str]:
     from launcher.config import hardware
 
-    progress = progress or (lambda line: print(line, file=sys.stderr, flush=True))
-    nproc = int(cfg.cluster.gpus_per_node)
-    device = "cpu" if cfg.cluster.gpu.lower() == hardware.CPU else "cuda"
-    started = time.perf_counter()
+    return int(cfg.cluster.gpus_per_node), "cpu" if cfg.cluster.gpu.lower() == hardware.CPU else "cuda"
+
+
+def _run_ranks(nproc: int, device: str, args, progress) -> dict:
+    """Start `nproc` local ranks of this module (`args(raw_path)`: its command line) as `launcher train` starts a
+    node's ranks, pass their phase lines to `progress`, and return the JSON rank 0 wrote to raw_path."""
     with tempfile.TemporaryDirectory(prefix="launcher-calibrate-") as tmp:
         raw_path = Path(tmp) / "raw.json"
         # What `launcher train` gives each rank: the cores split between the local ranks and, on CPU, its malloc
         # settings, which _worker switches to a step's as the loop does (launcher/runtime/cpualloc.py).
         env = {**rank_env(nproc, device == "cpu"), "PYTHONUNBUFFERED": "1"}
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
-               "-m", "launcher.runtime.calibrate", str(raw_path), device, str(float(cfg.optimizer.grad_clip))]
+               "-m", "launcher.runtime.calibrate", *args(raw_path)]
         # The ranks' stdout (DeepSpeed's banners) goes to a file; their stderr is read as it comes, the phase lines
         # passed on and the rest kept for the error message.
         tail: collections.deque = collections.deque(maxlen=200)
@@ -162,10 +175,79 @@ def calibrate(cfg, out: str, progress=None) -> Path:
                 raise
         if proc.returncode != 0 or not raw_path.exists():
             raise RuntimeError(f"calibration ranks failed (exit {proc.returncode}):\n{''.join(tail)[-3000:]}")
-        raw = json.loads(raw_path.read_text())
-    for line in busy_warnings(raw):
-        progress(f"{PHASE_PREFIX}{line}")
-    return write_profile(raw, out, time.perf_counter() - started)
+        return json.loads(raw_path.read_text())
+
+
+def check(cfg) -> dict:
+    """`launcher calibrate --check`: does cluster.profile still describe this machine? On cluster.gpus_per_node
+    local ranks, calibrate's GEMM probe at every side the profile's table measured, both dtypes, and its copy window
+    three times, beside what the profile says a rank should read (Profile.probe_rates), in ~10 s instead of a
+    calibration's minutes. The verdict reads the median GEMM ratio and the copy ratio against RATE_TOLERANCE, as the
+    end of a run off its plan does (launcher/runtime/metrics.py check_rates): a single small GEMM moves more."""
+    from launcher.plan.profile import load_profile
+    from launcher.runtime.metrics import RATE_TOLERANCE
+
+    nproc, device = _local_ranks(cfg)
+    prof = load_profile(cfg.cluster.profile)
+    dtypes = ("fp32", "bf16")
+    sides = {d: [int(x) for x, _ in prof.gemm_table_for(d) or ()] or list(GEMM_SIDES if device == "cpu" else GEMM_SIDES_GPU)
+             for d in dtypes}
+    raw = _run_ranks(nproc, device, lambda raw_path: ["--check", str(raw_path), device, json.dumps(sides)],
+                     lambda line: None)
+    gemm = [{"dtype": d, "side": side, "now_tflops": now, "profile_tflops": prof.probe_rates(d, side, nproc)["gemm_tflops"]}
+            for d in dtypes for side, now in raw["gemm"][d]]
+    for row in gemm:
+        row["ratio"] = row["now_tflops"] / row["profile_tflops"]
+    copy = {"now_gbps": raw["memory_gbps"], "profile_gbps": prof.probe_rates("fp32", 1, nproc)["memory_gbps"]}
+    copy["ratio"] = copy["now_gbps"] / copy["profile_gbps"]
+    median = statistics.median(r["ratio"] for r in gemm)
+    return {"profile": str(cfg.cluster.profile), "source": prof.source, "ranks": nproc, "device": device,
+            "gemm": gemm, "copy": copy, "gemm_median_ratio": median,
+            "moved": max(abs(median - 1), abs(copy["ratio"] - 1)) > RATE_TOLERANCE}
+
+
+def format_check(result: dict) -> str:
+    """`launcher calibrate --check`'s report: a row a rate, then the verdict."""
+    from launcher.runtime.metrics import RATE_TOLERANCE
+
+    lines = [f"{result['ranks']} {result['device']} rank(s) now against cluster.profile={result['profile']} "
+             f"({result['source']}):"]
+    lines += [f"  GEMM {r['dtype']} side {r['side']:>5}  now {r['now_tflops']:.4g} TFLOP/s, profile "
+              f"{r['profile_tflops']:.4g}  x{r['ratio']:.2f}" for r in result["gemm"]]
+    c = result["copy"]
+    lines.append(f"  copy 64 MiB{'':>9}now {c['now_gbps']:.3g} GB/s, profile {c['profile_gbps']:.3g}  x{c['ratio']:.2f}")
+    said = (f"GEMM x{result['gemm_median_ratio']:.2f} (the median of {len(result['gemm'])} shapes), copy "
+            f"x{c['ratio']:.2f} of the profile's rates")
+    if result["moved"]:
+        lines.append(f"{said}: more than {RATE_TOLERANCE:.0%} off, so the machine is not what that profile measured "
+                     "(other jobs, another node type, or it changed since): run `launcher calibrate` here again and plan "
+                     "with its profile")
+    else:
+        lines.append(f"{said}: within {RATE_TOLERANCE:.0%}, the profile still describes this machine's compute")
+    return "\n".join(lines)
+
+
+def _check_worker(raw_path: str, device: str, sides: str) -> None:
+    """A rank of `launcher calibrate --check`: every rank at once, as the calibration's sweep measures."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("nccl" if device == "cuda" else "gloo")
+    if device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        torch.backends.cuda.matmul.allow_tf32 = True
+    dev = torch.device(device)
+    recycle_step_buffers(device, 0)
+    sync, queued = _timer(device), 1 if device == "cpu" else 20
+    out = {"gemm": {}}
+    for dname, by in json.loads(sides).items():
+        rows = _gemm_rates(dev, device, {"fp32": torch.float32, "bf16": torch.bfloat16}[dname], by, sync, dist, queued)
+        out["gemm"][dname] = [[d, statistics.median(r for x, r in rows if x == d) / 1e12] for d in by]
+    out["memory_gbps"] = statistics.median(_copy_gbps(dev, device, sync, dist, queued) for _ in range(3))
+    if dist.get_rank() == 0:
+        Path(raw_path).write_text(json.dumps(out))
+    dist.barrier()
+    leave_rank(0)
 
 
 PHASE_PREFIX = "calibrate: "
@@ -879,14 +961,17 @@ def rates_now(device: str, dtype: str, side: int, dev) -> dict:
     """This machine's GEMM rate at one side (the median of the forward, input- and weight-gradient GEMMs of a
     Linear(side, side), as _compute_sweep times them) and its copy bandwidth, measured now on every rank at once:
     a collective, every rank calls it. `launcher train` sets them beside its profile's when a run lands off its plan
-    (launcher/runtime/metrics.py check_rates): one sweep of two of calibrate's probes, ~0.5 s on 2 CPU ranks."""
+    (launcher/runtime/metrics.py check_rates): one sweep of calibrate's GEMM probe at that side and three of its copy window, ~1 s on 2 CPU ranks."""
     import torch
     import torch.distributed as dist
 
     tdtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
     sync, queued = _timer(device), 1 if device == "cpu" else 20
     gemm = statistics.median(r for _, r in _gemm_rates(dev, device, tdtype, (side,), sync, dist, queued))
-    return {"gemm_side": side, "gemm_tflops": gemm / 1e12, "memory_gbps": _copy_gbps(dev, device, sync, dist, queued)}
+    # The copy three times, its median: one 0.25 s window moved ~10% from one run to the next, the GEMM's 20-run
+    # median 2.4% (three runs in a row here, bench/steptime/results.md).
+    copy = statistics.median(_copy_gbps(dev, device, sync, dist, queued) for _ in range(3))
+    return {"gemm_side": side, "gemm_tflops": gemm / 1e12, "memory_gbps": copy}
 
 
 def _attention_rates(dev, tdtype, hd: int, seqs, device: str, sync, dist, queued: int) -> list:
@@ -1335,5 +1420,7 @@ if __name__ == "__main__":
         for line in busy_warnings(raw):
             print(line, flush=True)
         print(f"wrote {write_profile(raw, sys.argv[3], raw['seconds'])} (use it: cluster.profile={sys.argv[3]})")
+    elif sys.argv[1] == "--check":
+        _check_worker(*sys.argv[2:5])
     else:
         _worker(*sys.argv[1:4])

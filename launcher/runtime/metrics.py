@@ -48,19 +48,37 @@ def planned(cfg, layout) -> dict:
     peak memory per rank (launcher/plan/memory.py). Empty for CPU ranks without cluster.profile (no rates)."""
     from launcher.plan.inputs import model_shape, resolve_hardware, strategy
     from launcher.plan.memory import estimate_memory
-    from launcher.plan.steptime import estimate_step_time
 
     hw = resolve_hardware(cfg.cluster, layout.dtype)
     if hw is None:
         return {}
     shape, st = model_shape(cfg.model), strategy(cfg, layout)
-    return {"predicted_step_time_s": estimate_step_time(shape, st, hw).step_time_s,
+    return {"predicted_step_time_s": planned_step_s(cfg, layout),
             "predicted_peak_memory_bytes": int(estimate_memory(shape, st, hw).peak.total),
             # what calibrate's GEMM probe (at the model's sharded width) and copy should read here (check_rates)
             "profile_rates": hw.profile.probe_rates(layout.dtype, shape.hidden_size / st.tensor_degree,
                                                     cfg.cluster.gpus_per_node),
             "profile": (f"cluster.profile={cfg.cluster.profile}" if getattr(cfg.cluster, "profile", None)
                         else f"the built-in {cfg.cluster.gpu} profile")}
+
+
+def planned_step_s(cfg, layout, gemm: float = 1.0, memory: float = 1.0) -> Optional[float]:
+    """The plan's step time for this run; with `gemm` / `memory` != 1, planned from the cluster's profile with its
+    GEMM and attention rates times `gemm` and its memory bandwidth times `memory` (profile.scaled): the plan had the
+    machine read those rates (check_rates). Attention moves with the GEMMs: calibrate's quick probes time no
+    attention, and both are the same cores' (or tensor cores') arithmetic. None without a profile."""
+    from dataclasses import replace
+
+    from launcher.plan.inputs import model_shape, resolve_hardware, strategy
+    from launcher.plan.profile import scaled
+    from launcher.plan.steptime import estimate_step_time
+
+    hw = resolve_hardware(cfg.cluster, layout.dtype)
+    if hw is None:
+        return None
+    if (gemm, memory) != (1.0, 1.0):
+        hw = replace(hw, profile=scaled(hw.profile, compute=gemm, memory=memory))
+    return estimate_step_time(model_shape(cfg.model), strategy(cfg, layout), hw).step_time_s
 
 
 # Steps left out of the end-of-run comparison: the first ones pay one-time costs (allocator growth, lazy
@@ -73,6 +91,7 @@ class Throughput:
     beside the plan's predicted step time and peak memory (`planned`)."""
 
     def __init__(self, cfg, layout):
+        self.cfg, self.layout = cfg, layout
         self.tokens_per_step = layout.tokens_per_step
         self.world = layout.world_size
         self.flops_per_token = model_flops_per_token(cfg.model, layout.seq_length)
@@ -148,11 +167,12 @@ def check_rates(throughput: Throughput, device: str, dtype: str, dev) -> Optiona
 
     expected = throughput.plan["profile_rates"]
     now = rates_now(device, dtype, expected["gemm_side"], dev)
+    gemm, memory = now["gemm_tflops"] / expected["gemm_tflops"], now["memory_gbps"] / expected["memory_gbps"]
     return {"gemm_side": now["gemm_side"], "dtype": dtype,
-            "gemm_tflops": now["gemm_tflops"], "profile_gemm_tflops": expected["gemm_tflops"],
-            "gemm_over_profile": now["gemm_tflops"] / expected["gemm_tflops"],
-            "memory_gbps": now["memory_gbps"], "profile_memory_gbps": expected["memory_gbps"],
-            "memory_over_profile": now["memory_gbps"] / expected["memory_gbps"]}
+            "gemm_tflops": now["gemm_tflops"], "profile_gemm_tflops": expected["gemm_tflops"], "gemm_over_profile": gemm,
+            "memory_gbps": now["memory_gbps"], "profile_memory_gbps": expected["memory_gbps"], "memory_over_profile": memory,
+            # the plan again with the rates read now: how much of the miss the machine's move explains
+            "replanned_step_time_s": planned_step_s(throughput.cfg, throughput.layout, gemm, memory)}
 
 
 def format_versus_plan(rec: dict) -> str:
@@ -177,15 +197,22 @@ def format_versus_plan(rec: dict) -> str:
         return line + (": if this machine is not the one measured there, or has changed since (other jobs, another "
                        "node type), run `launcher calibrate` here and pass its profile; `launcher plan --json` with this "
                        "run's overrides breaks the planned step down (step_time_breakdown_s)")
+    replanned = now["replanned_step_time_s"]
+    over = rec["step_time_s"] / replanned
     line += (f". Measured after the steps with calibrate's probes, this machine's {now['dtype']} GEMM (side "
              f"{now['gemm_side']}) runs at x{now['gemm_over_profile']:.2f} of the profile's rate and its copy at "
-             f"x{now['memory_over_profile']:.2f}: ")
-    if max(abs(now["gemm_over_profile"] - 1), abs(now["memory_over_profile"] - 1)) > RATE_TOLERANCE:
-        return line + ("the machine is not what that profile measured (other jobs, another node type, or it changed "
-                       "since): run `launcher calibrate` here and pass its profile")
+             f"x{now['memory_over_profile']:.2f}; planned with those rates the step is {replanned * 1e3:,.0f} ms "
+             f"(measured x{over:.2f}): ")
+    moved = max(abs(now["gemm_over_profile"] - 1), abs(now["memory_over_profile"] - 1)) > RATE_TOLERANCE
+    if abs(over - 1) <= PLAN_TOLERANCE:
+        return line + ("the machine moved since that profile was measured (other jobs, another node type) and that "
+                       "explains the miss: run `launcher calibrate` here and pass its profile")
+    if moved:
+        return line + ("the machine moved since that profile was measured, and the plan misses even at the rates read "
+                       "now: run `launcher calibrate` here, and `launcher plan --json` with this run's overrides breaks "
+                       "the planned step down (step_time_breakdown_s)")
     return line + ("those rates hold, so the miss is in the plan's other terms (collectives, waits, framework time): "
                    "`launcher plan --json` with this run's overrides breaks the planned step down (step_time_breakdown_s)")
-    return line
 
 
 def peak_memory_bytes(device: str) -> int:

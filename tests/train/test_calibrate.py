@@ -171,6 +171,34 @@ def test_calibrate_two_cpu_ranks_then_plan(tmp_path, capsys):
     assert plan["memory_per_gpu_bytes"]["overhead"] == pytest.approx(prof.process_bytes + 4 * n)
 
 
+def test_check_measures_this_machine_against_a_profile(tmp_path, capsys):
+    # `launcher calibrate --check`: calibrate's GEMM probe at every side the profile's table measured (both dtypes)
+    # and its copy window, beside the profile's rates for a rank of this many. Against a profile with a twentieth of
+    # this machine type's rates (bench/steptime/profile.yaml / 20) every rate reads far above it: exit 1, calibrate again.
+    from launcher.cli import main
+    from tests.conftest import rescaled_profile
+
+    slow = tmp_path / "slow.yaml"
+    doc = rescaled_profile(slow, 1 / 20, 1 / 20)
+    assert doc["compute_slots"] == 2    # 2 ranks on 2 slots: the profile's rates are each rank's
+    assert main(["calibrate", "--check", "cluster=cpu", "cluster.gpus_per_node=2", f"cluster.profile={slow}"]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    rows = re.findall(r"GEMM (fp32|bf16) side (\d+) now ([\d.e+-]+) TFLOP/s, profile ([\d.e+-]+) x([\d.]+)", out)
+    assert [(d, int(x)) for d, x, *_ in rows] == [(d, int(x)) for d in ("fp32", "bf16") for x, _ in doc["gemm_table"][d]]
+    for d, x, now, profile, ratio in rows:
+        assert float(profile) == pytest.approx(dict(doc["gemm_table"][d])[int(x)], rel=1e-3)
+        assert float(ratio) == pytest.approx(float(now) / float(profile), rel=0.02) and float(ratio) > 2
+    copy = re.search(r"copy 64 MiB now ([\d.]+) GB/s, profile ([\d.]+) x([\d.]+)", out)
+    assert float(copy.group(2)) == pytest.approx(doc["memory_gbps"], rel=1e-2) and float(copy.group(3)) > 2
+    assert "more than 10% off, so the machine is not what that profile measured" in out
+    # What it refuses, before any rank starts: no profile to check, --out beside --check, calibrate without --out.
+    for argv, key in ((["calibrate", "--check", "cluster=cpu"], "cluster.profile=None"),
+                      (["calibrate", "--check", f"cluster.profile={slow}", "--out", str(tmp_path / "x.yaml")], "--out"),
+                      (["calibrate", "cluster=cpu"], "needs --out PATH")):
+        assert main(argv) == 2
+        assert key in capsys.readouterr().err
+
+
 def test_interrupted_calibrate_leaves_no_rank_running(tmp_path):
     # calibrate reads its ranks' stderr itself (the phase lines), so an interrupt lands in its loop, not in
     # subprocess.run's: it terminates torchrun, and torchrun its ranks. The parent alone gets SIGINT once the first

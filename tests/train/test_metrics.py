@@ -13,9 +13,9 @@ import json
 import math
 
 import pytest
-import yaml
 
-from train_helpers import REPO, base_overrides, launcher
+from tests.conftest import rescaled_profile
+from train_helpers import base_overrides, launcher
 
 pytestmark = pytest.mark.slow
 STEPS = 8
@@ -23,18 +23,9 @@ TOKENS_PER_STEP = 8 * 32  # batch.global_batch_size x data.seq_length of base_ov
 SLOWER = 20     # run A's profile: the committed calibration's compute rates / SLOWER
 
 
-def slow_profile(path):
-    """bench/steptime/profile.yaml with its GEMM, attention and copy rates divided by SLOWER, written to `path`."""
-    doc = yaml.safe_load((REPO / "bench" / "steptime" / "profile.yaml").read_text())
-    for key in ("gemm_tflops", "attention_tflops"):
-        doc[key] = {d: v / SLOWER for d, v in doc[key].items()}
-    doc["memory_gbps"] /= SLOWER
-    for key in ("gemm_table", "attention_table"):
-        doc[key] = {d: [[x, r / SLOWER] for x, r in rows] for d, rows in doc[key].items()}
-    doc["attention_table_by_head_dim"] = {hd: {d: [[x, r / SLOWER] for x, r in rows] for d, rows in by.items()}
-                                          for hd, by in doc["attention_table_by_head_dim"].items()}
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return doc
+def slow_profile(path, compute: float = 1 / SLOWER, memory: float = 1 / SLOWER):
+    """bench/steptime/profile.yaml with its compute rates times `compute` and copy times `memory` (a twentieth)."""
+    return rescaled_profile(path, compute, memory)
 
 
 def records(run_dir):
@@ -110,7 +101,7 @@ def test_summary_printed_and_written(two_runs):
     assert summary["predicted_step_time_s"] is None and summary["rates_now"] is None
 
 
-def test_a_run_off_its_plan_measures_the_machine_beside_its_profile(two_runs, tmp_path):
+def test_a_run_off_its_plan_measures_the_machine_beside_its_profile(two_runs, tmp_path, cache_dir):
     # A's plan read rates SLOWER times below this machine's, so its steps ran far faster than planned; after them
     # every rank ran calibrate's GEMM probe and copy window, and the summary sets the rates read beside the
     # profile's: the GEMM at the profile's measured side nearest the model's width (32), the copy.
@@ -127,12 +118,25 @@ def test_a_run_off_its_plan_measures_the_machine_beside_its_profile(two_runs, tm
     assert now["profile_memory_gbps"] == pytest.approx(doc["memory_gbps"])
     assert now["gemm_over_profile"] == pytest.approx(now["gemm_tflops"] / now["profile_gemm_tflops"])
     assert now["memory_over_profile"] == pytest.approx(now["memory_gbps"] / now["profile_memory_gbps"])
-    # This machine type computes well above a twentieth of its own calibration: the summary says so and what to do.
+    # This machine type computes well above a twentieth of its own calibration.
     assert now["gemm_over_profile"] > 2 and now["memory_over_profile"] > 2
+    # The plan again at the rates read now is what `launcher plan` says from a profile file holding those rates.
+    replan = tmp_path / "now.yaml"
+    slow_profile(replan, now["gemm_over_profile"] / SLOWER, now["memory_over_profile"] / SLOWER)
+    plan = launcher(["plan", *base_overrides(cache_dir, STEPS), f"cluster.profile={replan}", "--json"])
+    assert plan.returncode == 0, plan.stderr[-2000:]
+    assert now["replanned_step_time_s"] == pytest.approx(json.loads(plan.stdout)["step_time_s"], rel=1e-6)
+    assert now["replanned_step_time_s"] < summary["predicted_step_time_s"] / 2
+    # The line gives the numbers, and the verdict they make: the machine moved (rates 2x+ off); whether that alone
+    # explains the miss is the measured step against the plan at the rates read now.
     text = " ".join(out.split())
+    over = summary["step_time_s"] / now["replanned_step_time_s"]
     assert (f"fp32 GEMM (side 32) runs at x{now['gemm_over_profile']:.2f} of the profile's rate and its copy at "
-            f"x{now['memory_over_profile']:.2f}: the machine is not what that profile measured") in text
-    assert "run `launcher calibrate` here and pass its profile" in text
+            f"x{now['memory_over_profile']:.2f}; planned with those rates the step is "
+            f"{now['replanned_step_time_s'] * 1e3:,.0f} ms (measured x{over:.2f}): the machine moved since that profile "
+            "was measured") in text
+    assert ("that explains the miss" in text) == (abs(over - 1) <= 0.15)
+    assert "run `launcher calibrate` here" in text
 
 
 def test_deepspeed_noise_goes_to_the_run_log_not_the_console(two_runs):

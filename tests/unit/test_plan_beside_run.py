@@ -71,21 +71,49 @@ def test_a_launch_that_timed_no_step_says_so():
     assert "no step timed" in format_versus_plan(s)
 
 
-@pytest.mark.parametrize("gemm, copy, moved", [(1.05, 0.95, False), (0.92, 1.08, False), (1.19, 1.24, True),
-                                               (1.0, 0.80, True), (0.5, 1.0, True)])
-def test_rates_read_after_a_miss_say_whether_the_machine_moved(gemm, copy, moved):
-    # A run off its plan measures the GEMM and copy rates (metrics.check_rates): more than 10% from the profile's
-    # in either, the machine is not what the profile measured (recalibrate); within it, the miss is the model's.
+@pytest.mark.parametrize("gemm, copy, replanned_over_measured, verdict", [
+    (1.19, 1.24, 1.02, "explains"),     # the machine moved, and the plan at the rates read now holds the step
+    (1.0, 0.80, 1.30, "moved"),         # it moved, and the plan misses even at the rates read now
+    (0.5, 1.0, 0.70, "moved"),
+    (1.05, 0.95, 1.30, "holds"),        # the rates are the profile's (within 10%): the miss is the model's
+    (0.92, 1.08, 0.75, "holds"),
+    (1.05, 1.05, 1.10, "explains")])    # within 10%, yet enough to take the step within 15% of the plan
+def test_rates_read_after_a_miss_say_whether_the_machine_moved(gemm, copy, replanned_over_measured, verdict):
+    # A run off its plan measures the GEMM and copy rates (metrics.check_rates) and plans the step again at them:
+    # that plan within 15% of the step, the machine's move explains the miss (recalibrate); rates more than 10% from
+    # the profile's but the plan still off, both; rates within 10%, the miss is the model's.
     cfg = compose(["recipe=tiny", f"cluster.profile={PROFILE}"])
     th = Throughput(cfg, resolve_layout(cfg))
+    measured = th.plan["predicted_step_time_s"] * 0.7
     for _ in range(WARMUP_STEPS + 3):
-        th(th.plan["predicted_step_time_s"] * 0.7)
+        th(measured)
     s = th.versus_plan(1 << 20) | {"rates_now": {"gemm_side": 128, "dtype": "fp32", "gemm_over_profile": gemm,
-                                                 "memory_over_profile": copy}}
+                                                 "memory_over_profile": copy,
+                                                 "replanned_step_time_s": measured * replanned_over_measured}}
     line = format_versus_plan(s)
-    assert f"fp32 GEMM (side 128) runs at x{gemm:.2f} of the profile's rate and its copy at x{copy:.2f}" in line
-    assert ("run `launcher calibrate` here" in line) == moved
-    assert ("those rates hold, so the miss is in the plan's other terms" in line) == (not moved)
+    assert (f"fp32 GEMM (side 128) runs at x{gemm:.2f} of the profile's rate and its copy at x{copy:.2f}; planned "
+            f"with those rates the step is {measured * replanned_over_measured * 1e3:,.0f} ms (measured "
+            f"x{1 / replanned_over_measured:.2f})") in line
+    assert ("that explains the miss: run `launcher calibrate` here" in line) == (verdict == "explains")
+    assert ("the plan misses even at the rates read now: run `launcher calibrate` here" in line) == (verdict == "moved")
+    assert ("those rates hold, so the miss is in the plan's other terms" in line) == (verdict == "holds")
+
+
+def test_the_plan_at_other_rates_is_the_plan_from_a_profile_with_them(tmp_path):
+    # planned_step_s(gemm, memory) scales the loaded profile (profile.scaled); a file with those rates, read by
+    # load_profile as `launcher plan` reads it, gives the same step.
+    from launcher.runtime.metrics import planned_step_s
+    from tests.conftest import rescaled_profile
+
+    g, m = 1.3, 0.7
+    other = tmp_path / "other.yaml"
+    rescaled_profile(other, g, m)
+    for overrides in (["parallel.zero_stage=3"], ["parallel.tensor_degree=2"], ["model.activation_checkpointing=true"]):
+        cfg = compose(["recipe=tiny", f"cluster.profile={PROFILE}", *overrides])
+        layout = resolve_layout(cfg)
+        from_file = compose(["recipe=tiny", f"cluster.profile={other}", *overrides])
+        assert planned_step_s(cfg, layout, g, m) == pytest.approx(planned_step_s(from_file, resolve_layout(from_file)))
+        assert planned_step_s(cfg, layout, g, m) != pytest.approx(planned_step_s(cfg, layout))
 
 
 def test_probe_rates_are_what_a_rank_of_the_run_should_read():
