@@ -10,7 +10,8 @@
 #   1. install the wheelhouse (pip --no-index: nothing is fetched), falling back to --no-deps when the image's
 #      own packages do not satisfy a pin (the failure is kept in install.log)
 #   2. describe the machine (env.json: GPU, driver, CUDA, torch, NCCL, deepspeed)
-#   3. `launcher calibrate` into profile-<gpu>.yaml when the command exists (skipped with a message otherwise)
+#   3. `launcher calibrate` into profile-<gpu>.yaml when the command exists (skipped with a message otherwise), then
+#      `launcher calibrate --check` against it (calibrate-check.log)
 #   4. gpu_checks.py: NCCL preflight, FusedAdam against torch.optim.AdamW, the SDPA flash kernel in use
 #   5. train_1b.py: a ~1B LLaMA, bf16, seq 2048, ZeRO-1 on every local GPU with `launcher train`:
 #      tokens/s, MFU and peak memory against `launcher plan` for the same config (train-1b.json)
@@ -54,6 +55,14 @@ elif "$py" -m launcher calibrate --help > /dev/null 2>&1; then
   ngpu=$("$py" -c "import json; print(json.load(open('$out/env.json'))['gpus'])")
   timeout "${CALIBRATE_TIMEOUT:-420}" "$py" -m launcher calibrate "cluster=$gpu" cluster.nodes=1 "cluster.gpus_per_node=$ngpu" \
     --out "$out/profile-$gpu.yaml" 2>&1 | tee "$out/calibrate.log" || failed=$((failed + 1))
+  # The same machine against the profile just written (`launcher calibrate --check`, ~10 s; its GPU path has not run
+  # elsewhere): exit 0 within 10%, 1 when a rate moved (a reading, not a failure), anything else a failure.
+  if [ -f "$out/profile-$gpu.yaml" ] && "$py" -m launcher calibrate --help 2>/dev/null | grep -q -- --check; then
+    step "launcher calibrate --check"
+    timeout 120 "$py" -m launcher calibrate --check "cluster=$gpu" cluster.nodes=1 "cluster.gpus_per_node=$ngpu" \
+      "cluster.profile=$out/profile-$gpu.yaml" > "$out/calibrate-check.log" 2>&1
+    rc=$?; cat "$out/calibrate-check.log"; [ "$rc" -le 1 ] || failed=$((failed + 1))
+  fi
 else
   step "launcher calibrate"
   echo "skipped: this checkout has no \`launcher calibrate\` (issue 14 part 3 adds it)" | tee "$out/calibrate.log"
