@@ -12,7 +12,7 @@
     launcher submit -m [sweep overrides]        one job per point of a Hydra sweep (a=1,2 b=x,y: 4 jobs)
     launcher export CKPT OUT              a checkpoint -> a transformers directory
     launcher calibrate [overrides] --out PATH   measure this machine (cluster.gpus_per_node ranks) -> a profile YAML
-    launcher calibrate --check cluster.profile=PATH [overrides]   is that profile still this machine? (~10 s)
+    launcher calibrate --check cluster.profile=PATH [overrides]   does that profile still plan this config? (~7 s)
     launcher submit --calibrate [overrides] --out PATH   the same as a SLURM job on cluster.nodes nodes (several:
                                           the inter-node link measured too)
     launcher plan|show|train|submit [overrides] --cfg job|hydra|all [-p KEY] | --info   Hydra's flags: the
@@ -442,8 +442,8 @@ def build_parser() -> argparse.ArgumentParser:
               "cluster.gpus_per_node local ranks) and write a hardware profile for cluster.profile=PATH")
     cal.add_argument("--out", default=None, help="where to write the profile YAML")
     cal.add_argument("--check", action="store_true",
-                     help="measure GEMM and copy rates now (~10 s) against cluster.profile=PATH; exit 1 when more than "
-                          "10%% off (the machine moved: calibrate again), 0 when within")
+                     help="measure GEMM and copy rates now (~7 s) against cluster.profile=PATH and plan this config "
+                          "at them; exit 1 when that plan moves more than 10%% (calibrate again), 0 when within")
     export = sub.add_parser("export", help="write a transformers directory from a checkpoint",
                             description="write a transformers directory (safetensors, config, tokenizer) from a checkpoint of any ZeRO stage")
     export.add_argument("checkpoint", help="<run_dir>/checkpoints/latest, a checkpoints dir or a step_* dir")

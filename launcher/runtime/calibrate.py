@@ -179,16 +179,20 @@ def _run_ranks(nproc: int, device: str, args, progress) -> dict:
 
 
 def check(cfg) -> dict:
-    """`launcher calibrate --check`: does cluster.profile still describe this machine? On cluster.gpus_per_node
-    local ranks, calibrate's GEMM probe at every side the profile's table measured, both dtypes, and its copy window
-    three times, beside what the profile says a rank should read (Profile.probe_rates), in ~10 s instead of a
-    calibration's minutes. The verdict reads the median GEMM ratio and the copy ratio against RATE_TOLERANCE, as the
-    end of a run off its plan does (launcher/runtime/metrics.py check_rates): a single small GEMM moves more."""
+    """`launcher calibrate --check`: does cluster.profile still describe this machine, for the run this config
+    describes? On cluster.gpus_per_node local ranks, calibrate's GEMM probe at every side the profile's table
+    measured, both dtypes, and its copy window three times, beside what the profile says a rank should read
+    (Profile.probe_rates), in ~7 s instead of a calibration's minutes. Then the config's plan again with the
+    profile's GEMM and attention rates times the median GEMM ratio of its dtype and its memory bandwidth times the
+    copy's (metrics.planned_step_s, as a run off its plan does): the verdict is that plan's move against
+    RATE_TOLERANCE, so each rate counts by its share of the step (the copy alone is the noisier probe)."""
+    from launcher.config.layout import resolve_layout
     from launcher.plan.profile import load_profile
-    from launcher.runtime.metrics import RATE_TOLERANCE
+    from launcher.runtime.metrics import RATE_TOLERANCE, planned_step_s
 
     nproc, device = _local_ranks(cfg)
     prof = load_profile(cfg.cluster.profile)
+    layout = resolve_layout(cfg)        # a config error is refused here, before any rank starts
     dtypes = ("fp32", "bf16")
     sides = {d: [int(x) for x, _ in prof.gemm_table_for(d) or ()] or list(GEMM_SIDES if device == "cpu" else GEMM_SIDES_GPU)
              for d in dtypes}
@@ -200,30 +204,35 @@ def check(cfg) -> dict:
         row["ratio"] = row["now_tflops"] / row["profile_tflops"]
     copy = {"now_gbps": raw["memory_gbps"], "profile_gbps": prof.probe_rates("fp32", 1, nproc)["memory_gbps"]}
     copy["ratio"] = copy["now_gbps"] / copy["profile_gbps"]
-    median = statistics.median(r["ratio"] for r in gemm)
+    # the plan's dtype reads its own GEMM table (fp16 takes bf16's, as the profile does)
+    mine = "fp32" if layout.dtype == "fp32" else "bf16"
+    median = statistics.median(r["ratio"] for r in gemm if r["dtype"] == mine)
+    plan = {"dtype": layout.dtype, "gemm_ratio": median, "step_s": planned_step_s(cfg, layout),
+            "step_s_at_rates_now": planned_step_s(cfg, layout, median, copy["ratio"])}
+    plan["shift"] = plan["step_s_at_rates_now"] / plan["step_s"]
     return {"profile": str(cfg.cluster.profile), "source": prof.source, "ranks": nproc, "device": device,
-            "gemm": gemm, "copy": copy, "gemm_median_ratio": median,
-            "moved": max(abs(median - 1), abs(copy["ratio"] - 1)) > RATE_TOLERANCE}
+            "gemm": gemm, "copy": copy, "plan": plan, "moved": abs(plan["shift"] - 1) > RATE_TOLERANCE}
 
 
 def format_check(result: dict) -> str:
-    """`launcher calibrate --check`'s report: a row a rate, then the verdict."""
+    """`launcher calibrate --check`'s report: a row a rate, the config's plan at the rates read, the verdict."""
     from launcher.runtime.metrics import RATE_TOLERANCE
 
     lines = [f"{result['ranks']} {result['device']} rank(s) now against cluster.profile={result['profile']} "
              f"({result['source']}):"]
     lines += [f"  GEMM {r['dtype']} side {r['side']:>5}  now {r['now_tflops']:.4g} TFLOP/s, profile "
               f"{r['profile_tflops']:.4g}  x{r['ratio']:.2f}" for r in result["gemm"]]
-    c = result["copy"]
+    c, plan = result["copy"], result["plan"]
     lines.append(f"  copy 64 MiB{'':>9}now {c['now_gbps']:.3g} GB/s, profile {c['profile_gbps']:.3g}  x{c['ratio']:.2f}")
-    said = (f"GEMM x{result['gemm_median_ratio']:.2f} (the median of {len(result['gemm'])} shapes), copy "
-            f"x{c['ratio']:.2f} of the profile's rates")
+    said = (f"This config's plan ({plan['dtype']}: its GEMMs x{plan['gemm_ratio']:.2f}, the median of its dtype's "
+            f"shapes; copy x{c['ratio']:.2f}) is {plan['step_s'] * 1e3:,.1f} ms a step from the profile and "
+            f"{plan['step_s_at_rates_now'] * 1e3:,.1f} ms at the rates read now (x{plan['shift']:.2f})")
     if result["moved"]:
-        lines.append(f"{said}: more than {RATE_TOLERANCE:.0%} off, so the machine is not what that profile measured "
-                     "(other jobs, another node type, or it changed since): run `launcher calibrate` here again and plan "
-                     "with its profile")
+        lines.append(f"{said}: more than {RATE_TOLERANCE:.0%} apart, so the machine is not what that profile "
+                     "measured (other jobs, another node type, or it changed since): run `launcher calibrate` here "
+                     "again and plan with its profile")
     else:
-        lines.append(f"{said}: within {RATE_TOLERANCE:.0%}, the profile still describes this machine's compute")
+        lines.append(f"{said}: within {RATE_TOLERANCE:.0%}, the profile still serves this config's plan")
     return "\n".join(lines)
 
 

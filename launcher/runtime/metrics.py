@@ -142,6 +142,7 @@ PLAN_TOLERANCE = 0.15
 # spread (three recipe=tiny runs in a row, 2 CPU ranks, 2026-12-02: the GEMM 0.754-0.772 of a profile's rate, the copy
 # 0.727-0.798), below what moves a step past PLAN_TOLERANCE (minutes later, against bench/steptime/profile.yaml
 # calibrated 3.5 hours before: steps 0.81 and 0.91 of the plan, the GEMM and copy 1.19 and 1.24 of its rates).
+# `launcher calibrate --check` holds a config's plan at the rates it reads to the same 10%.
 RATE_TOLERANCE = 0.10
 
 

@@ -190,7 +190,24 @@ def test_check_measures_this_machine_against_a_profile(tmp_path, capsys):
         assert float(ratio) == pytest.approx(float(now) / float(profile), rel=0.02) and float(ratio) > 2
     copy = re.search(r"copy 64 MiB now ([\d.]+) GB/s, profile ([\d.]+) x([\d.]+)", out)
     assert float(copy.group(2)) == pytest.approx(doc["memory_gbps"], rel=1e-2) and float(copy.group(3)) > 2
-    assert "more than 10% off, so the machine is not what that profile measured" in out
+    # The config's plan (the default one: recipe tiny's model, bf16) from the profile and again at the rates read:
+    # each is what `launcher plan` gives from a profile file with those rates, and the verdict is the plan's move.
+    plan = re.search(r"This config's plan \(bf16: its GEMMs x([\d.]+), the median of its dtype's shapes; copy x([\d.]+)\) "
+                     r"is ([\d,.]+) ms a step from the profile and ([\d,.]+) ms at the rates read now \(x([\d.]+)\): "
+                     r"more than 10% apart, so the machine is not what that profile measured", out)
+    assert plan, out
+    gemm, copy_x, from_profile, at_now, shift = (float(x.replace(",", "")) for x in plan.groups())
+    assert gemm == pytest.approx(statistics.median(float(r[4]) for r in rows if r[0] == "bf16"), abs=0.011)
+    capsys.readouterr()
+
+    def planned_ms(profile) -> float:
+        assert main(["plan", "cluster=cpu", "cluster.gpus_per_node=2", f"cluster.profile={profile}", "--json"]) == 0
+        return json.loads(capsys.readouterr().out)["step_time_s"] * 1e3
+
+    assert from_profile == pytest.approx(planned_ms(slow), abs=0.051)
+    rescaled_profile(tmp_path / "now.yaml", gemm / 20, copy_x / 20)
+    assert at_now == pytest.approx(planned_ms(tmp_path / "now.yaml"), rel=0.01)
+    assert shift == pytest.approx(at_now / from_profile, abs=0.006) and shift < 0.5
     # What it refuses, before any rank starts: no profile to check, --out beside --check, calibrate without --out.
     for argv, key in ((["calibrate", "--check", "cluster=cpu"], "cluster.profile=None"),
                       (["calibrate", "--check", f"cluster.profile={slow}", "--out", str(tmp_path / "x.yaml")], "--out"),
