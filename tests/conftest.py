@@ -12,12 +12,13 @@ REPO = Path(__file__).resolve().parents[1]
 RECIPES = sorted(p.stem for p in (REPO / "recipes").glob("*.yaml"))
 
 
-def rescaled_profile(out: Path, compute: float, memory: float) -> dict:
-    """bench/steptime/profile.yaml (this machine type's committed calibration) with its GEMM and attention rates
-    times `compute` and its copy bandwidth times `memory`, written to `out`; the document written."""
+def rescaled_profile(out: Path, compute: float, memory: float, source: Path = REPO / "bench" / "steptime" / "profile.yaml") -> dict:
+    """`source` (by default bench/steptime/profile.yaml, this machine type's committed calibration) with its GEMM and
+    attention rates times `compute` and its copy bandwidth times `memory`, written to `out`; the document written.
+    Also bench/steptime/rate_check.py's."""
     import yaml
 
-    doc = yaml.safe_load((REPO / "bench" / "steptime" / "profile.yaml").read_text())
+    doc = yaml.safe_load(Path(source).read_text())
     for key in ("gemm_tflops", "attention_tflops"):
         doc[key] = {d: v * compute for d, v in doc[key].items()}
     doc["memory_gbps"] *= memory

@@ -970,17 +970,21 @@ def rates_now(device: str, dtype: str, side: int, dev) -> dict:
     """This machine's GEMM rate at one side (the median of the forward, input- and weight-gradient GEMMs of a
     Linear(side, side), as _compute_sweep times them) and its copy bandwidth, measured now on every rank at once:
     a collective, every rank calls it. `launcher train` sets them beside its profile's when a run lands off its plan
-    (launcher/runtime/metrics.py check_rates): one sweep of calibrate's GEMM probe at that side and three of its copy window, ~1 s on 2 CPU ranks."""
+    (launcher/runtime/metrics.py check_rates). COMPUTE_ROUNDS rounds of the GEMM probe and the copy window, each the
+    median of its rounds, as calibrate takes its sweeps: with one reading of each, after every layout of
+    bench/steptime/rate_check.py, 20 of 24 runs' plans at the rates read were within 15% of their steps, and two of
+    the others were one reading off (a 4-rank copy at 0.08 of its profile where the other 4-rank run read 1.06, and
+    PP2's GEMM at 0.43 where the other layouts read 0.63-0.74 of the same profile). 1-3.5 s on 2 CPU ranks."""
     import torch
     import torch.distributed as dist
 
     tdtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
     sync, queued = _timer(device), 1 if device == "cpu" else 20
-    gemm = statistics.median(r for _, r in _gemm_rates(dev, device, tdtype, (side,), sync, dist, queued))
-    # The copy three times, its median: one 0.25 s window moved ~10% from one run to the next, the GEMM's 20-run
-    # median 2.4% (three runs in a row here, bench/steptime/results.md).
-    copy = statistics.median(_copy_gbps(dev, device, sync, dist, queued) for _ in range(3))
-    return {"gemm_side": side, "gemm_tflops": gemm / 1e12, "memory_gbps": copy}
+    gemms, copies = [], []
+    for _ in range(COMPUTE_ROUNDS):
+        gemms.append(statistics.median(r for _, r in _gemm_rates(dev, device, tdtype, (side,), sync, dist, queued)))
+        copies.append(_copy_gbps(dev, device, sync, dist, queued))
+    return {"gemm_side": side, "gemm_tflops": statistics.median(gemms) / 1e12, "memory_gbps": statistics.median(copies)}
 
 
 def _attention_rates(dev, tdtype, hd: int, seqs, device: str, sync, dist, queued: int) -> list:
