@@ -238,19 +238,13 @@ def format_check(result: dict) -> str:
 
 def _check_worker(raw_path: str, device: str, sides: str) -> None:
     """A rank of `launcher calibrate --check`: every rank at once, as the calibration's sweep measures."""
-    import torch
     import torch.distributed as dist
 
-    dist.init_process_group("nccl" if device == "cuda" else "gloo")
-    if device == "cuda":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-        torch.backends.cuda.matmul.allow_tf32 = True
-    dev = torch.device(device)
-    recycle_step_buffers(device, 0)
+    dev = _start_rank(device)
     sync, queued = _timer(device), 1 if device == "cpu" else 20
     out = {"gemm": {}}
     for dname, by in json.loads(sides).items():
-        rows = _gemm_rates(dev, device, {"fp32": torch.float32, "bf16": torch.bfloat16}[dname], by, sync, dist, queued)
+        rows = _gemm_rates(dev, device, _torch_dtype(dname), by, sync, dist, queued)
         out["gemm"][dname] = [[d, statistics.median(r for x, r in rows if x == d) / 1e12] for d in by]
     out["memory_gbps"] = statistics.median(_copy_gbps(dev, device, sync, dist, queued) for _ in range(3))
     if dist.get_rank() == 0:
@@ -520,25 +514,39 @@ def _median_time(fn, sync, repeats: int, budget_s: float = 0.5, agree=None, cent
     return center(times)
 
 
+def _start_rank(device: str):
+    """A calibration rank's process group and device as a training rank has them: NCCL or gloo, its local GPU with
+    TF32 matmuls (as inputs.py plans fp32), and on CPU the step's malloc settings (ZeRO-3's excepted,
+    launcher/runtime/cpualloc.py). Returns the torch device."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("nccl" if device == "cuda" else "gloo")
+    if device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        torch.backends.cuda.matmul.allow_tf32 = True
+    recycle_step_buffers(device, 0)
+    return torch.device(device)
+
+
+def _torch_dtype(name: str):
+    import torch
+
+    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
+
+
 def _worker(raw_path: str, device: str, grad_clip: str) -> None:
     import socket
 
     import torch
     import torch.distributed as dist
 
-    backend = "nccl" if device == "cuda" else "gloo"
-    dist.init_process_group(backend)
-    rank, world = dist.get_rank(), dist.get_world_size()
-    if device == "cuda":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    dev = torch.device(device)
-    recycle_step_buffers(device, 0)  # what a step runs with, ZeRO-3's excepted (launcher/runtime/cpualloc.py)
+    dev = _start_rank(device)
+    backend, rank, world = dist.get_backend(), dist.get_rank(), dist.get_world_size()
     process_bytes = _process_bytes(dist, dev) if device == "cpu" else None
     # Both training dtypes every time (a profile serves any precision=...): fp32 (TF32 matmuls on GPUs, as
     # inputs.py plans them) and bf16.
-    dtypes = (("fp32", torch.float32), ("bf16", torch.bfloat16))
-    if device == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True
+    dtypes = tuple((name, _torch_dtype(name)) for name in ("fp32", "bf16"))
     sync, agree = _timer(device), _agreement(dist, dev)
     started = time.perf_counter()
     out: dict = {"world": world, "backend": backend, "torch": torch.__version__, "hostname": socket.gethostname(),
@@ -975,10 +983,9 @@ def rates_now(device: str, dtype: str, side: int, dev) -> dict:
     bench/steptime/rate_check.py, 20 of 24 runs' plans at the rates read were within 15% of their steps, and two of
     the others were one reading off (a 4-rank copy at 0.08 of its profile where the other 4-rank run read 1.06, and
     PP2's GEMM at 0.43 where the other layouts read 0.63-0.74 of the same profile). 1-3.5 s on 2 CPU ranks."""
-    import torch
     import torch.distributed as dist
 
-    tdtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    tdtype = _torch_dtype(dtype)
     sync, queued = _timer(device), 1 if device == "cpu" else 20
     gemms, copies = [], []
     for _ in range(COMPUTE_ROUNDS):

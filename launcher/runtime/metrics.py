@@ -46,14 +46,13 @@ def peak_tflops(cfg, layout) -> Optional[float]:
 def planned(cfg, layout) -> dict:
     """The plan's predictions for this run: step time (launcher/plan/steptime.py, from the cluster's profile) and
     peak memory per rank (launcher/plan/memory.py). Empty for CPU ranks without cluster.profile (no rates)."""
-    from launcher.plan.inputs import model_shape, resolve_hardware, strategy
     from launcher.plan.memory import estimate_memory
 
-    hw = resolve_hardware(cfg.cluster, layout.dtype)
-    if hw is None:
+    inputs = _plan_inputs(cfg, layout)
+    if inputs is None:
         return {}
-    shape, st = model_shape(cfg.model), strategy(cfg, layout)
-    return {"predicted_step_time_s": planned_step_s(cfg, layout),
+    shape, st, hw = inputs
+    return {"predicted_step_time_s": _step_s(shape, st, hw),
             "predicted_peak_memory_bytes": int(estimate_memory(shape, st, hw).peak.total),
             # what calibrate's GEMM probe (at the model's sharded width) and copy should read here (check_rates)
             "profile_rates": hw.profile.probe_rates(layout.dtype, shape.hidden_size / st.tensor_degree,
@@ -62,23 +61,32 @@ def planned(cfg, layout) -> dict:
                         else f"the built-in {cfg.cluster.gpu} profile")}
 
 
+def _plan_inputs(cfg, layout):
+    """(model shape, strategy, hardware) as `launcher plan` reads them; None for CPU ranks without a profile."""
+    from launcher.plan.inputs import model_shape, resolve_hardware, strategy
+
+    hw = resolve_hardware(cfg.cluster, layout.dtype)
+    return None if hw is None else (model_shape(cfg.model), strategy(cfg, layout), hw)
+
+
 def planned_step_s(cfg, layout, gemm: float = 1.0, memory: float = 1.0) -> Optional[float]:
     """The plan's step time for this run; with `gemm` / `memory` != 1, planned from the cluster's profile with its
     GEMM and attention rates times `gemm` and its memory bandwidth times `memory` (profile.scaled): the plan had the
     machine read those rates (check_rates). Attention moves with the GEMMs: calibrate's quick probes time no
     attention, and both are the same cores' (or tensor cores') arithmetic. None without a profile."""
+    inputs = _plan_inputs(cfg, layout)
+    return None if inputs is None else _step_s(*inputs, gemm=gemm, memory=memory)
+
+
+def _step_s(shape, st, hw, gemm: float = 1.0, memory: float = 1.0) -> float:
     from dataclasses import replace
 
-    from launcher.plan.inputs import model_shape, resolve_hardware, strategy
     from launcher.plan.profile import scaled
     from launcher.plan.steptime import estimate_step_time
 
-    hw = resolve_hardware(cfg.cluster, layout.dtype)
-    if hw is None:
-        return None
     if (gemm, memory) != (1.0, 1.0):
         hw = replace(hw, profile=scaled(hw.profile, compute=gemm, memory=memory))
-    return estimate_step_time(model_shape(cfg.model), strategy(cfg, layout), hw).step_time_s
+    return estimate_step_time(shape, st, hw).step_time_s
 
 
 # Steps left out of the end-of-run comparison: the first ones pay one-time costs (allocator growth, lazy
