@@ -30,6 +30,36 @@ def rescaled_profile(out: Path, compute: float, memory: float, source: Path = RE
     return doc
 
 
+def gemm_over_profile(source: Path = REPO / "bench" / "steptime" / "profile.yaml", side: int = 256) -> float:
+    """This machine's GEMM rate over `source`'s at `side`, the lower of fp32's and bf16's, timed here with plain torch
+    on one thread (a CPU rank's share of this 2-core machine): how far a test must scale the committed calibration to
+    be sure to sit below this machine. CPUs differ most in bf16: one with AMX / AVX-512 BF16 ran the committed
+    profile's bf16 GEMMs at 0.42 TFLOP/s, an AVX2-only EPYC (2026-12-02) at ~0.0015, 1/280 of it, while its fp32 was
+    0.7x."""
+    import time
+
+    import torch
+    import yaml
+
+    doc = yaml.safe_load(Path(source).read_text())
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        ratios = []
+        for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+            a, b = torch.randn(side, side, dtype=dtype), torch.randn(side, side, dtype=dtype)
+            a @ b
+            t0, n = time.perf_counter(), 0
+            while time.perf_counter() - t0 < 0.3:
+                a @ b
+                n += 1
+            rate = 2 * side**3 * n / (time.perf_counter() - t0) / 1e12
+            ratios.append(rate / dict(doc["gemm_table"][name])[side])
+        return min(ratios)
+    finally:
+        torch.set_num_threads(threads)
+
+
 def venv_bin(name: str) -> str:
     """The console script installed next to the interpreter running the tests."""
     return str(Path(sys.executable).parent / name)

@@ -1,6 +1,6 @@
 """What a run records and prints (issue 15, metrics): two real 2-rank `launcher train` runs of the same config.
 
-A logs every step, planned from a profile whose rates are a twentieth of this machine's committed calibration
+A logs every step, planned from a profile whose rates are 1 / SLOWER of this machine's committed calibration
 (bench/steptime/profile.yaml), so its steps land far off the plan and it measures the machine's rates beside the
 profile's (issue 14 part 4); B logs every 3rd (logging.log_every=3), evaluates every 5th and exports. The runs train
 identically (batches are a pure function of seed and step), so A's per-step losses are B's too: the test
@@ -20,11 +20,14 @@ from train_helpers import base_overrides, launcher
 pytestmark = pytest.mark.slow
 STEPS = 8
 TOKENS_PER_STEP = 8 * 32  # batch.global_batch_size x data.seq_length of base_overrides
-SLOWER = 20     # run A's profile: the committed calibration's compute rates / SLOWER
+# Run A's profile: the committed calibration's compute rates / SLOWER. A tiny step is mostly terms the factor does not
+# scale (framework, engine, collectives), and CI's machine need not be the one calibrated: on an AVX2-only EPYC
+# (2026-12-02) the step ran x1.12 of a plan at / 20 (~27 ms), while / 200 plans ~180 ms.
+SLOWER = 200
 
 
 def slow_profile(path, compute: float = 1 / SLOWER, memory: float = 1 / SLOWER):
-    """bench/steptime/profile.yaml with its compute rates times `compute` and copy times `memory` (a twentieth)."""
+    """bench/steptime/profile.yaml with its compute rates times `compute` and copy times `memory` (1 / SLOWER)."""
     return rescaled_profile(path, compute, memory)
 
 
@@ -118,7 +121,7 @@ def test_a_run_off_its_plan_measures_the_machine_beside_its_profile(two_runs, tm
     assert now["profile_memory_gbps"] == pytest.approx(doc["memory_gbps"])
     assert now["gemm_over_profile"] == pytest.approx(now["gemm_tflops"] / now["profile_gemm_tflops"])
     assert now["memory_over_profile"] == pytest.approx(now["memory_gbps"] / now["profile_memory_gbps"])
-    # This machine type computes well above a twentieth of its own calibration.
+    # This machine computes well above 1 / SLOWER of the committed calibration.
     assert now["gemm_over_profile"] > 2 and now["memory_over_profile"] > 2
     # The plan again at the rates read now is what `launcher plan` says from a profile file holding those rates.
     replan = tmp_path / "now.yaml"
