@@ -33,9 +33,9 @@ def rescaled_profile(out: Path, compute: float, memory: float, source: Path = RE
 def gemm_over_profile(source: Path = REPO / "bench" / "steptime" / "profile.yaml", side: int = 256) -> float:
     """This machine's GEMM rate over `source`'s at `side`, the lower of fp32's and bf16's, timed here with plain torch
     on one thread (a CPU rank's share of this 2-core machine): how far a test must scale the committed calibration to
-    be sure to sit below this machine. CPUs differ most in bf16: one with AMX / AVX-512 BF16 ran the committed
-    profile's bf16 GEMMs at 0.42 TFLOP/s, an AVX2-only EPYC (2026-12-02) at ~0.0015, 1/280 of it, while its fp32 was
-    0.7x."""
+    be sure to sit below this machine. CPUs differ most in bf16: the one calibrated ran bf16 GEMMs at 0.42 TFLOP/s
+    (side 512, 4.5x its fp32: native bf16, which instructions not recorded), an AVX2-only EPYC (2026-12-02) at ~0.0012,
+    ~1/300 of it, while its fp32 was 0.7x. Plain torch, not calibrate's probe: the tests this scales hold that probe."""
     import time
 
     import torch
