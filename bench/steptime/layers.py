@@ -67,9 +67,11 @@ def rank_side(out: str) -> None:
     from launcher.config.compose import compose
     from launcher.config.layout import resolve_layout
     from launcher.deepspeed_config import build_deepspeed_config
+    from launcher.runtime.distributed import avoid_shm_comm_build
     from launcher.runtime.model import build_model
 
     torch.set_num_threads(1)
+    avoid_shm_comm_build("cpu")
     deepspeed.init_distributed(dist_backend="gloo")
     cfg = compose(LAYOUT)
     layout = resolve_layout(cfg)

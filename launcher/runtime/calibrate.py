@@ -89,7 +89,7 @@ import time
 from pathlib import Path
 
 from launcher.runtime.cpualloc import recycle_step_buffers
-from launcher.runtime.distributed import leave_rank
+from launcher.runtime.distributed import avoid_shm_comm_build, leave_rank
 from launcher.runtime.launch import rank_env
 
 GEMM_SIDES = (32, 64, 128, 256, 512)
@@ -521,6 +521,9 @@ def _start_rank(device: str):
     import torch
     import torch.distributed as dist
 
+    # The ZeRO-3 and engine probes call deepspeed.initialize, whose first call would JIT-compile DeepSpeed's
+    # shared-memory comm op on CPU (~60 s of a 2-rank calibration on this 2-core box, once per venv path).
+    avoid_shm_comm_build(device)
     dist.init_process_group("nccl" if device == "cuda" else "gloo")
     if device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))

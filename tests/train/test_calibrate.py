@@ -15,12 +15,17 @@ from launcher.runtime.calibrate import COMPUTE_ROUNDS, pooled_release, zero3_spl
 pytestmark = pytest.mark.slow
 
 
-def test_calibrate_two_cpu_ranks_then_plan(tmp_path, capsys):
+def test_calibrate_two_cpu_ranks_then_plan(tmp_path, capsys, monkeypatch):
     from launcher.cli import main
     from launcher.plan.profile import PROFILE_VERSION, load_profile
 
     out = tmp_path / "profiles" / "box.yaml"
+    # Nothing is JIT-compiled: the engine probes' deepspeed.initialize would build DeepSpeed's shm comm op here.
+    ext = tmp_path / "torch_extensions"
+    ext.mkdir()
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(ext))
     assert main(["calibrate", "cluster=cpu", "cluster.gpus_per_node=2", "--out", str(out)]) == 0
+    assert list(ext.iterdir()) == []
     doc = yaml.safe_load(out.read_text())
     assert doc["version"] == PROFILE_VERSION
     raw = doc["measurements"]
