@@ -15,6 +15,9 @@
     launcher calibrate --check cluster.profile=PATH [overrides]   does that profile still plan this config? (~7 s)
     launcher submit --calibrate [overrides] --out PATH   the same as a SLURM job on cluster.nodes nodes (several:
                                           the inter-node link measured too)
+    launcher submit --calibrate --network-only cluster.profile=NODE.yaml cluster.nodes=N --out PATH
+                                          only what N nodes change (links, stragglers, ZeRO-3's hooks); the
+                                          compute figures are NODE.yaml's
     launcher plan|show|train|submit [overrides] --cfg job|hydra|all [-p KEY] | --info   Hydra's flags: the
                                           composed YAML / the search path, chosen options and groups; nothing else runs
 
@@ -313,7 +316,10 @@ def cmd_submit(args) -> int:
             raise ConfigError("(command line)", "--calibrate" if args.calibrate else f"--out {args.out}",
                               "a calibration job takes --calibrate with --out PATH (the profile to write), without -m",
                               "launcher submit --calibrate cluster=... --out profiles/<partition>.yaml")
-        return submit_calibration(compose(args.overrides), args.out, args.dry_run, con)
+        return submit_calibration(compose(args.overrides), args.out, args.dry_run, con, args.network_only)
+    if args.network_only:
+        raise ConfigError("(command line)", "--network-only", "only a calibration job measures the network alone",
+                          "launcher submit --calibrate --network-only cluster.profile=PATH cluster.nodes=N --out NEW")
     points = sweep_points(args.overrides) if args.multirun else [list(args.overrides)]
     # Compose and validate every point before submitting any: a sweep with one bad point submits nothing.
     jobs, taken = [], set()
@@ -381,6 +387,9 @@ def cmd_calibrate(args) -> int:
 
     cfg = compose(args.overrides)
     if args.check:
+        if args.network_only:
+            raise ConfigError("(command line)", "--network-only", "--check times compute against cluster.profile; "
+                              "--network-only writes a new profile", "drop one of them")
         if args.out:
             raise ConfigError("(command line)", f"--out {args.out}", "--check measures this machine against "
                               "cluster.profile and writes nothing", "drop --out, or drop --check to write a new profile")
@@ -393,9 +402,14 @@ def cmd_calibrate(args) -> int:
     if not args.out:
         raise ConfigError("(command line)", None, "launcher calibrate writes a profile and needs --out PATH for it",
                           "add --out profiles/<machine>.yaml (or --check cluster.profile=PATH to test an existing one)")
-    path = calibrate(cfg, args.out)
+    path = calibrate(cfg, args.out, network_only=args.network_only)
     _console().print(f"wrote {path} (use it: cluster.profile={path})", markup=False)
     return 0
+
+
+NETWORK_ONLY_HELP = ("measure only what the ranks' count and placement change (the links, stragglers, release, "
+                     "ZeRO-3's hooks) and keep cluster.profile=PATH's compute, engine and framework figures "
+                     "(a calibration of one node of the same type, at the same ranks a node)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -438,9 +452,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="submit `launcher calibrate` on cluster.nodes x cluster.gpus_per_node instead of training "
                              "(with --out PATH: the profile the job writes; several nodes also measure the inter-node link)")
     submit.add_argument("--out", default=None, help="--calibrate: where the job writes the profile YAML")
+    submit.add_argument("--network-only", action="store_true", help=NETWORK_ONLY_HELP)
     cal = add("calibrate", cmd_calibrate, "measure this machine (GEMM, attention, memory, collectives on "
               "cluster.gpus_per_node local ranks) and write a hardware profile for cluster.profile=PATH")
     cal.add_argument("--out", default=None, help="where to write the profile YAML")
+    cal.add_argument("--network-only", action="store_true", help=NETWORK_ONLY_HELP)
     cal.add_argument("--check", action="store_true",
                      help="measure GEMM and copy rates now (~7 s) against cluster.profile=PATH and plan this config "
                           "at them; exit 1 when that plan moves more than 10%% (calibrate again), 0 when within")

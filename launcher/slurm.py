@@ -234,8 +234,10 @@ def calibrate_time(cfg) -> str:
     return f"{limit // 3600:02d}:{limit % 3600 // 60:02d}:{limit % 60:02d}"
 
 
-def calibrate_job_values(cfg, job_dir: Path, out: Path, workdir: Path, python: str) -> dict[str, str]:
-    """calibrate.sbatch.tmpl's placeholders -> text, config strings shell-quoted (as job_values)."""
+def calibrate_job_values(cfg, job_dir: Path, out: Path, workdir: Path, python: str,
+                         base: Optional[str] = None) -> dict[str, str]:
+    """calibrate.sbatch.tmpl's placeholders -> text, config strings shell-quoted (as job_values). `base`: a
+    --network-only calibration's cluster.profile (launcher/runtime/calibrate.py network_base)."""
     c = cfg.cluster
     gpu_job = str(c.gpu).lower() != "cpu"
     nodes, gpn = int(c.nodes), int(c.gpus_per_node)
@@ -253,6 +255,8 @@ def calibrate_job_values(cfg, job_dir: Path, out: Path, workdir: Path, python: s
         "python": _q(python),
         "device": "cuda" if gpu_job else "cpu",
         "grad_clip": _q(float(cfg.optimizer.grad_clip)),
+        "scope": "network" if base else "all",
+        "fit_base": f" {_q(Path(base).expanduser().resolve())}" if base else "",
     }
 
 

@@ -175,14 +175,15 @@ def submit_job(job: PlannedJob, con) -> str:
     return job_id
 
 
-def submit_calibration(cfg, out: str, dry_run: bool, con) -> int:
+def submit_calibration(cfg, out: str, dry_run: bool, con, network_only: bool = False) -> int:
     """`launcher submit --calibrate --out PATH`: one `launcher calibrate` across cluster.nodes x cluster.gpus_per_node
     ranks as a SLURM job (launcher/templates/calibrate.sbatch.tmpl), which writes the profile to PATH when it ends.
 
     On one node it measures what `launcher calibrate` does there; on several it also measures the inter-node link
     (launcher/runtime/calibrate.py _after_compute). The job's files (job.sbatch, slurm-<id>.out, the ranks' raw
     measurements) go to a new <runs_dir>/calibrate-<time> directory, made exclusively: no run's directory is used.
-    --dry-run prints the script and writes nothing."""
+    --dry-run prints the script and writes nothing. `network_only`: measure only what the nodes change, keeping
+    cluster.profile's per-rank figures (launcher/runtime/calibrate.py network_base)."""
     import time
 
     from launcher.config.secrets import refuse_secrets_in_config
@@ -193,7 +194,10 @@ def submit_calibration(cfg, out: str, dry_run: bool, con) -> int:
     from launcher.slurm import (CALIBRATE_TEMPLATE, SCRIPT_FILE, calibrate_job_values, check_calibrate_cluster,
                                 render_script, require_sbatch, sbatch)
 
+    from launcher.runtime.calibrate import network_base
+
     check_calibrate_cluster(cfg)
+    base_profile = network_base(cfg, network_only)
     refuse_secrets_in_config(cfg)   # cluster.setup and the other values are written into the script
     profile = (Path.cwd() / Path(out).expanduser()).resolve()
     if profile.is_dir():
@@ -205,8 +209,8 @@ def submit_calibration(cfg, out: str, dry_run: bool, con) -> int:
     base = Path(cfg.runs_dir).expanduser().resolve() / f"calibrate-{time.strftime('%Y%m%d-%H%M%S')}"
 
     def script_for(job_dir: Path) -> str:
-        return render_script(calibrate_job_values(cfg, job_dir, profile, Path.cwd().resolve(), sys.executable),
-                             CALIBRATE_TEMPLATE)
+        return render_script(calibrate_job_values(cfg, job_dir, profile, Path.cwd().resolve(), sys.executable,
+                                                  base_profile), CALIBRATE_TEMPLATE)
     if dry_run:
         print(script_for(base), end="")
         return 0
@@ -221,7 +225,7 @@ def submit_calibration(cfg, out: str, dry_run: bool, con) -> int:
         script.unlink(missing_ok=True)
         job_dir.rmdir()
         raise
-    con.print(f"submitted job {job_id}: calibration on {cfg.cluster.nodes} nodes x {cfg.cluster.gpus_per_node} ranks, "
+    con.print(f"submitted job {job_id}: {'network-only ' if base_profile else ''}calibration on {cfg.cluster.nodes} nodes x {cfg.cluster.gpus_per_node} ranks, "
               f"job dir {job_dir}, log {job_dir / ('slurm-' + job_id + '.out')}; it writes {profile} "
               f"(then: cluster.profile={out})", markup=False)
     return 0

@@ -72,7 +72,11 @@ Rank 0 writes the raw measurements to a JSON file; the parent fits them and writ
 Every fit is to microbenchmarks of this machine, never to training runs. Rank 0 says on stderr as each probe
 ends what it took (`calibrate: ZeRO-3 hooks 8 s (30 s so far)`; `calibrate: collectives, round 2 of 3 1 s (40 s so
 far)`); the profile keeps the seconds of each probe over its rounds (measurements.phase_seconds) and lists them in
-its header. 2 CPU ranks here: ~100 s, ~40 of them DeepSpeed's engine probe; 4 ranks ~205 s.
+its header. 2 CPU ranks: ~100 s, ~40 of them DeepSpeed's engine probe, and 4 ranks ~205 s on the 2-core machine of
+2026-11; 266 s on the AVX2-only EPYC of 2026-12-02 (bf16 GEMMs there run at 1/300 of the first one's rate).
+
+`--network-only` (network_base) runs only the collectives, the stragglers and release and ZeRO-3's hooks, and keeps
+cluster.profile's other figures: 96 s of measuring on those 2 ranks of 2026-12-02, where the whole took 266 s.
 """
 
 from __future__ import annotations
@@ -118,22 +122,70 @@ NOISY_SWEEPS = 1.5
 STRAGGLER_SEGMENTS_S = {"cpu": (0.005, 0.02, 0.06, 0.15), "cuda": (0.0005, 0.005, 0.05)}
 STRAGGLER_BUDGET_S = 0.5    # per segment length and round (COMPUTE_ROUNDS rounds)
 GEMM_POOL_BYTES = 64 << 20
+# What the ranks measure (_worker's last argument): every probe, or only those whose figures depend on how many ranks
+# there are and where they sit (`--network-only`: the collectives, stragglers, release and ZeRO-3's hooks, which
+# run over every rank); the rest then comes from cluster.profile (network_base).
+ALL, NETWORK = "all", "network"
+# The profile fields a network-only calibration measures; every other field is the base profile's.
+NETWORK_FIELDS = ("intra", "inter", "all_to_all", "intra_groups", "straggler", "release", "zero3_module_s",
+                  "zero3_param_s", "zero3_module_step_s", "zero3_param_step_s", "host_memory_gb", "process_bytes")
 
 
 # ---- the parent: start the ranks, fit, write -----------------------------------------------------------------------
 
-def calibrate(cfg, out: str, progress=None) -> Path:
+def calibrate(cfg, out: str, progress=None, network_only: bool = False) -> Path:
     """Run the measurement on cluster.gpus_per_node local ranks and write the profile YAML to `out`. `progress`
     (default: print to stderr) gets a line as each probe finishes, with its seconds: a calibration takes 1-3
-    minutes, and a user (or a GPU session on a clock) sees where they go."""
+    minutes, and a user (or a GPU session on a clock) sees where they go. `network_only`: measure only what
+    depends on the ranks' count and placement, the rest from cluster.profile (network_base)."""
     progress = progress or (lambda line: print(line, file=sys.stderr, flush=True))
     nproc, device = _local_ranks(cfg)
+    base = network_base(cfg, network_only)
     started = time.perf_counter()
-    raw = _run_ranks(nproc, device, lambda raw_path: [str(raw_path), device, str(float(cfg.optimizer.grad_clip))],
-                     progress)
+    raw = _run_ranks(nproc, device, lambda raw_path: [str(raw_path), device, str(float(cfg.optimizer.grad_clip)),
+                                                     NETWORK if base else ALL], progress)
     for line in busy_warnings(raw):
         progress(f"{PHASE_PREFIX}{line}")
-    return write_profile(raw, out, time.perf_counter() - started)
+    return write_profile(raw, out, time.perf_counter() - started, base)
+
+
+def network_base(cfg, network_only: bool) -> str | None:
+    """cluster.profile, the profile whose per-rank figures a `--network-only` calibration keeps, checked before any
+    rank starts; None for a whole calibration.
+
+    The compute rates, DeepSpeed's engine costs and the framework figures are a property of one node's ranks: on a
+    cluster of identical nodes, a calibration of one node measures them, and a calibration at 16 nodes needs to
+    measure only what 16 nodes change (the links, the stragglers, the release, ZeRO-3's hooks over every rank),
+    ~1/3 of a calibration's time (the compute sweeps, the engine and framework probes are the rest,
+    measurements.phase_seconds). The base must come from the same kind of device and the same ranks a node: CPU
+    compute figures are taken back to one rank alone by the ranks a node that shared the cores
+    (launcher/plan/profile.py alone_rates)."""
+    from launcher.config import hardware
+    from launcher.config.errors import ConfigError
+    from launcher.plan.profile import _parse_profile, load_profile
+
+    if not network_only:
+        return None
+    path = cfg.cluster.profile
+    if not path:
+        raise ConfigError("cluster.profile", None, "--network-only keeps the compute, engine and framework figures of "
+                          "a profile of this node type and measures only the network, and no profile is given",
+                          "add cluster.profile=PATH (a one-node `launcher calibrate --out PATH`), or drop --network-only")
+    load_profile(path)     # a readable, current profile, or its own ConfigError
+    measured = (_parse_profile(Path(path).expanduser().read_text()).get("measurements") or {})
+    kind = "cpu" if str(cfg.cluster.gpu).lower() == hardware.CPU else "cuda"
+    base_kind = "cpu" if measured.get("device_name") == "cpu" else "cuda"
+    if kind != base_kind:
+        raise ConfigError("cluster.profile", path, f"was measured on {base_kind} ranks and this calibration runs "
+                          f"{kind} ranks (cluster.gpu={cfg.cluster.gpu}); its compute figures do not describe them",
+                          "give a profile of this node type, or drop --network-only to measure everything")
+    ranks = measured.get("local_world", measured.get("world"))
+    if ranks is not None and int(ranks) != int(cfg.cluster.gpus_per_node):
+        raise ConfigError("cluster.gpus_per_node", cfg.cluster.gpus_per_node,
+                          f"--network-only keeps cluster.profile's compute figures, which {path} measured with "
+                          f"{ranks} ranks a node, and ranks sharing a node share its cores and memory bandwidth",
+                          f"set cluster.gpus_per_node={ranks}, or drop --network-only to measure everything")
+    return str(path)
 
 
 def _local_ranks(cfg) -> tuple[int, str]:
@@ -275,16 +327,10 @@ class _Phases:
         self._t = now
 
 
-def write_profile(raw: dict, out: str, seconds: float) -> Path:
-    """Fit the ranks' raw measurements (_worker's JSON) and write the versioned profile YAML to `out` (atomically:
-    a plan that reads it meanwhile sees the old profile or the new one, never half of one)."""
-    from dataclasses import replace
-
-    import yaml
-
-    from launcher.plan.profile import PROFILE_VERSION, Link, Profile, profile_to_dict
-    from launcher.plan.steptime import framework_residual, probe_split, selective_residual
-    from launcher.runtime.durable import write_atomic
+def _network_fit(raw: dict) -> tuple[dict, str]:
+    """({NETWORK_FIELDS: fitted}, span): the profile's fields that the ranks' count and placement decide, fitted from
+    the raw measurements, and the span measured ("2 nodes x 4 cuda ranks")."""
+    from launcher.plan.profile import Link
 
     device = "cpu" if raw["device_name"] == "cpu" else "cuda"
     local, nodes = raw.get("local_world", raw["world"]), raw.get("nodes", 1)
@@ -299,9 +345,34 @@ def write_profile(raw: dict, out: str, seconds: float) -> Path:
     else:
         inter = intra               # one node measured: the inter-node link is unknown here (stated in the note)
         span = f"{raw['world']} {device} ranks"
-    threads = int(raw["threads"])
     intra_groups = {int(g): Link(*fit_alpha_beta(points, int(g)))
                     for g, points in raw.get("all_reduce_groups_after_compute", {}).items()}
+    fields = dict(intra=intra, inter=inter, all_to_all=a2a, intra_groups=intra_groups,
+                  host_memory_gb=raw["host_memory_gb"], process_bytes=raw.get("process_bytes"),
+                  zero3_module_s=raw["zero3_module_s"], zero3_param_s=raw["zero3_param_s"],
+                  zero3_module_step_s=raw.get("zero3_module_step_s", 0.0),
+                  zero3_param_step_s=raw.get("zero3_param_step_s", 0.0),
+                  straggler={int(g): rows for g, rows in raw["straggler"].items()},
+                  release={int(g): pooled_release(rows, device) for g, rows in raw.get("release", {}).items()})
+    assert set(fields) == set(NETWORK_FIELDS)
+    return fields, span
+
+
+def write_profile(raw: dict, out: str, seconds: float, base: str | None = None) -> Path:
+    """Fit the ranks' raw measurements (_worker's JSON) and write the versioned profile YAML to `out` (atomically:
+    a plan that reads it meanwhile sees the old profile or the new one, never half of one). `base`: a network-only
+    calibration's cluster.profile, whose other fields the new profile keeps (network_base)."""
+    from dataclasses import replace
+
+    from launcher.plan.profile import PROFILE_VERSION, Profile, profile_to_dict
+    from launcher.plan.steptime import framework_residual, probe_split, selective_residual
+
+    if base:
+        return _write_network_profile(raw, out, seconds, base)
+    device = "cpu" if raw["device_name"] == "cpu" else "cuda"
+    local, nodes = raw.get("local_world", raw["world"]), raw.get("nodes", 1)
+    network, span = _network_fit(raw)
+    threads = int(raw["threads"])
     gemm = {d: fit_saturation(points) for d, points in raw["gemm"].items()}
     attn = {d: fit_saturation(points) for d, points in raw["attention"].items()}
     prof = Profile(
@@ -309,16 +380,10 @@ def write_profile(raw: dict, out: str, seconds: float) -> Path:
         gemm_half_dim={d: half for d, (_, half) in gemm.items()},
         attention_tflops={d: p / 1e12 for d, (p, _) in attn.items()},
         attention_half_seq={d: half for d, (_, half) in attn.items()},
-        memory_gbps=raw["memory_gbps"], kernel_overhead_s=raw["kernel_overhead_s"],
-        intra=intra, inter=inter, all_to_all=a2a, intra_groups=intra_groups, host_memory_gb=raw["host_memory_gb"],
-        process_bytes=raw.get("process_bytes"),
-        zero3_module_s=raw["zero3_module_s"], zero3_param_s=raw["zero3_param_s"],
-        zero3_module_step_s=raw.get("zero3_module_step_s", 0.0), zero3_param_step_s=raw.get("zero3_param_step_s", 0.0),
+        memory_gbps=raw["memory_gbps"], kernel_overhead_s=raw["kernel_overhead_s"], **network,
         engine_element_s=raw["engine_element_s"], engine_tensor_s=raw["engine_tensor_s"],
         engine_element_micro_s=raw.get("engine_element_micro_s", {}),
         engine_tensor_micro_s=raw.get("engine_tensor_micro_s", {}),
-        straggler={int(g): rows for g, rows in raw["straggler"].items()},
-        release={int(g): pooled_release(rows, device) for g, rows in raw.get("release", {}).items()},
         compute_slots=max(1, (raw["cores"] // threads)) if device == "cpu" else None,
         gemm_table={d: _median_by_size(points) for d, points in raw["gemm"].items()},
         attention_table={d: _median_by_size(points) for d, points in raw["attention"].items()},
@@ -351,35 +416,84 @@ def write_profile(raw: dict, out: str, seconds: float) -> Path:
         prof = replace(prof, selective_host_s={
             arch: {d: [max(0.0, x - y) for x, y in zip(probe_split(m)[:2], probe_split(probe[arch][d])[:2])]
                    for d, m in by_dtype.items()} for arch, by_dtype in sel.items()})
-    kept = ("gemm", "attention", "attention_hd", "attention_head_dim", "all_reduce", "all_reduce_after_compute",
-            "all_to_all_after_compute",
-            "all_reduce_groups_after_compute", "all_reduce_rail_after_compute", "all_reduce_world_after_compute",
-            "straggler", "release", "zero3", "engine", "framework", "framework_selective", "world", "local_world",
-            "nodes", "backend",
-            "device_name", "cores", "seconds", "phase_seconds", "sweep_spread", "probe_rounds")
+    kept = ("gemm", "attention", "attention_hd", "attention_head_dim", *NETWORK_MEASUREMENTS, "engine", "framework",
+            "framework_selective", "sweep_spread")
     doc = profile_to_dict(prof, measured={k: raw[k] for k in kept if k in raw}
                                          | ({"kernel_host_s": raw["kernel_host_s"]} if device != "cpu" else {}))
-    doc["measurements"]["note"] = ("gemm: [side, FLOP/s]; attention: [seq, causal FLOP/s fwd+bwd]; all_reduce (bare, "
-                                   "back to back, all ranks), *_after_compute (the fits' input): [bytes, seconds], over "
-                                   "each node's ranks (intra, all_to_all), {size: ...} smaller groups in a node "
-                                   "(intra_groups), one rank a node (rail: inter) and all ranks "
-                                   "across nodes (world: measured, not charged); zero3: seconds "
-                                   "per step [unit, micro-batches a step, modules, zero-3 engine, plain]; straggler: "
-                                   "{group size: [mean segment seconds, (slowest - mean) / mean]}; the collectives, "
-                                   "straggler, release and zero3 figures: the median over probe_rounds (each round's "
-                                   "tables; zero3 keeps every round's rows); engine: seconds per "
-                                   "step [dtype, ZeRO stage, side d, micro-batches a step, Linear(d, d) layers, "
-                                   "engine, plain]; framework: {arch: {dtype: {blocks: "
-                                   "[forward s, backward s]}} of the near-zero-compute probe model "
-                                   "(steptime.FRAMEWORK_PROBE), framework_selective the same with every block "
-                                   "selectively checkpointed; "
-                                   + ("inter = intra (one node measured)" if nodes == 1 else
-                                      f"{nodes} nodes measured" + ("; intra = inter (one rank a node)" if local == 1 else "")))
+    doc["measurements"]["note"] = _measurements_note(nodes, local)
     assert doc["version"] == PROFILE_VERSION
+    noisy = noisy_sweeps(raw.get("sweep_spread", {}))
+    return _write_doc(doc, out, seconds, raw, noisy)
+
+
+# The raw measurements a profile keeps that a network-only calibration measures again (and the run's own facts).
+NETWORK_MEASUREMENTS = ("all_reduce", "all_reduce_after_compute", "all_to_all_after_compute",
+                        "all_reduce_groups_after_compute", "all_reduce_rail_after_compute",
+                        "all_reduce_world_after_compute", "straggler", "release", "zero3", "world", "local_world",
+                        "nodes", "backend", "device_name", "cores", "seconds", "phase_seconds", "probe_rounds", "scope")
+
+
+def _write_network_profile(raw: dict, out: str, seconds: float, base: str) -> Path:
+    """A network-only calibration's profile: `base`'s document (cluster.profile, checked by network_base) with
+    NETWORK_FIELDS fitted from these ranks and their raw measurements in place of the base's; the measurements say
+    where the rest came from (measurements.compute_from)."""
+    from dataclasses import asdict
+
+    import yaml
+
+    from launcher.plan.profile import PROFILE_VERSION, Link
+
+    doc = yaml.safe_load(Path(base).expanduser().read_text())     # a new dict: _parse_profile's is cached, shared
+    network, span = _network_fit(raw)
+    for name, value in network.items():
+        if isinstance(value, Link):
+            value = asdict(value)
+        elif name == "intra_groups":
+            value = {g: asdict(link) for g, link in value.items()}
+        doc[name] = value
+    doc["source"] = (f"launcher calibrate --network-only on {raw['hostname']}, {span}, {raw['backend']}, "
+                     f"torch {raw['torch']}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; compute, engine "
+                     f"and framework figures from {base} ({doc.get('source', '')})")
+    measured = {k: v for k, v in (doc.get("measurements") or {}).items() if k not in NETWORK_MEASUREMENTS}
+    doc["measurements"] = measured | {k: raw[k] for k in NETWORK_MEASUREMENTS if k in raw} | {
+        "compute_from": str(base),
+        "note": _measurements_note(raw.get("nodes", 1), raw.get("local_world", raw["world"]))
+                + f"; only these were measured (--network-only): {', '.join(NETWORK_FIELDS)}; the rest is {base}'s"}
+    assert doc["version"] == PROFILE_VERSION
+    return _write_doc(doc, out, seconds, raw, [])
+
+
+def _measurements_note(nodes: int, local: int) -> str:
+    """What the raw measurements' tables hold (measurements.note)."""
+    return ("gemm: [side, FLOP/s]; attention: [seq, causal FLOP/s fwd+bwd]; all_reduce (bare, "
+            "back to back, all ranks), *_after_compute (the fits' input): [bytes, seconds], over "
+            "each node's ranks (intra, all_to_all), {size: ...} smaller groups in a node "
+            "(intra_groups), one rank a node (rail: inter) and all ranks "
+            "across nodes (world: measured, not charged); zero3: seconds "
+            "per step [unit, micro-batches a step, modules, zero-3 engine, plain]; straggler: "
+            "{group size: [mean segment seconds, (slowest - mean) / mean]}; the collectives, "
+            "straggler, release and zero3 figures: the median over probe_rounds (each round's "
+            "tables; zero3 keeps every round's rows); engine: seconds per "
+            "step [dtype, ZeRO stage, side d, micro-batches a step, Linear(d, d) layers, "
+            "engine, plain]; framework: {arch: {dtype: {blocks: "
+            "[forward s, backward s]}} of the near-zero-compute probe model "
+            "(steptime.FRAMEWORK_PROBE), framework_selective the same with every block "
+            "selectively checkpointed; "
+            + ("inter = intra (one node measured)" if nodes == 1 else
+               f"{nodes} nodes measured" + ("; intra = inter (one rank a node)" if local == 1 else "")))
+
+
+def _write_doc(doc: dict, out: str, seconds: float, raw: dict, noisy: list) -> Path:
+    """The profile document to `out`, atomically, under a header of the probes' seconds and any busy-machine
+    warning."""
+    import yaml
+
+    from launcher.plan.profile import PROFILE_VERSION
+    from launcher.runtime.durable import write_atomic
+
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
     phases = "".join(f"\n#   {name}: {t:.0f} s" for name, t in raw.get("phase_seconds", {}).items())
-    noisy = noisy_sweeps(raw.get("sweep_spread", {}))
     if noisy:
         phases += ("\n# The machine was busy while this was measured (calibrate again when it is quiet):"
                    + "".join(f"\n#   {line}" for line in noisy))
@@ -538,7 +652,7 @@ def _torch_dtype(name: str):
     return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
 
 
-def _worker(raw_path: str, device: str, grad_clip: str) -> None:
+def _worker(raw_path: str, device: str, grad_clip: str, scope: str = "all") -> None:
     import socket
 
     import torch
@@ -572,9 +686,11 @@ def _worker(raw_path: str, device: str, grad_clip: str) -> None:
     # all-reduce's 0.75-1.51 ms in five back-to-back timings on a quiet 2-rank box (bench/steptime/probe_rounds.py),
     # one busy reading of each moved SP2's plan 25%, and one ZeRO-3 reading recipe=tiny's ZeRO-3 plan 25%
     # (bench/steptime/results.md).
+    network_only = scope == NETWORK     # the rest is cluster.profile's (network_base, write_profile)
     for k in range(1, COMPUTE_ROUNDS + 1):
-        sweeps.append(_compute_sweep(dev, device, dtypes, sync, dist))
-        phases.done("compute rates (GEMM, attention, memory, kernel overhead)", k)
+        if not network_only:
+            sweeps.append(_compute_sweep(dev, device, dtypes, sync, dist))
+            phases.done("compute rates (GEMM, attention, memory, kernel overhead)", k)
         # As a training step meets them: right after compute on every rank. On one node, over every rank. On
         # several (`launcher submit --calibrate`), every group runs at once as in training: each node's ranks among
         # themselves (the intra-node link; Ulysses' all-to-all), then each local rank with its peers on the other
@@ -603,22 +719,25 @@ def _worker(raw_path: str, device: str, grad_clip: str) -> None:
         zero3_rows += rows
         zero3_slopes.append(slope)
         phases.done("ZeRO-3 hooks", k)
-    out.update(_median_of(sweeps))
-    out["sweep_spread"] = sweep_spread(sweeps)
-    out["attention_head_dim"] = ATTN_HEAD_DIM[device]
+    if not network_only:
+        out.update(_median_of(sweeps))
+        out["sweep_spread"] = sweep_spread(sweeps)
+        out["attention_head_dim"] = ATTN_HEAD_DIM[device]
     out.update(median_rows(collectives))
     out["straggler"], out["release"] = median_rows(stragglers), median_rows(releases)
     out["zero3"] = zero3_rows
     out |= zero3_split(zero3_slopes)
     out["probe_rounds"] = {"collectives": collectives, "straggler": stragglers, "release": releases,
                            "zero3": zero3_slopes}
-    out["engine"], engine = _engine_per_element(dev, device, dtypes, sync, agree, float(grad_clip))
-    out |= engine
-    phases.done("DeepSpeed engine per element and tensor")
-    out["framework"], out["framework_selective"] = _framework(dev, device, dtypes)
+    if not network_only:
+        out["engine"], engine = _engine_per_element(dev, device, dtypes, sync, agree, float(grad_clip))
+        out |= engine
+        phases.done("DeepSpeed engine per element and tensor")
+        out["framework"], out["framework_selective"] = _framework(dev, device, dtypes)
     out["host_memory_gb"] = _host_memory_gb()
     out["process_bytes"] = process_bytes
-    phases.done("framework / host issue time")
+    phases.done("host memory" if network_only else "framework / host issue time")
+    out["scope"] = scope
     out["phase_seconds"] = phases.seconds
     out["seconds"] = time.perf_counter() - started
     if rank == 0:
@@ -1438,12 +1557,13 @@ def _host_memory_gb() -> float:
 
 if __name__ == "__main__":
     if sys.argv[1] == "--fit":
-        # `launcher submit --calibrate`'s job, after its ranks: RAW OUT (launcher/templates/calibrate.sbatch.tmpl).
+        # `launcher submit --calibrate`'s job, after its ranks: RAW OUT [BASE] (launcher/templates/calibrate.sbatch.tmpl).
         raw = json.loads(Path(sys.argv[2]).read_text())
         for line in busy_warnings(raw):
             print(line, flush=True)
-        print(f"wrote {write_profile(raw, sys.argv[3], raw['seconds'])} (use it: cluster.profile={sys.argv[3]})")
+        base = sys.argv[4] if len(sys.argv) > 4 else None     # --network-only: cluster.profile
+        print(f"wrote {write_profile(raw, sys.argv[3], raw['seconds'], base)} (use it: cluster.profile={sys.argv[3]})")
     elif sys.argv[1] == "--check":
         _check_worker(*sys.argv[2:5])
     else:
-        _worker(*sys.argv[1:4])
+        _worker(*sys.argv[1:5])

@@ -63,6 +63,12 @@ EXCEPTIONS = {
     "launcher train recipe=tiny data=hf data.streaming=true data.paths=[/data/web.jsonl] data.tokenizer_path=/data/tokenizer.json":
         "placeholder paths; a streamed `launcher train` on 2 CPU ranks (3 steps + resume = 6 steps, eval): "
         "tests/train/test_stream.py::test_streamed_two_rank_run_resumes_exactly",
+    "launcher submit --calibrate --network-only cluster=cpu cluster.nodes=2 cluster.gpus_per_node=2 "
+    "cluster.profile=bench/steptime/profile.yaml --out profiles/two-nodes.yaml":
+        "its profile path is relative to the repository root, and this test runs commands in an empty directory; the "
+        "same job on the local 2-node SLURM (with the test's runs_dir, time limit and port): "
+        "tests/slurm/test_slurm_calibrate.py; its checks, refusals and script: "
+        "tests/slurm/test_render.py::test_network_only_calibration_keeps_the_profile_it_names_and_refuses_one_that_does_not_fit",
     "slurm/local/start.sh [STATE_DIR]": "installs and starts SLURM (apt-get, root): the session fixture of tests/slurm/conftest.py",
     "export SLURM_CONF=/tmp/launcher-slurm/slurm.conf": "shell setup for the local cluster: tests/slurm/slurm_helpers.py cluster_env",
     "slurm/local/stop.sh [STATE_DIR] [--purge]": "stops the local SLURM: the session fixture of tests/slurm/conftest.py",

@@ -308,3 +308,41 @@ def test_calibration_script_asks_for_whole_nodes_briefly_and_quotes_what_it_writ
     real = subprocess.run(args[:-1], cwd=tmp_path, capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PATH": NO_SBATCH})
     assert real.returncode == 2 and "sbatch is not on PATH" in real.stderr and not runs.exists()
+
+
+def test_network_only_calibration_keeps_the_profile_it_names_and_refuses_one_that_does_not_fit(tmp_path):
+    """`launcher submit --calibrate --network-only`: the ranks measure only the network ("network") and the job's fit
+    keeps cluster.profile's other fields (its absolute path on the --fit line); a profile of another device kind or
+    another ranks a node, or none, is refused before anything is written (exit 2, the key named)."""
+    import yaml
+
+    doc = yaml.safe_load((REPO / "bench/gpu/results/2026-11-28-h200/profile-h200.yaml").read_text())
+    doc["measurements"]["local_world"] = 8          # as if calibrated on one 8-GPU node
+    node = tmp_path / "node 8.yaml"
+    node.write_text(yaml.safe_dump(doc))
+    runs = tmp_path / "runs"
+
+    def run(*extra):
+        return subprocess.run([LAUNCHER, "submit", "--calibrate", "cluster=h100-80gb", "cluster.nodes=16",
+                               f"runs_dir={runs}", "--out", "profiles/16.yaml", *extra], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=120, env={**os.environ, "PATH": NO_SBATCH})
+
+    out = run("--network-only", f"cluster.profile={node}", "--dry-run")
+    assert out.returncode == 0, out.stderr
+    assert re.search(r'-m launcher\.runtime\.calibrate "\$RAW" cuda \S+ network$', out.stdout, re.M)
+    assert f'--fit "$RAW" "$OUT" {shlex.quote(str(node))}\n' in out.stdout
+    whole = run(f"cluster.profile={node}", "--dry-run")
+    assert re.search(r'calibrate "\$RAW" cuda \S+ all$', whole.stdout, re.M) and '--fit "$RAW" "$OUT"\n' in whole.stdout
+
+    for extra, key, said in (
+            (("--network-only",), "cluster.profile", "no profile is given"),
+            (("--network-only", f"cluster.profile={REPO / 'bench/steptime/profile.yaml'}"), "cluster.profile",
+             "measured on cpu ranks and this calibration runs cuda ranks"),
+            (("--network-only", f"cluster.profile={node}", "cluster.gpus_per_node=4"), "cluster.gpus_per_node",
+             "measured with 8 ranks a node")):
+        bad = run(*extra)
+        assert bad.returncode == 2 and key in bad.stderr and said in " ".join(bad.stderr.split()), bad.stderr
+    assert not runs.exists() and not (tmp_path / "profiles").exists()
+    train = subprocess.run([LAUNCHER, "submit", "--network-only", "recipe=tiny", f"runs_dir={runs}", "--dry-run"],
+                           cwd=tmp_path, capture_output=True, text=True, timeout=120, env={**os.environ, "PATH": NO_SBATCH})
+    assert train.returncode == 2 and "--network-only" in train.stderr and "calibration job" in train.stderr

@@ -1,9 +1,12 @@
 """`launcher submit --calibrate` on the local 2-node SLURM cluster (slurm/local/start.sh), CPU ranks.
 
-One job: 2 nodes x 2 ranks. It must end COMPLETED having written the profile where --out said, with the
-inter-node link fitted from a group that spans the nodes (one rank a node) and the intra-node one from each
-node's ranks, the raw measurements of every group kept, the job's own files in a new calibrate-* directory
-under runs_dir (no run's directory touched), and `launcher plan` taking the profile.
+One job: 2 nodes x 2 ranks, --network-only on a committed one-node profile (bench/steptime/profile.yaml, 2 CPU
+ranks): the compute, engine and framework probes are that profile's (tests/train/test_calibrate.py runs the whole
+measurement on 2 local ranks), and the job measures what two nodes change. It must end COMPLETED having written the
+profile where --out said, with the inter-node link fitted from a group that spans the nodes (one rank a node) and
+the intra-node one from each node's ranks, the raw measurements of every group kept, every other field the base
+profile's, the job's own files in a new calibrate-* directory under runs_dir (no run's directory touched), and
+`launcher plan` taking the profile.
 """
 
 import json
@@ -15,17 +18,18 @@ import yaml
 from slurm_helpers import LAUNCHER, REPO, job_id_of, submit, wait_job
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+BASE = REPO / "bench" / "steptime" / "profile.yaml"
 
 
 def test_calibration_job_measures_both_links_and_writes_the_profile(slurm_env, tmp_path):
     runs, out = tmp_path / "runs", tmp_path / "profiles" / "local.yaml"
-    args = ["--calibrate", "cluster=cpu", "cluster.nodes=2", "cluster.gpus_per_node=2", "cluster.time=20",
-            "cluster.master_port=29660", f"runs_dir={runs}", "--out", str(out)]
+    args = ["--calibrate", "--network-only", "cluster=cpu", "cluster.nodes=2", "cluster.gpus_per_node=2",
+            "cluster.time=20", "cluster.master_port=29660", f"cluster.profile={BASE}", f"runs_dir={runs}", "--out", str(out)]
     submitted = submit(args, slurm_env)
     assert submitted.returncode == 0, submitted.stdout + submitted.stderr
     job_id = job_id_of(submitted.stdout)
-    # 20 minutes: this test took 218 s in one CI run and 412 s in the next, on an AVX2-only EPYC (2026-12-02)
-    # (4 ranks on 2 cores), close to the 10 it had
+    # 20 minutes: the whole measurement (before --network-only) took 218 s in one CI run and 412 s in the next, on an
+    # AVX2-only EPYC (2026-12-02, 4 ranks on 2 cores)
     fields = wait_job(job_id, slurm_env, timeout_s=1200)
     (job_dir,) = runs.iterdir()
     log = (job_dir / f"slurm-{job_id}.out").read_text()
@@ -37,7 +41,19 @@ def test_calibration_job_measures_both_links_and_writes_the_profile(slurm_env, t
     doc = yaml.safe_load(out.read_text())
     m = doc["measurements"]
     assert (m["world"], m["nodes"], m["local_world"]) == (4, 2, 2)
-    assert "2 nodes x 2 cpu ranks" in doc["source"] and "2 nodes measured" in m["note"]
+    assert "--network-only" in doc["source"] and "2 nodes x 2 cpu ranks" in doc["source"] and "2 nodes measured" in m["note"]
+    # Only the network was measured: the compute sweeps, the engine and framework probes did not run, and every
+    # field but the network's is the base profile's, as it was written.
+    from launcher.runtime.calibrate import NETWORK_FIELDS, NETWORK_MEASUREMENTS
+
+    base = yaml.safe_load(BASE.read_text())
+    assert m["scope"] == "network" and m["compute_from"] == str(BASE)
+    assert set(m["phase_seconds"]) == {"collectives", "stragglers and release", "ZeRO-3 hooks", "host memory"}
+    assert {k: v for k, v in doc.items() if k not in (*NETWORK_FIELDS, "source", "measurements")} == \
+        {k: v for k, v in base.items() if k not in (*NETWORK_FIELDS, "source", "measurements")}
+    kept = set(base["measurements"]) - set(NETWORK_MEASUREMENTS) - {"note"}
+    assert kept >= {"gemm", "attention", "engine", "framework"} and all(m[k] == base["measurements"][k] for k in kept)
+    assert m["all_reduce_after_compute"] != base["measurements"]["all_reduce_after_compute"]
     sizes = [b for b, _ in m["all_reduce_after_compute"]]
     for key in ("all_reduce_after_compute", "all_to_all_after_compute", "all_reduce_rail_after_compute",
                 "all_reduce_world_after_compute"):
