@@ -129,6 +129,11 @@ ALL, NETWORK = "all", "network"
 # The profile fields a network-only calibration measures; every other field is the base profile's.
 NETWORK_FIELDS = ("intra", "inter", "all_to_all", "intra_groups", "straggler", "release", "zero3_module_s",
                   "zero3_param_s", "zero3_module_step_s", "zero3_param_step_s", "host_memory_gb", "process_bytes")
+# The raw measurements a profile keeps that a network-only calibration measures again (and the run's own facts).
+NETWORK_MEASUREMENTS = ("all_reduce", "all_reduce_after_compute", "all_to_all_after_compute",
+                        "all_reduce_groups_after_compute", "all_reduce_rail_after_compute",
+                        "all_reduce_world_after_compute", "straggler", "release", "zero3", "world", "local_world",
+                        "nodes", "backend", "device_name", "cores", "seconds", "phase_seconds", "probe_rounds", "scope")
 
 
 # ---- the parent: start the ranks, fit, write -----------------------------------------------------------------------
@@ -160,7 +165,6 @@ def network_base(cfg, network_only: bool) -> str | None:
     measurements.phase_seconds). The base must come from the same kind of device and the same ranks a node: CPU
     compute figures are taken back to one rank alone by the ranks a node that shared the cores
     (launcher/plan/profile.py alone_rates)."""
-    from launcher.config import hardware
     from launcher.config.errors import ConfigError
     from launcher.plan.profile import _parse_profile, load_profile
 
@@ -173,7 +177,7 @@ def network_base(cfg, network_only: bool) -> str | None:
                           "add cluster.profile=PATH (a one-node `launcher calibrate --out PATH`), or drop --network-only")
     load_profile(path)     # a readable, current profile, or its own ConfigError
     measured = (_parse_profile(Path(path).expanduser().read_text()).get("measurements") or {})
-    kind = "cpu" if str(cfg.cluster.gpu).lower() == hardware.CPU else "cuda"
+    kind = _local_ranks(cfg)[1]
     base_kind = "cpu" if measured.get("device_name") == "cpu" else "cuda"
     if kind != base_kind:
         raise ConfigError("cluster.profile", path, f"was measured on {base_kind} ranks and this calibration runs "
@@ -425,12 +429,6 @@ def write_profile(raw: dict, out: str, seconds: float, base: str | None = None) 
     noisy = noisy_sweeps(raw.get("sweep_spread", {}))
     return _write_doc(doc, out, seconds, raw, noisy)
 
-
-# The raw measurements a profile keeps that a network-only calibration measures again (and the run's own facts).
-NETWORK_MEASUREMENTS = ("all_reduce", "all_reduce_after_compute", "all_to_all_after_compute",
-                        "all_reduce_groups_after_compute", "all_reduce_rail_after_compute",
-                        "all_reduce_world_after_compute", "straggler", "release", "zero3", "world", "local_world",
-                        "nodes", "backend", "device_name", "cores", "seconds", "phase_seconds", "probe_rounds", "scope")
 
 
 def _write_network_profile(raw: dict, out: str, seconds: float, base: str) -> Path:
