@@ -31,6 +31,7 @@ from launcher.protocol import EXIT_NONFINITE, PREEMPTED_FILE
 from launcher.runtime.distributed import StepAgreement, init_distributed, readable_arch_list_for_deepspeed
 from launcher.runtime.elastic import universal_ds_config
 from launcher.runtime.preemption import PreemptionFlag
+from launcher.runtime.preflight import slow_cpu_bf16_warning
 from launcher.runtime.rundir import run_dir_of
 from launcher.runtime.state_bytes import MEASURE_STATE_AT_STEP, measure_model_state_bytes, record_state_bytes
 from launcher.runtime.metrics import (METRICS_FILE, SUMMARY_FILE, IntervalLoss, MetricsSink, Throughput, check_rates,
@@ -378,6 +379,10 @@ def run(cfg) -> int:
         f"micro {layout.micro_batch_size} x accum {accum} x dp {layout.data_degree} = {layout.global_batch_size} seqs "
         f"x {layout.seq_length} = {layout.tokens_per_step:,} tokens/step  "
         f"{'resuming at step ' + str(start_step) if resume_from else 'fresh start'}", markup=False)
+    if is_main:
+        slow_bf16 = slow_cpu_bf16_warning(layout)
+        if slow_bf16:
+            say(f"warning: {slow_bf16}", markup=False)
 
     from launcher.runtime.model import hf_meta
 

@@ -44,6 +44,47 @@ def refuse_missing_local_gpus(cfg, layout) -> None:
         "or submit the job to the GPU cluster with `launcher submit`")
 
 
+# bf16 on CPU ranks is only worth it where torch has a fast bf16 matmul: oneDNN's, which torch uses where the CPU has
+# AVX-512 (BF16 / AMX run it natively). Elsewhere torch takes its reference kernel: on the AVX2-only EPYC of 2026-12-02
+# a side-512 bf16 GEMM ran at 1.1 GFLOP/s against fp32's 52 (one thread), and with oneDNN off on an AMX Xeon a side-256
+# bf16 GEMM ran at 2.2 against fp32's 120. A run is correct either way, so this warns rather than refuses; the rule is
+# the rate measured here, not a CPU flag, so it holds for whatever kernel the installed torch picks.
+BF16_SLOWER_THAN_FP32 = 2.0  # warn when bf16 GEMMs run at under half fp32's rate: precision=fp32 is then faster
+
+
+def _gemm_gflops(torch, dtype, side: int = 256, repeats: int = 3) -> float:
+    """The best of `repeats` side x side x side matmuls in `dtype` on this process's threads, in GFLOP/s (2 n^3 FLOPs)."""
+    a, b = torch.randn(side, side).to(dtype), torch.randn(side, side).to(dtype)
+    best = float("inf")
+    with torch.no_grad():
+        a @ b  # first call: oneDNN picks and caches its kernel
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            a @ b
+            best = min(best, time.perf_counter() - t0)
+    return 2 * side ** 3 / max(best, 1e-9) / 1e9
+
+
+def slow_cpu_bf16_warning(layout) -> str | None:
+    """CPU ranks asked to train in bf16, where this CPU runs bf16 GEMMs at under 1 / BF16_SLOWER_THAN_FP32 of fp32's
+    rate: one paragraph with the two rates measured now (~0.1 s on such a CPU, a few ms where bf16 is fast), or None.
+    GPU ranks and fp32 runs measure nothing."""
+    if layout.device != "cpu" or layout.dtype != "bf16":
+        return None
+    import torch
+
+    fp32, bf16 = _gemm_gflops(torch, torch.float32), _gemm_gflops(torch, torch.bfloat16)
+    if bf16 * BF16_SLOWER_THAN_FP32 >= fp32:
+        return None
+    native = torch.ops.mkldnn._is_mkldnn_bf16_supported() and torch.backends.mkldnn.enabled
+    return (f"precision.dtype=bf16 on CPU ranks, and bf16 matmuls are {fp32 / bf16:.0f}x slower than fp32 on this CPU: "
+            f"a 256 x 256 x 256 matmul measured now on rank 0 ran at {bf16:.1f} GFLOP/s in bf16 against {fp32:.1f} in "
+            f"fp32 ({torch.get_num_threads()} thread(s); oneDNN's bf16 path is "
+            f"{'on' if native else 'off: torch takes it only on CPUs with AVX-512, with oneDNN enabled'}). The run trains correctly, "
+            f"at the bf16 rate; precision=fp32 (recipe=tiny's) trains these ranks faster, or train bf16 on a CPU with "
+            f"AVX-512 (BF16 / AMX) or on GPUs.")
+
+
 def node_name() -> str:
     return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
 
