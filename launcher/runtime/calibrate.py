@@ -421,7 +421,7 @@ def write_profile(raw: dict, out: str, seconds: float, base: str | None = None) 
             arch: {d: [max(0.0, x - y) for x, y in zip(probe_split(m)[:2], probe_split(probe[arch][d])[:2])]
                    for d, m in by_dtype.items()} for arch, by_dtype in sel.items()})
     kept = ("gemm", "attention", "attention_hd", "attention_head_dim", *NETWORK_MEASUREMENTS, "engine", "framework",
-            "framework_selective", "sweep_spread")
+            "framework_selective", "sweep_spread", "cpu_model")
     doc = profile_to_dict(prof, measured={k: raw[k] for k in kept if k in raw}
                                          | ({"kernel_host_s": raw["kernel_host_s"]} if device != "cpu" else {}))
     doc["measurements"]["note"] = _measurements_note(nodes, local)
@@ -442,6 +442,7 @@ def _write_network_profile(raw: dict, out: str, seconds: float, base: str) -> Pa
     from launcher.plan.profile import PROFILE_VERSION, Link
 
     doc = yaml.safe_load(Path(base).expanduser().read_text())     # a new dict: _parse_profile's is cached, shared
+    refuse_other_node_type(doc.get("measurements") or {}, raw, base)
     network, span = _network_fit(raw)
     for name, value in network.items():
         if isinstance(value, Link):
@@ -454,11 +455,46 @@ def _write_network_profile(raw: dict, out: str, seconds: float, base: str) -> Pa
                      f"and framework figures from {base} ({doc.get('source', '')})")
     measured = {k: v for k, v in (doc.get("measurements") or {}).items() if k not in NETWORK_MEASUREMENTS}
     doc["measurements"] = measured | {k: raw[k] for k in NETWORK_MEASUREMENTS if k in raw} | {
+        **({"cpu_model": raw["cpu_model"]} if raw.get("cpu_model") else {}),   # the base's, or the first record of it
         "compute_from": str(base),
         "note": _measurements_note(raw.get("nodes", 1), raw.get("local_world", raw["world"]))
                 + f"; only these were measured (--network-only): {', '.join(NETWORK_FIELDS)}; the rest is {base}'s"}
     assert doc["version"] == PROFILE_VERSION
     return _write_doc(doc, out, seconds, raw, [])
+
+
+def refuse_other_node_type(base_measured: dict, raw: dict, base: str) -> None:
+    """A network-only job's nodes must be the base profile's node type: the same accelerator (its name, as torch
+    reports it) and the same host CPU (its model name: the host terms, the engine's per-tensor costs and CPU ranks'
+    compute are the CPU's). network_base checked the device kind and the ranks a node before the job was submitted;
+    the names are known only on the nodes, so the fit checks them, before it writes anything. A base written before
+    profiles recorded the CPU model (2026-12-02) is checked on the accelerator's name alone."""
+    from launcher.config.errors import ConfigError
+
+    for key, what in (("device_name", "accelerator"), ("cpu_model", "CPU")):
+        theirs, ours = base_measured.get(key), raw.get(key)
+        if theirs and ours and theirs != ours:
+            raise ConfigError(
+                "cluster.profile", base,
+                f"--network-only keeps this profile's compute, engine and framework figures, which were measured on "
+                f"{theirs!r} ({what}, measurements.{key}), and this job's nodes have {ours!r}: those figures do not "
+                f"describe them; nothing was written",
+                "calibrate one node of this type whole (`launcher submit --calibrate cluster.nodes=1 ... --out BASE`) "
+                "and pass that as cluster.profile, or submit without --network-only to measure everything")
+
+
+def cpu_model() -> str:
+    """This host's CPU model name (/proc/cpuinfo's first "model name"; platform.processor() elsewhere), "" unknown."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor()
 
 
 def _measurements_note(nodes: int, local: int) -> str:
@@ -666,7 +702,7 @@ def _worker(raw_path: str, device: str, grad_clip: str, scope: str = "all") -> N
     started = time.perf_counter()
     out: dict = {"world": world, "backend": backend, "torch": torch.__version__, "hostname": socket.gethostname(),
                  "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1),
-                 "device_name": torch.cuda.get_device_name() if device == "cuda" else "cpu"}
+                 "device_name": torch.cuda.get_device_name() if device == "cuda" else "cpu", "cpu_model": cpu_model()}
 
     # The compute rates, the median of COMPUTE_ROUNDS sweeps: one sweep's 20-run medians (milliseconds each on CPU)
     # move 2x when another process lands on it (the fp32 GEMM rate at side 128 on this 2-core box: 0.097 TFLOP/s
@@ -1560,7 +1596,14 @@ if __name__ == "__main__":
         for line in busy_warnings(raw):
             print(line, flush=True)
         base = sys.argv[4] if len(sys.argv) > 4 else None     # --network-only: cluster.profile
-        print(f"wrote {write_profile(raw, sys.argv[3], raw['seconds'], base)} (use it: cluster.profile={sys.argv[3]})")
+        from launcher.config.errors import ConfigError
+
+        try:
+            written = write_profile(raw, sys.argv[3], raw["seconds"], base)
+        except ConfigError as err:
+            print(f"calibrate: {err}", file=sys.stderr, flush=True)
+            sys.exit(2)
+        print(f"wrote {written} (use it: cluster.profile={sys.argv[3]})")
     elif sys.argv[1] == "--check":
         _check_worker(*sys.argv[2:5])
     else:

@@ -11,6 +11,7 @@ profile's, the job's own files in a new calibrate-* directory under runs_dir (no
 
 import json
 import subprocess
+import sys
 
 import pytest
 import yaml
@@ -78,3 +79,21 @@ def test_calibration_job_measures_both_links_and_writes_the_profile(slurm_env, t
         assert plan.returncode == 0, plan.stderr
         dp_comm.append(json.loads(plan.stdout)["step_time_breakdown_s"]["dp_comm_exposed"])
     assert dp_comm[0] > dp_comm[1] > 0, dp_comm
+
+    # The nodes' CPU is recorded (read here from /proc/cpuinfo, not by the launcher's code), and the fit refuses a
+    # base profile from another node type, before it writes anything: another CPU model, or another accelerator.
+    host_cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    assert m["cpu_model"] == host_cpu
+    other_cpu = ("AMD EPYC 7B13 64-Core Processor" if host_cpu != "AMD EPYC 7B13 64-Core Processor"
+                 else "Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz")
+    for key, theirs in (("cpu_model", other_cpu), ("device_name", "NVIDIA H100 80GB HBM3")):
+        other = yaml.safe_load(BASE.read_text())
+        other["measurements"][key] = theirs
+        base_path, refit = tmp_path / f"other-{key}.yaml", tmp_path / f"refit-{key}.yaml"
+        base_path.write_text(yaml.safe_dump(other))
+        fit = subprocess.run([sys.executable, "-m", "launcher.runtime.calibrate", "--fit", str(job_dir / "raw.json"),
+                              str(refit), str(base_path)], cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert fit.returncode == 2, fit.stdout + fit.stderr
+        assert f"cluster.profile='{base_path}'" in fit.stderr and f"measured on {theirs!r}" in fit.stderr, fit.stderr
+        assert f"measurements.{key}" in fit.stderr and "fix: calibrate one node of this type whole" in fit.stderr
+        assert "Traceback" not in fit.stderr and not refit.exists()

@@ -30,6 +30,8 @@ def test_calibrate_two_cpu_ranks_then_plan(tmp_path, capsys, monkeypatch):
     assert doc["version"] == PROFILE_VERSION
     raw = doc["measurements"]
     assert raw["world"] == 2 and raw["backend"] == "gloo"
+    # The host's CPU model, for a later --network-only calibration to check its nodes against (/proc/cpuinfo, read here).
+    assert raw["cpu_model"] == next(x.split(":", 1)[1].strip() for x in open("/proc/cpuinfo") if x.startswith("model name"))
     # Every measured rate is a real, positive number; all-reduce time grows with the bytes (16 MiB vs 4 KiB).
     for dtype in ("fp32", "bf16"):
         assert all(r > 0 for _, r in raw["gemm"][dtype]) and all(r > 0 for _, r in raw["attention"][dtype])
