@@ -257,7 +257,20 @@ def calibrate_job_values(cfg, job_dir: Path, out: Path, workdir: Path, python: s
         "grad_clip": _q(float(cfg.optimizer.grad_clip)),
         "scope": "network" if base else "all",
         "fit_base": f" {_q(Path(base).expanduser().resolve())}" if base else "",
+        "node_check": _node_check(base, "cuda" if gpu_job else "cpu"),
     }
+
+
+def _node_check(base: Optional[str], device: str) -> str:
+    """A --network-only job's first step: every node checks that it is `base`'s node type (accelerator and CPU
+    model, launcher/runtime/calibrate.py refuse_other_node_type) before any rank measures, so that a mismatch ends
+    the job in seconds, not after minutes of measuring. Nothing for a whole calibration. Without --kill-on-bad-exit:
+    every node says what it found, and srun's exit is the check's 2, not the 143 of a node killed mid-check."""
+    if not base:
+        return ""
+    return ("# ---- --network-only: each node must be cluster.profile's node type, checked before anything is measured --\n"
+            "srun --ntasks-per-node=1 \"$PYTHON\" -m launcher.runtime.calibrate --node-type "
+            f"{_q(Path(base).expanduser().resolve())} {device}\n")
 
 
 _PLACEHOLDER = re.compile(r"\{\{\s*(\w+)\s*\}\}")

@@ -146,6 +146,8 @@ def calibrate(cfg, out: str, progress=None, network_only: bool = False) -> Path:
     progress = progress or (lambda line: print(line, file=sys.stderr, flush=True))
     nproc, device = _local_ranks(cfg)
     base = network_base(cfg, network_only)
+    if base:    # before any rank starts: a mismatched base would have the ranks measure for minutes, then refuse
+        refuse_other_node_type(base_measurements(base), this_node_type(device), base, measured=False)
     started = time.perf_counter()
     raw = _run_ranks(nproc, device, lambda raw_path: [str(raw_path), device, str(float(cfg.optimizer.grad_clip)),
                                                      NETWORK if base else ALL], progress)
@@ -442,7 +444,7 @@ def _write_network_profile(raw: dict, out: str, seconds: float, base: str) -> Pa
     from launcher.plan.profile import PROFILE_VERSION, Link
 
     doc = yaml.safe_load(Path(base).expanduser().read_text())     # a new dict: _parse_profile's is cached, shared
-    refuse_other_node_type(doc.get("measurements") or {}, raw, base)
+    refuse_other_node_type(doc.get("measurements") or {}, raw, base)    # again: nodes checked before (--node-type)
     network, span = _network_fit(raw)
     for name, value in network.items():
         if isinstance(value, Link):
@@ -463,24 +465,47 @@ def _write_network_profile(raw: dict, out: str, seconds: float, base: str) -> Pa
     return _write_doc(doc, out, seconds, raw, [])
 
 
-def refuse_other_node_type(base_measured: dict, raw: dict, base: str) -> None:
-    """A network-only job's nodes must be the base profile's node type: the same accelerator (its name, as torch
-    reports it) and the same host CPU (its model name: the host terms, the engine's per-tensor costs and CPU ranks'
-    compute are the CPU's). network_base checked the device kind and the ranks a node before the job was submitted;
-    the names are known only on the nodes, so the fit checks them, before it writes anything. A base written before
-    profiles recorded the CPU model (2026-12-02) is checked on the accelerator's name alone."""
+def refuse_other_node_type(base_measured: dict, node: dict, base: str, measured: bool = True) -> None:
+    """A network-only calibration's nodes must be the base profile's node type: the same accelerator (its name, as
+    torch reports it) and the same host CPU (its model name: the host terms, the engine's per-tensor costs and CPU
+    ranks' compute are the CPU's). `node`: this_node_type(), or the ranks' raw measurements (`measured`: the fit,
+    after them). network_base checked the device kind and the ranks a node before the job was submitted; the names
+    are known only on the nodes, so each node checks them before its ranks start (`--node-type`, the job's first
+    step; calibrate() on the local node), and the fit again before it writes anything. A base written before profiles
+    recorded the CPU model (2026-12-02) is checked on the accelerator's name alone."""
     from launcher.config.errors import ConfigError
 
     for key, what in (("device_name", "accelerator"), ("cpu_model", "CPU")):
-        theirs, ours = base_measured.get(key), raw.get(key)
+        theirs, ours = base_measured.get(key), node.get(key)
         if theirs and ours and theirs != ours:
+            host = f" ({node['hostname']})" if node.get("hostname") else ""
             raise ConfigError(
                 "cluster.profile", base,
                 f"--network-only keeps this profile's compute, engine and framework figures, which were measured on "
-                f"{theirs!r} ({what}, measurements.{key}), and this job's nodes have {ours!r}: those figures do not "
-                f"describe them; nothing was written",
-                "calibrate one node of this type whole (`launcher submit --calibrate cluster.nodes=1 ... --out BASE`) "
-                "and pass that as cluster.profile, or submit without --network-only to measure everything")
+                f"{theirs!r} ({what}, measurements.{key}), and this node{host} has {ours!r}: those figures do not "
+                f"describe it; nothing was {'written' if measured else 'measured or written'}",
+                "calibrate one node of this type whole (`launcher calibrate --out BASE` on it, or `launcher submit "
+                "--calibrate cluster.nodes=1 ... --out BASE`) and pass that as cluster.profile, or drop --network-only "
+                "to measure everything")
+
+
+def base_measurements(base: str) -> dict:
+    """cluster.profile's `measurements` (what refuse_other_node_type compares), {} where it has none."""
+    import yaml
+
+    return (yaml.safe_load(Path(base).expanduser().read_text()) or {}).get("measurements") or {}
+
+
+def this_node_type(device: str) -> dict:
+    """{device_name, cpu_model, hostname} of this node, as _worker records them in the raw measurements."""
+    import socket
+
+    name = "cpu"
+    if device == "cuda":
+        import torch
+
+        name = torch.cuda.get_device_name()
+    return {"device_name": name, "cpu_model": cpu_model(), "hostname": socket.gethostname()}
 
 
 def cpu_model() -> str:
@@ -687,8 +712,6 @@ def _torch_dtype(name: str):
 
 
 def _worker(raw_path: str, device: str, grad_clip: str, scope: str = "all") -> None:
-    import socket
-
     import torch
     import torch.distributed as dist
 
@@ -700,9 +723,9 @@ def _worker(raw_path: str, device: str, grad_clip: str, scope: str = "all") -> N
     dtypes = tuple((name, _torch_dtype(name)) for name in ("fp32", "bf16"))
     sync, agree = _timer(device), _agreement(dist, dev)
     started = time.perf_counter()
-    out: dict = {"world": world, "backend": backend, "torch": torch.__version__, "hostname": socket.gethostname(),
+    out: dict = {"world": world, "backend": backend, "torch": torch.__version__,
                  "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1),
-                 "device_name": torch.cuda.get_device_name() if device == "cuda" else "cpu", "cpu_model": cpu_model()}
+                 **this_node_type(device)}
 
     # The compute rates, the median of COMPUTE_ROUNDS sweeps: one sweep's 20-run medians (milliseconds each on CPU)
     # move 2x when another process lands on it (the fp32 GEMM rate at side 128 on this 2-core box: 0.097 TFLOP/s
@@ -1604,6 +1627,16 @@ if __name__ == "__main__":
             print(f"calibrate: {err}", file=sys.stderr, flush=True)
             sys.exit(2)
         print(f"wrote {written} (use it: cluster.profile={sys.argv[3]})")
+    elif sys.argv[1] == "--node-type":
+        # A --network-only job's first step, on every node before its ranks start: BASE DEVICE (calibrate.sbatch.tmpl).
+        from launcher.config.errors import ConfigError
+
+        try:
+            refuse_other_node_type(base_measurements(sys.argv[2]), this_node_type(sys.argv[3]), sys.argv[2],
+                                   measured=False)
+        except ConfigError as err:
+            print(f"calibrate: {err}", file=sys.stderr, flush=True)
+            sys.exit(2)
     elif sys.argv[1] == "--check":
         _check_worker(*sys.argv[2:5])
     else:

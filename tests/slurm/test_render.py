@@ -331,8 +331,12 @@ def test_network_only_calibration_keeps_the_profile_it_names_and_refuses_one_tha
     assert out.returncode == 0, out.stderr
     assert re.search(r'-m launcher\.runtime\.calibrate "\$RAW" cuda \S+ network$', out.stdout, re.M)
     assert f'--fit "$RAW" "$OUT" {shlex.quote(str(node))}\n' in out.stdout
+    # Each node checks it is the base's node type before any rank measures: a step before the ranks' srun.
+    check = f'"$PYTHON" -m launcher.runtime.calibrate --node-type {shlex.quote(str(node))} cuda\n'
+    assert check in out.stdout and out.stdout.index(check) < out.stdout.index("-m torch.distributed.run")
     whole = run(f"cluster.profile={node}", "--dry-run")
     assert re.search(r'calibrate "\$RAW" cuda \S+ all$', whole.stdout, re.M) and '--fit "$RAW" "$OUT"\n' in whole.stdout
+    assert "--node-type" not in whole.stdout
 
     for extra, key, said in (
             (("--network-only",), "cluster.profile", "no profile is given"),
@@ -346,3 +350,28 @@ def test_network_only_calibration_keeps_the_profile_it_names_and_refuses_one_tha
     train = subprocess.run([LAUNCHER, "submit", "--network-only", "recipe=tiny", f"runs_dir={runs}", "--dry-run"],
                            cwd=tmp_path, capture_output=True, text=True, timeout=120, env={**os.environ, "PATH": NO_SBATCH})
     assert train.returncode == 2 and "--network-only" in train.stderr and "calibration job" in train.stderr
+
+
+def test_local_network_only_calibration_refuses_a_base_from_another_cpu_before_any_rank_starts(tmp_path):
+    """`launcher calibrate --network-only` on this node, with a base profile that names another CPU model: exit 2 with
+    the paragraph (the key, both models, the fix) at once, no rank started, no profile written. The CPU model is
+    read here from /proc/cpuinfo, not by the launcher's code."""
+    import yaml
+
+    host_cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    other_cpu = ("AMD EPYC 7B13 64-Core Processor" if host_cpu != "AMD EPYC 7B13 64-Core Processor"
+                 else "Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz")
+    doc = yaml.safe_load((REPO / "bench/steptime/profile.yaml").read_text())
+    doc["measurements"]["cpu_model"] = other_cpu
+    base, out = tmp_path / "other-cpu.yaml", tmp_path / "profiles" / "net.yaml"
+    base.write_text(yaml.safe_dump(doc))
+    bad = subprocess.run([LAUNCHER, "calibrate", "--network-only", "cluster=cpu", "cluster.gpus_per_node=2",
+                          f"cluster.profile={base}", "--out", str(out)], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=120)
+    said = " ".join(bad.stderr.split())
+    assert bad.returncode == 2, bad.stdout + bad.stderr
+    assert f"cluster.profile='{base}'" in said and f"measured on {other_cpu!r}" in said and repr(host_cpu) in said
+    assert "nothing was measured or written" in said and "fix: calibrate one node of this type whole" in said
+    # No rank started: a network-only rank prints a line as each probe ends, the collectives first.
+    assert "Traceback" not in bad.stderr and "calibrate: collectives" not in bad.stderr
+    assert not out.parent.exists()

@@ -97,3 +97,31 @@ def test_calibration_job_measures_both_links_and_writes_the_profile(slurm_env, t
         assert f"cluster.profile='{base_path}'" in fit.stderr and f"measured on {theirs!r}" in fit.stderr, fit.stderr
         assert f"measurements.{key}" in fit.stderr and "fix: calibrate one node of this type whole" in fit.stderr
         assert "Traceback" not in fit.stderr and not refit.exists()
+
+
+def test_network_only_job_with_a_base_from_another_cpu_ends_before_measuring(slurm_env, tmp_path):
+    """The same job with a base profile that names another CPU model: its first step, on each node, refuses before
+    any rank starts. The job fails with exit 2, its log holds the paragraph (the key, both models, the node, the fix),
+    no raw measurements and no profile are written."""
+    host_cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    other_cpu = ("AMD EPYC 7B13 64-Core Processor" if host_cpu != "AMD EPYC 7B13 64-Core Processor"
+                 else "Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz")
+    other = yaml.safe_load(BASE.read_text())
+    other["measurements"]["cpu_model"] = other_cpu
+    base = tmp_path / "other-cpu.yaml"
+    base.write_text(yaml.safe_dump(other))
+    runs, out = tmp_path / "runs", tmp_path / "profiles" / "net.yaml"
+    submitted = submit(["--calibrate", "--network-only", "cluster=cpu", "cluster.nodes=2", "cluster.gpus_per_node=2",
+                        "cluster.time=20", "cluster.master_port=29660", f"cluster.profile={base}", f"runs_dir={runs}",
+                        "--out", str(out)], slurm_env)
+    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+    job_id = job_id_of(submitted.stdout)
+    fields = wait_job(job_id, slurm_env, timeout_s=300)
+    (job_dir,) = runs.iterdir()
+    log = (job_dir / f"slurm-{job_id}.out").read_text()
+    said = " ".join(log.split())
+    assert fields["JobState"] == "FAILED" and fields["ExitCode"] == "2:0", (fields, log[-3000:])
+    assert f"cluster.profile='{base}'" in said and f"measured on {other_cpu!r}" in said and repr(host_cpu) in said
+    assert "nothing was measured or written" in said and "fix: calibrate one node of this type whole" in said
+    assert "Traceback" not in log and "calibrate: collectives" not in log
+    assert sorted(p.name for p in job_dir.iterdir()) == ["job.sbatch", f"slurm-{job_id}.out"] and not out.parent.exists()
