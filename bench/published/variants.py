@@ -1,6 +1,7 @@
 """Diagnostics, not the benchmark: bench/published/compare.py as committed, then with the planner's element-wise
 operators charged as the fused kernels many published runs used instead of the eager ones the launcher's runtime
-(transformers' modules) runs. Each variant is launcher/plan/steptime.py with named lines replaced, loaded as a
+(transformers' modules) runs; OWN_ATTENTION, the cited rates of attention kernels other than the launcher's, which
+compare.py's second view charges the runs that used them. Each variant is launcher/plan/steptime.py with named lines replaced, loaded as a
 separate module; nothing is fitted. The readings in compare.py quote this output.
 
     PYTHONPATH=$PWD .venv/bin/python bench/published/variants.py                # every variant
@@ -62,6 +63,41 @@ VARIANTS = {
 # A record's `elementwise_kernels: fused` (runs.yaml) -> the variant that charges its architecture's fused kernels
 # (compare.py's second view). BLOOM has none written: its one run is charged as the launcher's runtime either way.
 FUSED_BY_ARCH = {"llama": "fused-llama", "gpt": "fused-gelu"}
+
+
+# A record's `attention_kernel` -> its kernel's causal forward + backward rate (TFLOP/s by sequence length, as the
+# built-in profiles' FlashAttention-2 tables: launcher/plan/profile.py), head dimension 128 and 64, by GPU, for the
+# kernels that are not the launcher's class (compare.py's second view; the headline charges FlashAttention-2's).
+# "triton": MPT's `attn_impl: triton`, llm-foundry's llmfoundry/models/layers/flash_attn_triton.py, whose header
+# says it is Tri Dao's "*Experimental* implementation of FlashAttention in Triton" (backward autotuned between two
+# 128 x 128 configs, num_stages=1; "Triton backward is generally slower than CUDA backward"). A100: that kernel's
+# bars in the FlashAttention-2 paper (Dao 2023, arXiv:2307.08691), fig. 4(d) (head dimension 128) and 4(c) (64),
+# "FlashAttention Triton", causal, forward + backward, read as printed above each bar (the flash-attention
+# repository's assets/flash2_a100_fwd_bwd_benchmark.png). H100: fig. 7 has no Triton bars; its "FlashAttention"
+# (FlashAttention-1, also not Hopper-tuned) bars stand in, an assumption: on the A100 the Triton bars are 0.82-1.07x
+# FlashAttention-1's at head dimension 64 and 0.91-0.99x at 128. Past 16k the tables hold their 16k rate (as
+# the profiles' do). Nothing here is fitted to the runs.
+OWN_ATTENTION = {
+    "triton": {
+        "a100": {128: [[512, 50], [1024, 61], [2048, 68], [4096, 74], [8192, 78], [16384, 80]],
+                 64: [[512, 59], [1024, 75], [2048, 79], [4096, 76], [8192, 79], [16384, 80]]},
+        "h100": {128: [[512, 98], [1024, 109], [2048, 108], [4096, 126], [8192, 135], [16384, 137]],
+                 64: [[512, 104], [1024, 123], [2048, 136], [4096, 138], [8192, 149], [16384, 156]]},
+    },
+}
+
+
+def own_attention(hw, kernel: str | None):
+    """`hw` with its profile's attention tables replaced by `kernel`'s (OWN_ATTENTION) for its GPU; `hw` itself
+    where the kernel is the launcher's class or its rates on that GPU are not written."""
+    from dataclasses import replace
+
+    tables = OWN_ATTENTION.get(kernel or "", {}).get(hw.profile.name.split("-")[0])
+    if not tables:
+        return hw
+    by_dtype = {hd: {"bf16": t, "fp16": t} for hd, t in tables.items()}
+    return replace(hw, profile=replace(hw.profile, attention_table=by_dtype[128], attention_head_dim=128.0,
+                                       attention_table_by_head_dim={64: by_dtype[64]}))
 
 
 def variant_module(name: str):
