@@ -178,6 +178,9 @@ def own_kernels_model():
     has cited rates of its own (variants.OWN_ATTENTION: MPT's Triton FlashAttention), those in place of the profile's
     FlashAttention-2 tables. Nothing fitted. Every other run as the launcher's runtime (None: the headline's prediction
     stands, not computed again). A diagnostic beside the headline, which charges the launcher's own kernels."""
+    import sys
+    if str(HERE) not in sys.path:     # variants.py sits beside this file (bench/ is not a package)
+        sys.path.insert(0, str(HERE))
     import variants
     mods = {arch: variants.variant_module(name) for arch, name in variants.FUSED_BY_ARCH.items()}
 
@@ -238,10 +241,12 @@ TRACK_FIELDS = ("id", "gpu", "zero", "tp", "pp", "seq", "hidden", "micro_batch",
 
 def track_record(rows: list[dict]) -> dict:
     """launcher/plan/track_record.json: the model's error per published run, which `launcher plan` reports for the
-    runs most like a layout (launcher/plan/track_record.py). Errors rounded to 4 decimals."""
+    runs most like a layout (launcher/plan/track_record.py), and its error with each run's own kernels (the second
+    view, own_kernels_model). Errors rounded to 4 decimals."""
     return {"written_by": "bench/published/compare.py from bench/published/runs.yaml",
             "model": "launcher.plan.steptime:estimate_step_time",
-            "runs": [{**{k: r[k] for k in TRACK_FIELDS}, "error": round(r["error"], 4)} for r in rows]}
+            "runs": [{**{k: r[k] for k in TRACK_FIELDS}, "error": round(r["error"], 4),
+                      "error_own_kernels": round(r["error_own_kernels"], 4)} for r in rows]}
 
 
 def summary(rows: list[dict], key: str = "error") -> dict:

@@ -4,7 +4,8 @@
 should see how that prediction has fared. bench/published/compare.py holds the model to every published run it
 can express (bench/published/runs.yaml, with sources) and writes one line per run to track_record.json beside
 this file: the run's GPU, ZeRO stage, TP, PP, sequence length and attention kernel, and the model's error
-(predicted / measured tokens per second - 1; + means the model was too fast). tests/plan/test_track_record.py
+(predicted / measured tokens per second - 1; + means the model was too fast), charging the launcher's runtime and,
+beside it, charging the run's own element-wise and attention kernels (compare.py's second view). tests/plan/test_track_record.py
 regenerates it and fails when it is stale, so the record always describes the model as it is.
 
 `similar` picks the published runs most like a layout (of a model within 2x of a published run's width), by what shapes the model's error most: the same ZeRO
@@ -80,10 +81,12 @@ def similar(gpu: str, zero_stage: int, pipeline_degree: int, tensor_degree: int,
             break
     labels = [label for label, _ in used] + ([] if len(used) > 3 else ["any GPU"])
     return {**_summary([r["error"] for r in match]), "gpu": gpu, "matched_on": labels,
+            "own_kernels": _summary([r.get("error_own_kernels", r["error"]) for r in match]),
             "other_attention_kernel": sum(r["attention_kernel"] != "launcher's" for r in match),
             "other_attention_kernels": sorted({r["attention_kernel"] for r in match} - {"launcher's"}),
             "fused_elementwise": sum(r.get("elementwise_kernels") == "fused" for r in match),
-            "all_runs": _summary([r["error"] for r in runs])}
+            "all_runs": _summary([r["error"] for r in runs]),
+            "all_runs_own_kernels": _summary([r.get("error_own_kernels", r["error"]) for r in runs])}
 
 
 def describe(rec: dict) -> str:
@@ -94,9 +97,19 @@ def describe(rec: dict) -> str:
     # the model charges the launcher's eager norms / activations / rotary; runs with fused ones were faster by that
     fused = (f"; {rec['fused_elementwise']} ran fused element-wise kernels (the launcher runs transformers' eager "
              f"ones, and the model charges those)" if rec.get("fused_elementwise") else "")
-    a = rec["all_runs"]
+    # the same runs charged with their own kernels (bench/published/compare.py's second view): what is left is the
+    # model's terms, not the software the runs differed in
+    own = rec.get("own_kernels")
+    own = (f"; with each run's own kernels charged (fused element-wise ones; MPT's Triton attention at its rates), "
+           f"{own['min_error']:+.0%} to {own['max_error']:+.0%}, median |error| {own['median_abs_error']:.0%}, "
+           f"{own['within_10pct']:.0%} within 10%"
+           if own and (rec["other_attention_kernel"] or rec.get("fused_elementwise")) else "")
+    a, a_own = rec["all_runs"], rec.get("all_runs_own_kernels")
+    a_own = (f" ({a_own['within_10pct']:.0%} and {a_own['within_20pct']:.0%} with their own kernels)"
+             if a_own else "")
     return (f"{rec['runs']} published runs like this one ({', '.join(rec['matched_on'])}): the model was "
             f"{rec['min_error']:+.0%} to {rec['max_error']:+.0%} off (+: too fast), median |error| "
-            f"{rec['median_abs_error']:.0%}, {rec['within_10pct']:.0%} within 10%{kernel}{fused}. "
+            f"{rec['median_abs_error']:.0%}, {rec['within_10pct']:.0%} within 10%{kernel}{fused}{own}. "
             f"All {a['runs']} runs: "
-            f"{a['within_10pct']:.0%} within 10%, {a['within_20pct']:.0%} within 20% (bench/published/results.md)")
+            f"{a['within_10pct']:.0%} within 10%, {a['within_20pct']:.0%} within 20%{a_own} "
+            f"(bench/published/results.md)")

@@ -27,7 +27,7 @@ def test_committed_track_record_is_the_models_error_today():
     # Every planner change that moves a prediction must re-run bench/published/compare.py, which rewrites the file.
     compare = _compare_module()
     records = yaml.safe_load((ROOT / "bench" / "published" / "runs.yaml").read_text())
-    rows = compare.compare(records, compare.default_model)["rows"]
+    rows = compare.compare(records, compare.default_model, predict_own=compare.own_kernels_model())["rows"]
     fresh = compare.track_record(rows)
     committed = json.loads(track_record.PATH.read_text())
     assert committed == fresh, "stale: run `PYTHONPATH=$PWD .venv/bin/python bench/published/compare.py`"
@@ -35,15 +35,16 @@ def test_committed_track_record_is_the_models_error_today():
 
 
 def _run(id_, gpu="a100-80gb", zero=0, tp=1, pp=1, seq=2048, error=0.0, kernel="launcher's", hidden=4096,
-         elementwise="eager"):
+         elementwise="eager", own=None):
     return {"id": id_, "gpu": gpu, "zero": zero, "tp": tp, "pp": pp, "seq": seq, "hidden": hidden, "micro_batch": 1,
-            "recompute": "none", "attention_kernel": kernel, "elementwise_kernels": elementwise, "error": error}
+            "recompute": "none", "attention_kernel": kernel, "elementwise_kernels": elementwise, "error": error,
+            "error_own_kernels": error if own is None else own}
 
 
 def test_similar_keeps_the_layout_class_before_the_gpu_and_the_sequence():
     runs = ([_run(f"z3-{i}", zero=3, seq=2048, error=0.01 * (i + 1)) for i in range(5)]              # +1..+5%
             + [_run(f"z3-long-{i}", zero=3, seq=32768, error=0.5, kernel="triton",
-                    elementwise="fused" if i < 3 else "eager") for i in range(5)]
+                    elementwise="fused" if i < 3 else "eager", own=-0.01 * (i + 1)) for i in range(5)]
             + [_run(f"ptdp-{i}", gpu="a100-40gb", tp=8, pp=4, error=-0.1) for i in range(3)]
             + [_run(f"ptdp-80-{i}", tp=8, pp=4, error=0.2) for i in range(2)]
             + [_run("h100", gpu="h100-80gb", zero=3)])
@@ -59,6 +60,14 @@ def test_similar_keeps_the_layout_class_before_the_gpu_and_the_sequence():
     assert rec["other_attention_kernels"] == ["triton"]
     assert "5 of them ran another attention kernel (MosaicML's Triton FlashAttention)" in track_record.describe(rec)
     assert rec["fused_elementwise"] == 3 and "; 3 ran fused element-wise kernels" in track_record.describe(rec)
+    # The same five charged with their own kernels (-1 .. -5%): said beside the record, only where some ran others.
+    assert ("; with each run's own kernels charged (fused element-wise ones; MPT's Triton attention at its rates), "
+            "-5% to -1%, median |error| 3%, 100% within 10%. All 16 runs: 56% within 10%, 69% within 20% (88% and 100% "
+            "with their own kernels)" in track_record.describe(rec))
+    # (All 16: within 10% the five +1..+5%, the three -10% and the H100's 0 = 9; within 20% also the two +20% = 11;
+    # with their own kernels the five long runs join both: 14 and 16.)
+    plain = track_record.similar("a100-80gb", 3, 1, 1, 4096, 4096, runs)     # the five +1..+5% runs, eager, FA2
+    assert "each run's own kernels charged" not in track_record.describe(plain)
     # TP x PP on a100-80gb: two runs there, so the GPU and the sequence are dropped, the layout class kept: 5 runs.
     rec = track_record.similar("a100-80gb", 1, 4, 8, 2048, 4096, runs)
     assert rec["matched_on"] == ["ZeRO 0-2", "a pipeline", "TP", "any GPU"]
