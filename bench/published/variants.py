@@ -1,8 +1,8 @@
 """Diagnostics, not the benchmark: bench/published/compare.py as committed, then with the planner's element-wise
 operators charged as the fused kernels many published runs used instead of the eager ones the launcher's runtime
 (transformers' modules) runs; OWN_ATTENTION, the cited rates of attention kernels other than the launcher's, which
-compare.py's second view charges the runs that used them. Each variant is launcher/plan/steptime.py with named lines replaced, loaded as a
-separate module; nothing is fitted. The readings in compare.py quote this output.
+compare.py's second view charges the runs that used them. Each variant is launcher/plan/steptime.py with named
+lines replaced, loaded as a separate module; nothing is fitted. The readings in compare.py quote this output.
 
     PYTHONPATH=$PWD .venv/bin/python bench/published/variants.py                # every variant
     PYTHONPATH=$PWD .venv/bin/python bench/published/variants.py fused-gelu     # one
