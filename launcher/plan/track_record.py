@@ -99,17 +99,16 @@ def describe(rec: dict) -> str:
              f"ones, and the model charges those)" if rec.get("fused_elementwise") else "")
     # the same runs charged with their own kernels (bench/published/compare.py's second view): what is left is the
     # model's terms, not the software the runs differed in
-    own = rec.get("own_kernels")
+    o = rec.get("own_kernels")
     own = (f"; with each run's own kernels charged (fused element-wise ones; MPT's Triton attention at its rates), "
-           f"{own['min_error']:+.0%} to {own['max_error']:+.0%}, median |error| {own['median_abs_error']:.0%}, "
-           f"{own['within_10pct']:.0%} within 10%"
-           if own and (rec["other_attention_kernel"] or rec.get("fused_elementwise")) else "")
-    a, a_own = rec["all_runs"], rec.get("all_runs_own_kernels")
-    a_own = (f" ({a_own['within_10pct']:.0%} and {a_own['within_20pct']:.0%} with their own kernels)"
-             if a_own else "")
+           f"{o['min_error']:+.0%} to {o['max_error']:+.0%}, median |error| {o['median_abs_error']:.0%}, "
+           f"{o['within_10pct']:.0%} within 10%"
+           if o and (rec["other_attention_kernel"] or rec.get("fused_elementwise")) else "")
+    a, ao = rec["all_runs"], rec.get("all_runs_own_kernels")
+    all_own = f" ({ao['within_10pct']:.0%} and {ao['within_20pct']:.0%} with their own kernels)" if ao else ""
     return (f"{rec['runs']} published runs like this one ({', '.join(rec['matched_on'])}): the model was "
             f"{rec['min_error']:+.0%} to {rec['max_error']:+.0%} off (+: too fast), median |error| "
             f"{rec['median_abs_error']:.0%}, {rec['within_10pct']:.0%} within 10%{kernel}{fused}{own}. "
             f"All {a['runs']} runs: "
-            f"{a['within_10pct']:.0%} within 10%, {a['within_20pct']:.0%} within 20%{a_own} "
+            f"{a['within_10pct']:.0%} within 10%, {a['within_20pct']:.0%} within 20%{all_own} "
             f"(bench/published/results.md)")

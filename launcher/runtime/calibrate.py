@@ -168,7 +168,7 @@ def network_base(cfg, network_only: bool) -> str | None:
     compute figures are taken back to one rank alone by the ranks a node that shared the cores
     (launcher/plan/profile.py alone_rates)."""
     from launcher.config.errors import ConfigError
-    from launcher.plan.profile import _parse_profile, load_profile
+    from launcher.plan.profile import load_profile
 
     if not network_only:
         return None
@@ -178,7 +178,7 @@ def network_base(cfg, network_only: bool) -> str | None:
                           "a profile of this node type and measures only the network, and no profile is given",
                           "add cluster.profile=PATH (a one-node `launcher calibrate --out PATH`), or drop --network-only")
     load_profile(path)     # a readable, current profile, or its own ConfigError
-    measured = (_parse_profile(Path(path).expanduser().read_text()).get("measurements") or {})
+    measured = base_measurements(path)
     kind = _local_ranks(cfg)[1]
     base_kind = "cpu" if measured.get("device_name") == "cpu" else "cuda"
     if kind != base_kind:
@@ -490,10 +490,11 @@ def refuse_other_node_type(base_measured: dict, node: dict, base: str, measured:
 
 
 def base_measurements(base: str) -> dict:
-    """cluster.profile's `measurements` (what refuse_other_node_type compares), {} where it has none."""
-    import yaml
+    """cluster.profile's `measurements` (what network_base and refuse_other_node_type read), {} where it has none;
+    through profile.py's cached parse, so network_base and calibrate() parse the file once."""
+    from launcher.plan.profile import _parse_profile
 
-    return (yaml.safe_load(Path(base).expanduser().read_text()) or {}).get("measurements") or {}
+    return _parse_profile(Path(base).expanduser().read_text()).get("measurements") or {}
 
 
 def this_node_type(device: str) -> dict:

@@ -17,6 +17,24 @@ CANNOT_INSTALL = 3
 TEST_PORTS = {"LAUNCHER_SLURM_CTLD_PORT": "16917", "LAUNCHER_SLURM_NODE_PORT": "17101"}
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED"}
 
+def cpu_models() -> tuple[str, str]:
+    """(this host's CPU model, another one): the host's read here from /proc/cpuinfo, not by the launcher's code, for
+    the tests of --network-only's node-type check."""
+    host = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    other = "AMD EPYC 7B13 64-Core Processor"
+    return host, other if host != other else "Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz"
+
+
+def profile_naming(base: Path, out: Path, key: str, value: str) -> Path:
+    """A copy of the profile `base` at `out` whose measurements.`key` says `value` (another node type)."""
+    import yaml
+
+    doc = yaml.safe_load(base.read_text())
+    doc["measurements"][key] = value
+    out.write_text(yaml.safe_dump(doc))
+    return out
+
+
 # The small model of tests/train (2 layers of width 32, 300 kB of stdlib): each 2-node launch takes seconds.
 MODEL = ["model.hidden_size=32", "model.num_hidden_layers=2", "model.num_attention_heads=2", "model.num_key_value_heads=2",
          "model.intermediate_size=64", "model.vocab_size=320", "model.max_position_embeddings=64"]

@@ -355,16 +355,12 @@ def test_network_only_calibration_keeps_the_profile_it_names_and_refuses_one_tha
 def test_local_network_only_calibration_refuses_a_base_from_another_cpu_before_any_rank_starts(tmp_path):
     """`launcher calibrate --network-only` on this node, with a base profile that names another CPU model: exit 2 with
     the paragraph (the key, both models, the fix) at once, no rank started, no profile written. The CPU model is
-    read here from /proc/cpuinfo, not by the launcher's code."""
-    import yaml
+    read by the test from /proc/cpuinfo, not by the launcher's code (slurm_helpers.cpu_models)."""
+    from slurm_helpers import cpu_models, profile_naming
 
-    host_cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
-    other_cpu = ("AMD EPYC 7B13 64-Core Processor" if host_cpu != "AMD EPYC 7B13 64-Core Processor"
-                 else "Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz")
-    doc = yaml.safe_load((REPO / "bench/steptime/profile.yaml").read_text())
-    doc["measurements"]["cpu_model"] = other_cpu
-    base, out = tmp_path / "other-cpu.yaml", tmp_path / "profiles" / "net.yaml"
-    base.write_text(yaml.safe_dump(doc))
+    host_cpu, other_cpu = cpu_models()
+    base = profile_naming(REPO / "bench/steptime/profile.yaml", tmp_path / "other-cpu.yaml", "cpu_model", other_cpu)
+    out = tmp_path / "profiles" / "net.yaml"
     bad = subprocess.run([LAUNCHER, "calibrate", "--network-only", "cluster=cpu", "cluster.gpus_per_node=2",
                           f"cluster.profile={base}", "--out", str(out)], cwd=tmp_path, capture_output=True, text=True,
                          timeout=120)

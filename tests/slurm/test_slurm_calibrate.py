@@ -16,7 +16,7 @@ import sys
 import pytest
 import yaml
 
-from slurm_helpers import LAUNCHER, REPO, job_id_of, submit, wait_job
+from slurm_helpers import LAUNCHER, REPO, cpu_models, job_id_of, profile_naming, submit, wait_job
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 BASE = REPO / "bench" / "steptime" / "profile.yaml"
@@ -82,15 +82,11 @@ def test_calibration_job_measures_both_links_and_writes_the_profile(slurm_env, t
 
     # The nodes' CPU is recorded (read here from /proc/cpuinfo, not by the launcher's code), and the fit refuses a
     # base profile from another node type, before it writes anything: another CPU model, or another accelerator.
-    host_cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    host_cpu, other_cpu = cpu_models()
     assert m["cpu_model"] == host_cpu
-    other_cpu = ("AMD EPYC 7B13 64-Core Processor" if host_cpu != "AMD EPYC 7B13 64-Core Processor"
-                 else "Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz")
     for key, theirs in (("cpu_model", other_cpu), ("device_name", "NVIDIA H100 80GB HBM3")):
-        other = yaml.safe_load(BASE.read_text())
-        other["measurements"][key] = theirs
-        base_path, refit = tmp_path / f"other-{key}.yaml", tmp_path / f"refit-{key}.yaml"
-        base_path.write_text(yaml.safe_dump(other))
+        base_path = profile_naming(BASE, tmp_path / f"other-{key}.yaml", key, theirs)
+        refit = tmp_path / f"refit-{key}.yaml"
         fit = subprocess.run([sys.executable, "-m", "launcher.runtime.calibrate", "--fit", str(job_dir / "raw.json"),
                               str(refit), str(base_path)], cwd=REPO, capture_output=True, text=True, timeout=120)
         assert fit.returncode == 2, fit.stdout + fit.stderr
@@ -103,13 +99,8 @@ def test_network_only_job_with_a_base_from_another_cpu_ends_before_measuring(slu
     """The same job with a base profile that names another CPU model: its first step, on each node, refuses before
     any rank starts. The job fails with exit 2, its log holds the paragraph (the key, both models, the node, the fix),
     no raw measurements and no profile are written."""
-    host_cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
-    other_cpu = ("AMD EPYC 7B13 64-Core Processor" if host_cpu != "AMD EPYC 7B13 64-Core Processor"
-                 else "Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz")
-    other = yaml.safe_load(BASE.read_text())
-    other["measurements"]["cpu_model"] = other_cpu
-    base = tmp_path / "other-cpu.yaml"
-    base.write_text(yaml.safe_dump(other))
+    host_cpu, other_cpu = cpu_models()
+    base = profile_naming(BASE, tmp_path / "other-cpu.yaml", "cpu_model", other_cpu)
     runs, out = tmp_path / "runs", tmp_path / "profiles" / "net.yaml"
     submitted = submit(["--calibrate", "--network-only", "cluster=cpu", "cluster.nodes=2", "cluster.gpus_per_node=2",
                         "cluster.time=20", "cluster.master_port=29660", f"cluster.profile={base}", f"runs_dir={runs}",
