@@ -369,7 +369,7 @@ def render_plan(s: dict, console) -> None:
     table = Table(title=f"launcher plan: {s['recipe'] or s['model']}", title_justify="left")
     table.add_column("quantity", style="bold")
     table.add_column("value", justify="right")
-    table.add_column("how", style="dim")
+    table.add_column("how", style="dim", overflow="fold")   # a path or config key folds, never cut to "…"
     for row in _rows(s):
         table.add_row(*row)
     console.print(table)
@@ -399,7 +399,7 @@ def render_search(rows: list[dict], counts: dict, console, held: dict | None = N
                   caption=caption, caption_justify="left")
     for col, just in (("#", "right"), ("layout", "left"), ("tokens/s", "right"), ("step", "right"), ("MFU", "right"),
                       ("memory", "right"), ("why", "left")):
-        table.add_column(col, justify=just, style="dim" if col == "why" else None)
+        table.add_column(col, justify=just, style="dim" if col == "why" else None, overflow="fold")
     for i, r in enumerate(rows, 1):
         table.add_row(str(i), r["layout"], f"{r['tokens_per_s']:,.0f}", f"{r['step_time_s']:.2f} s", f"{r['mfu']:.1%}",
                       _gb(r["memory_total_bytes"]), r["why"])
