@@ -172,20 +172,28 @@ def device_only(hw):
 
 
 def own_kernels_model():
-    """The planner with each run's own kernels: where a record says `elementwise_kernels: fused` (TransformerEngine,
-    apex, Triton, XLA or Inductor fusion, a fused GELU), its architecture's fused variant of
-    launcher/plan/steptime.py (variants.py: one kernel a norm, an activation, a rotary); where its `attention_kernel`
-    has cited rates of its own (variants.OWN_ATTENTION: MPT's Triton FlashAttention), those in place of the profile's
-    FlashAttention-2 tables. Nothing fitted. Every other run as the launcher's runtime (None: the headline's prediction
-    stands, not computed again). A diagnostic beside the headline, which charges the launcher's own kernels."""
+    """The planner with each run's own kernels: where a record says `elementwise_kernels: fused` (TransformerEngine, apex,
+    Triton, XLA or Inductor fusion, a fused GELU), its architecture's fused variant of launcher/plan/steptime.py
+    (variants.py: one kernel a norm, an activation, a rotary); where its `attention_kernel` has cited rates of its
+    own (variants.OWN_ATTENTION: MPT's Triton FlashAttention), those in place of the profile's FlashAttention-2
+    tables; where it is Megatron's unfused core attention, the variant that charges its scores in memory
+    (variants.ATTENTION_VARIANTS). Nothing fitted. Every other run as the launcher's runtime (None: the headline's
+    prediction stands, not computed again). A diagnostic beside the headline, which charges the launcher's own
+    kernels."""
     import sys
     if str(HERE) not in sys.path:     # variants.py sits beside this file (bench/ is not a package)
         sys.path.insert(0, str(HERE))
     import variants
-    mods = {arch: variants.variant_module(name) for arch, name in variants.FUSED_BY_ARCH.items()}
+    mods: dict = {(): steptime}
 
     def predict(shape, st, hw, record) -> Optional[float]:
-        mod = mods.get(shape.arch, steptime) if record.get("elementwise_kernels") == "fused" else steptime
+        names = ((variants.FUSED_BY_ARCH[shape.arch],) if record.get("elementwise_kernels") == "fused"
+                 and shape.arch in variants.FUSED_BY_ARCH else ())
+        if record.get("attention_kernel") in variants.ATTENTION_VARIANTS:
+            names += (variants.ATTENTION_VARIANTS[record["attention_kernel"]],)
+        if names not in mods:
+            mods[names] = variants.variant_module(*names)
+        mod = mods[names]
         own_hw = variants.own_attention(hw, record.get("attention_kernel"))
         if mod is steptime and own_hw is hw:
             return None
@@ -258,10 +266,27 @@ def summary(rows: list[dict], key: str = "error") -> dict:
             "worst_abs_error": max(errs)}
 
 
-# Written by hand after the runs of 2026-12-03 (the Triton kernel's rates), 2026-12-02 (fms-fsdp added),
+# Written by hand after the runs of 2026-12-03 (Megatron's unfused attention; before it the Triton kernel's rates),
+# 2026-12-02 (fms-fsdp added),
 # 2026-11-29 05:05 UTC, 2026-11-28 10:00 UTC,
 # 2026-11-26 21:10 UTC, 2026-11-26 18:00 UTC and 2026-11-25 05:10 UTC (re-read it when the table is regenerated).
-READING = """Reading (2026-12-03, the second view charges MPT's Triton attention kernel at its own cited rates; the
+READING = """Reading (2026-12-03, later: the second view charges Megatron's unfused attention by its bytes; the
+headline did not move). The 21 Megatron / Megatron-DeepSpeed rows (Narayanan 2021, MT-NLG, BLOOM tr11, the Megatron
+README run) ran Megatron's core attention, which keeps the b x heads x s x s scores in 16-bit memory: QK^T and PV as
+batched GEMMs over the whole square (the causal half masked, not skipped), FusedScaleMaskSoftmax (read, write) and
+attention dropout at 0.1 (read, write, a 1-byte mask), the default of Megatron-LM's and Megatron-DeepSpeed's
+`--attention-dropout`, which BLOOM's tr11-176B-ml.slurm does not override: 9 bytes a score element forward, 11
+backward (dropout's and softmax's backward), as `bench/published/variants.py megatron-attention` (the planner's own
+eager-attention branch with those bytes; nothing fitted). Until now the second view charged them FlashAttention-2's
+rates: the small models of Narayanan's table 1 were +38% (1.7B, h 2304) and +22% (3.6B) too fast, now +0.2% and -4.1%;
+the 7.5B and 18.4B rows move from +3.5% / +2.4% to -9.4% / -6.4%; 15 of the 21 rows moved (the 6 ZeRO-3 rows are
+communication-bound in the model). The 21 rows in the second view: within 10% 52.4% -> 61.9%, within 20% 81.0% ->
+90.5%, median 9.9% -> 7.7%, mean +7.7% -> +2.0%. All expressible runs in the second view: within 10% 61.1% -> 61.8%,
+within 20% 87.0% -> 87.8%, median 7.9% -> 7.8%, worst 64.5% (the headline: 46.2%, 75.2%, 11.2%, 64.5%, unchanged).
+Still off among them: Narayanan's ZeRO-3 rows at micro-batch 4 (+36% / +42%), MT-NLG (+10 .. +16%), BLOOM tr11 (-12%)
+and the 529.6B PTD-P rows (-12%).
+
+Reading (2026-12-03, the second view charges MPT's Triton attention kernel at its own cited rates; the
 headline did not move). The long-sequence error of MosaicML's rows is their attention kernel. `attn_impl: triton` runs
 llm-foundry's copy of Tri Dao's "*Experimental* implementation of FlashAttention in Triton"
 (llmfoundry/models/layers/flash_attn_triton.py: 128 x 128 blocks, num_stages=1, a backward autotuned between
@@ -558,7 +583,9 @@ def render(result: dict, model_name: str) -> str:
                 "kernel each (bench/published/variants.py, by architecture); where it ran MPT's Triton FlashAttention "
                 "(`attention_kernel: triton`), its attention is charged at that kernel's cited rates "
                 "(variants.OWN_ATTENTION: the FlashAttention-2 paper's \"FlashAttention Triton\" bars on the A100, "
-                "its FlashAttention-1 bars standing in on the H100) instead of FlashAttention-2's (compare.py "
+                "its FlashAttention-1 bars standing in on the H100), and where it ran Megatron's core attention "
+                "(`attention_kernel: megatron_unfused`), the scores' GEMMs over the whole square and their softmax "
+                "and dropout bytes (variants.py megatron-attention), instead of FlashAttention-2's (compare.py "
                 "own_kernels_model; nothing fitted). The headline above charges the launcher's runtime "
                 "(transformers' eager operators, FlashAttention-2-class SDPA) for every run.", "",
                 "| set | runs | within 10% | within 20% | median abs error | worst |", "|---|---|---|---|---|---|"]

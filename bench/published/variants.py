@@ -18,6 +18,14 @@ Variants (bytes per kernel by the kernel's definition: each input read once, eac
                          18.9% of the hidden time: the mean computational slowdown under overlapped communication
                          measured on 4 A100 / H100 / MI250 / MI210 with GPT and LLaMA models (arXiv:2507.03114,
                          abstract: "an average computational slowdown of 18.9%, with a maximum of 40.0%")
+  megatron-attention     Megatron's core attention (Megatron-LM / Megatron-DeepSpeed before FlashAttention): QK^T
+                         and PV as batched GEMMs over the whole s x s square (the causal half is masked, not
+                         skipped), the scores in memory in the model's 16-bit dtype, FusedScaleMaskSoftmax (one
+                         kernel: read the scores, write the probabilities; its backward reads the output and the
+                         gradient, writes one) and attention dropout (torch's fused dropout: read, write, and a
+                         1-byte mask; backward reads the gradient and the mask, writes one). Dropout at 0.1, the
+                         default of both repositories' arguments.py (`--attention-dropout`, default=0.1), which no
+                         run here overrides where its script is published (BLOOM's tr11-176B-ml.slurm sets none)
 tests/plan/test_published_runs.py holds that every anchor line below is still in steptime.py, so a variant cannot
 silently stop applying.
 """
@@ -56,6 +64,13 @@ VARIANTS = {
          "            exposed = m * max(0.0, per_mb - hide) + m * 0.189 * min(per_mb, hide) + gather_s(par_b, r, link)\n"),
         ("            exposed = m * max(0.0, per_mb - hide)\n",
          "            exposed = m * max(0.0, per_mb - hide) + m * 0.189 * min(per_mb, hide)\n"),
+    ],
+    "megatron-attention": [
+        ("    if shape.flash_attention:\n",
+         "    if False:   # variant: Megatron's unfused core attention, the eager branch below\n"),
+        ("        mem_counted(scores * 2 * w + b * s * s * w + scores * 2 * F32 + casts, 2 + ck, scores * 3 * F32 + casts, "
+         "1 + ck)\n",
+         "        mem_counted(scores * (4 * w + 1), 2, scores * (5 * w + 1), 2)   # variant: fused softmax + dropout\n"),
     ],
 }
 
@@ -100,13 +115,18 @@ def own_attention(hw, kernel: str | None):
                                        attention_table_by_head_dim={64: by_dtype[64]}))
 
 
-def variant_module(name: str):
-    """steptime.py with the variant's lines replaced, as its own module."""
+# A record's `attention_kernel` -> the variant that charges it where no rate table stands for it (OWN_ATTENTION).
+ATTENTION_VARIANTS = {"megatron_unfused": "megatron-attention"}
+
+
+def variant_module(*names: str):
+    """steptime.py with each named variant's lines replaced (in order), as its own module."""
     src = Path(steptime.__file__).read_text()
-    for old, new in VARIANTS[name]:
-        assert src.count(old) == 1, f"variant {name}: this line of steptime.py changed, update VARIANTS: {old.strip()}"
-        src = src.replace(old, new)
-    spec = importlib.util.spec_from_loader(f"steptime_{name.replace('-', '_')}", loader=None)
+    for name in names:
+        for old, new in VARIANTS[name]:
+            assert src.count(old) == 1, f"variant {name}: this line of steptime.py changed, update VARIANTS: {old.strip()}"
+            src = src.replace(old, new)
+    spec = importlib.util.spec_from_loader("steptime_" + "_".join(n.replace("-", "_") for n in names), loader=None)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod   # dataclasses look their module up there
     exec(compile(src, spec.name, "exec"), mod.__dict__)
@@ -134,7 +154,8 @@ def summary_lines(rows: list[dict]) -> list[str]:
 def main() -> None:
     sys.path.insert(0, str(HERE))
     import compare as C
-    names = sys.argv[1:] or list(VARIANTS)
+    # an attention variant describes the runs that ran that kernel (compare.py's second view), not every run
+    names = sys.argv[1:] or [n for n in VARIANTS if n not in ATTENTION_VARIANTS.values()]
     records = yaml.safe_load((HERE / "runs.yaml").read_text())
     print("as committed (the launcher's runtime: eager element-wise operators)")
     print("\n".join(summary_lines(C.compare(records, C.default_model)["rows"])))

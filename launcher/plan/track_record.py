@@ -100,7 +100,8 @@ def describe(rec: dict) -> str:
     # the same runs charged with their own kernels (bench/published/compare.py's second view): what is left is the
     # model's terms, not the software the runs differed in
     o = rec.get("own_kernels")
-    own = (f"; with each run's own kernels charged (fused element-wise ones; MPT's Triton attention at its rates), "
+    own = (f"; with each run's own kernels charged (fused element-wise ones; MPT's Triton attention at its rates, "
+           f"Megatron's unfused attention by its bytes), "
            f"{o['min_error']:+.0%} to {o['max_error']:+.0%}, median |error| {o['median_abs_error']:.0%}, "
            f"{o['within_10pct']:.0%} within 10%"
            if o and (rec["other_attention_kernel"] or rec.get("fused_elementwise")) else "")

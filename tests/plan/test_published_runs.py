@@ -123,6 +123,46 @@ def test_own_kernels_view_charges_mpts_triton_attention_at_its_cited_rates():
             assert at_own == pytest.approx(at_fa2, rel=1e-9), (run, at_own, at_fa2)
 
 
+def test_own_kernels_view_charges_megatrons_unfused_attention_by_its_bytes():
+    # Megatron's core attention (every Megatron / Megatron-DeepSpeed row: attention_kernel megatron_unfused) keeps
+    # the b x heads x s x s scores in 16-bit memory: QK^T and PV as batched GEMMs over the whole square, the fused
+    # scale-mask-softmax (read 2 B, write 2 B an element) and dropout (read 2, write 2, a 1-byte mask): 9 bytes an
+    # element forward; backward dropout's (read 2 + 1, write 2) and softmax's (read 2 + 2, write 2): 11. The
+    # variant must charge exactly that, and no FlashAttention time.
+    import sys
+    sys.path.insert(0, str(Path(__file__).parents[2] / "bench" / "published"))
+    import compare
+    import variants
+    from launcher.config.layout import resolve_layout
+    from launcher.plan import steptime
+    from launcher.plan.inputs import model_shape, resolve_hardware, strategy
+
+    r = next(r for r in RUNS if r["id"] == "narayanan2021-t1-1.7b")
+    assert r["attention_kernel"] == "megatron_unfused" and r["elementwise_kernels"] == "fused"
+    cfg, recompute, _ = compare.to_config(r, compare.base_config(r["gpu"]))
+    layout = resolve_layout(cfg)
+    shape, st = model_shape(cfg.model), strategy(cfg, layout, recompute)
+    prof = compare.device_only(resolve_hardware(cfg.cluster, cfg.precision.dtype)).profile
+    links = steptime._links(st, prof)
+    fused = variants.variant_module("fused-gelu").block_costs(shape, st, prof, links)
+    unfused = variants.variant_module("fused-gelu", "megatron-attention").block_costs(shape, st, prof, links)
+    b, s, d = st.micro_batch_size, st.seq_length, shape.head_dim
+    heads = shape.num_heads / st.tensor_degree
+    scores = b * heads * s * s
+    bw, overhead = prof.memory_gbps * 1e9, prof.kernel_overhead_s
+    for cost_fused, cost_unfused, per_element in ((fused[0], unfused[0], 9), (fused[1], unfused[1], 11)):
+        assert cost_fused.attention > 0 and cost_unfused.attention == 0
+        assert cost_unfused.memory - cost_fused.memory == pytest.approx(scores * per_element / bw + 2 * overhead, rel=1e-9)
+    # the GEMMs gain QK^T and PV over the whole square: 2 x 2 b heads s^2 d FLOPs forward, twice that backward
+    gemms = [steptime.gemm_s(s, s, d, 2, prof, steptime.gemm_rate(prof, st.dtype), b * heads),
+             steptime.gemm_s(s, d, s, 2, prof, steptime.gemm_rate(prof, st.dtype), b * heads)]
+    assert unfused[0].gemm - fused[0].gemm == pytest.approx(sum(gemms), rel=1e-9)
+    # Against the run's measured throughput (Narayanan et al. 2021 table 1): +38% off with FlashAttention-2's
+    # rates charged, within 10% with Megatron's own attention.
+    row = compare.compare([r], compare.default_model, predict_own=compare.own_kernels_model())["rows"][0]
+    assert abs(row["error_own_kernels"]) < 0.10, row
+
+
 def test_dgxc_step_times_tokens_and_mfu_agree():
     # NVIDIA/dgxc-benchmarking prints step time and MFU per table cell; tokens/s/GPU = seq x GBS / step / GPUs, and
     # for the Llama 3.1 8B / 70B tables MFU = GBS x s (12 L h^2 (1 + G/H + s/h) + 18 L F h + 6 V h) / step / GPUs /
