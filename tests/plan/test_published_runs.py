@@ -153,10 +153,15 @@ def test_own_kernels_view_charges_megatrons_unfused_attention_by_its_bytes():
     for cost_fused, cost_unfused, per_element in ((fused[0], unfused[0], 9), (fused[1], unfused[1], 11)):
         assert cost_fused.attention > 0 and cost_unfused.attention == 0
         assert cost_unfused.memory - cost_fused.memory == pytest.approx(scores * per_element / bw + 2 * overhead, rel=1e-9)
-    # the GEMMs gain QK^T and PV over the whole square: 2 x 2 b heads s^2 d FLOPs forward, twice that backward
-    gemms = [steptime.gemm_s(s, s, d, 2, prof, steptime.gemm_rate(prof, st.dtype), b * heads),
-             steptime.gemm_s(s, d, s, 2, prof, steptime.gemm_rate(prof, st.dtype), b * heads)]
-    assert unfused[0].gemm - fused[0].gemm == pytest.approx(sum(gemms), rel=1e-9)
+    # the GEMMs gain QK^T ([s, d] x [d, s]) and PV ([s, s] x [s, d]) over the whole square, b x heads of each:
+    # 2 x 2 b heads s^2 d FLOPs forward; backward each GEMM's two input gradients, twice that
+    rate = steptime.gemm_rate(prof, st.dtype)
+
+    def gemm(m, n, k):
+        return steptime.gemm_s(m, n, k, 2, prof, rate, b * heads)
+    assert unfused[0].gemm - fused[0].gemm == pytest.approx(gemm(s, s, d) + gemm(s, d, s), rel=1e-9)
+    backward = gemm(s, d, s) + gemm(d, s, s) + gemm(s, s, d) + gemm(s, d, s)
+    assert unfused[1].gemm - fused[1].gemm == pytest.approx(backward, rel=1e-9)
     # Against the run's measured throughput (Narayanan et al. 2021 table 1): +38% off with FlashAttention-2's
     # rates charged, within 10% with Megatron's own attention.
     row = compare.compare([r], compare.default_model, predict_own=compare.own_kernels_model())["rows"][0]
