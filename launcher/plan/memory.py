@@ -45,8 +45,9 @@ config's reduce_bucket_size = 5e8 elements, launcher/deepspeed_config.py), ZeRO 
 (the one computing and the one prefetched).
 
 On CPU ranks (a `launcher calibrate` profile with process_bytes) the peak is the process's resident set, so the
-overhead is what calibrate measured a rank to hold before its model (interpreter, torch, DeepSpeed, transformers'
-modeling code: ~0.37-0.39 GB here) in place of the CUDA allowance, and the ZeRO 1/2 bucket counts only the pages the
+overhead is what calibrate measured a rank to hold besides its model's tensors (interpreter, torch, DeepSpeed,
+transformers' modeling code, and since 2026-12-03 what a near-zero model's engine and first steps add: its
+bookkeeping and the kernels' code pages, +30 MiB; ~0.41 GB here) in place of the CUDA allowance, and the ZeRO 1/2 bucket counts only the pages the
 stage's gradients are copied into: DeepSpeed allocates it with torch.empty (stage_1_and_2.py ipg buffer), and an
 untouched page is not resident. The plan's terms hold the live tensors: torch's memory timeline of a recipe=tiny
 step peaks at 49.0 / 82.8 / 150.4 MiB at micro-batch 4 / 8 / 16 (parameters, optimizer state, saved activations and

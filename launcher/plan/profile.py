@@ -30,8 +30,9 @@ A profile says how fast one accelerator (or one CPU rank) runs each kind of oper
                             written in by hand (calibrate measures the latency at its own world size, one node)
     host_memory_gb          RAM per node; compute_slots: ranks per node that compute at once (CPU cores for
                             CPU ranks; None for GPUs, one per GPU)
-    process_bytes           CPU ranks: a rank's resident bytes before its model (interpreter, torch, DeepSpeed,
-                            transformers' modeling code, the process group), measured by `launcher calibrate`;
+    process_bytes           CPU ranks: a rank's resident bytes besides its model's tensors (interpreter, torch,
+                            DeepSpeed, transformers' modeling code, the process group, and what an engine and its
+                            first steps add at a near-zero model's size), measured by `launcher calibrate`;
                             the plan's memory overhead on CPU ranks in place of the GPU's CUDA allowance
                             (launcher/plan/memory.py). None on GPUs and in older files
     zero3_module_s          DeepSpeed ZeRO-3's hook cost per module per micro-batch (forward + backward),

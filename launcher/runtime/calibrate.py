@@ -133,7 +133,8 @@ NETWORK_FIELDS = ("intra", "inter", "all_to_all", "intra_groups", "straggler", "
 NETWORK_MEASUREMENTS = ("all_reduce", "all_reduce_after_compute", "all_to_all_after_compute",
                         "all_reduce_groups_after_compute", "all_reduce_rail_after_compute",
                         "all_reduce_world_after_compute", "straggler", "release", "zero3", "world", "local_world",
-                        "nodes", "backend", "device_name", "cores", "seconds", "phase_seconds", "probe_rounds", "scope")
+                        "nodes", "backend", "device_name", "cores", "seconds", "phase_seconds", "probe_rounds", "scope",
+                        "process_bytes_before_model")
 
 
 # ---- the parent: start the ranks, fit, write -----------------------------------------------------------------------
@@ -718,7 +719,7 @@ def _worker(raw_path: str, device: str, grad_clip: str, scope: str = "all") -> N
 
     dev = _start_rank(device)
     backend, rank, world = dist.get_backend(), dist.get_rank(), dist.get_world_size()
-    process_bytes = _process_bytes(dist, dev) if device == "cpu" else None
+    process_bytes, before_model = _process_bytes(dist, dev) if device == "cpu" else (None, None)
     # Both training dtypes every time (a profile serves any precision=...): fp32 (TF32 matmuls on GPUs, as
     # inputs.py plans them) and bf16.
     dtypes = tuple((name, _torch_dtype(name)) for name in ("fp32", "bf16"))
@@ -793,7 +794,7 @@ def _worker(raw_path: str, device: str, grad_clip: str, scope: str = "all") -> N
         phases.done("DeepSpeed engine per element and tensor")
         out["framework"], out["framework_selective"] = _framework(dev, device, dtypes)
     out["host_memory_gb"] = _host_memory_gb()
-    out["process_bytes"] = process_bytes
+    out["process_bytes"], out["process_bytes_before_model"] = process_bytes, before_model
     phases.done("host memory" if network_only else "framework / host issue time")
     out["scope"] = scope
     out["phase_seconds"] = phases.seconds
@@ -1581,13 +1582,23 @@ def _framework(dev, device: str, dtypes) -> tuple[dict, dict]:
     return out, selective
 
 
-def _process_bytes(dist, dev) -> float:
-    """What a CPU training rank holds before its model (profile.process_bytes): the resident set once the modules
-    a rank runs are imported (the runtime's model builders, DeepSpeed's engines, transformers' modeling code) and its
-    process group is up, the largest over the ranks. On CPU ranks the plan's peak memory is the process's peak RSS,
-    and this is most of it at recipe=tiny's size: 2026-11-29 on this VM, 251 MiB with torch and DeepSpeed imported,
-    363 once transformers' modeling code is (its first model module pulls in ~110 MiB), against 474-556 MiB peak
-    for recipe=tiny's layouts; taken here before any probe allocates."""
+def _process_bytes(dist, dev) -> tuple[float, float]:
+    """(what a CPU training rank holds besides its model's tensors once it has run steps: profile.process_bytes;
+    the same before any model, kept in the raw measurements), the largest over the ranks, taken before any other
+    probe allocates. On CPU ranks the plan's peak memory is the process's peak RSS, and this is most of it at
+    recipe=tiny's size.
+
+    Before the model: the resident set once the modules a rank runs are imported (the runtime's model builders,
+    DeepSpeed's engines, transformers' modeling code) and its process group is up: 2026-11-29 on this VM, 251 MiB
+    with torch and DeepSpeed imported, 363 once transformers' modeling code is (its first model module pulls in ~110
+    MiB). Until 2026-12-03 that was process_bytes, and every recipe=tiny layout's peak RSS read 81-140 MiB (1.18-1.35x)
+    over its plan on three machines (bench/steptime/*results.json). Part of that is what the first engine and its
+    first steps add whatever the model's size: DeepSpeed's engine and ZeRO optimizer bookkeeping, and the code pages
+    of autograd's, the optimizer's and the collectives' kernels (file-backed RSS 92 -> 113 MiB). _first_steps measures
+    it with the runtime's own model at the framework probe's near-zero shape (kilobytes of tensors) through a ZeRO-2
+    engine and AdamW, as recipe=tiny runs: +30.5 MiB here (2026-12-03, 2 ranks, twice: 361.8 -> 392.3 MiB and
+    361.8 -> 392.4). What it leaves out is the freed blocks glibc keeps as a real model's steps run (launcher/plan/
+    memory.py's docstring)."""
     import importlib
 
     import torch
@@ -1598,9 +1609,49 @@ def _process_bytes(dist, dev) -> float:
                  "deepspeed.runtime.zero.stage_1_and_2", "deepspeed.runtime.zero.stage3", "deepspeed.runtime.pipe.engine",
                  *(f"transformers.models.{m}.modeling_{m}" for m in ("llama", "gpt2", "bloom"))):
         importlib.import_module(name)
-    t = torch.tensor([float(current_rss_bytes())], dtype=torch.float64, device=dev)
+    before = float(current_rss_bytes())
+    _first_steps(dev)
+    t = torch.tensor([float(current_rss_bytes()), before], dtype=torch.float64, device=dev)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t.item())
+    return float(t[0].item()), float(t[1].item())
+
+
+def _first_steps(dev, steps: int = 3) -> None:
+    """A few training steps of the runtime's own llama (launcher/runtime/model.py build_model) at
+    steptime.FRAMEWORK_PROBE's near-zero shape through a ZeRO-2 engine with torch's AdamW (torch_adam, as a run's
+    DeepSpeed config has it on CPU ranks: FusedAdam would JIT-compile, and its library's pages are not a run's) and gradient clipping
+    over every rank (recipe=tiny's engine; zero_optimization_base, as a run gets it), then freed: what a rank holds
+    after it is not the model's (_process_bytes)."""
+    import importlib.util
+    import logging
+
+    import torch
+    from omegaconf import OmegaConf
+
+    from launcher.config.compose import compose
+    from launcher.deepspeed_config import zero_optimization_base
+    from launcher.plan.steptime import FRAMEWORK_PROBE as P
+    from launcher.runtime.model import build_model
+
+    if importlib.util.find_spec("deepspeed") is None:
+        return
+    import deepspeed
+
+    logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+    cfg = OmegaConf.merge(compose(["model=tiny"]).model, {
+        "arch": "llama", "hidden_size": P["hidden_size"], "num_hidden_layers": P["layers"][0],
+        "num_attention_heads": P["num_heads"], "num_key_value_heads": P["num_heads"],
+        "intermediate_size": P["intermediate_size"], "vocab_size": P["vocab_size"]})
+    model = build_model(cfg, seed=0, vocab_size=P["vocab_size"])
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config={
+        "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "gradient_clipping": 1.0,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True, "adam_w_mode": True}},
+        "zero_optimization": zero_optimization_base(2, torch.device(dev).type)})
+    x = torch.randint(0, P["vocab_size"], (1, P["seq_length"]), device=dev)
+    for _ in range(steps):
+        engine.backward(engine(input_ids=x, labels=x).loss)
+        engine.step()
+    engine.destroy()
 
 
 def _host_memory_gb() -> float:
