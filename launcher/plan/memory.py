@@ -54,7 +54,9 @@ step peaks at 49.0 / 82.8 / 150.4 MiB at micro-batch 4 / 8 / 16 (parameters, opt
 autograd's buffers at the top of the backward) where the terms without overhead are 50.1 / 79.9 / 139.5
 (bench/steptime/memory_timeline.py). What they do not count on CPU is the freed blocks glibc keeps: the ranks' peak
 RSS grew 1.6x the planned activations from micro-batch 4 to 16 (492 / 535 / 638 MiB), and recipe=tiny's layouts
-read 1.20-1.35x their plan in peak RSS (2026-11-29, bench/steptime/results.md).
+read 1.12-1.22x their plan in peak RSS, 57-66 MiB over it in the data-parallel layouts and 70-100 in those with TP,
+PP or SP (2026-12-03, bench/steptime/xeon-amx-2026-12-03; 1.18-1.35x on three machines before process_bytes counted
+the first steps).
 """
 
 from __future__ import annotations
