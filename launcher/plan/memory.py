@@ -47,16 +47,16 @@ config's reduce_bucket_size = 5e8 elements, launcher/deepspeed_config.py), ZeRO 
 On CPU ranks (a `launcher calibrate` profile with process_bytes) the peak is the process's resident set, so the
 overhead is what calibrate measured a rank to hold besides its model's tensors (interpreter, torch, DeepSpeed,
 transformers' modeling code, and since 2026-12-03 what a near-zero model's engine and first steps add: its
-bookkeeping and the kernels' code pages, +30 MiB; ~0.41 GB here) in place of the CUDA allowance, and the ZeRO 1/2 bucket counts only the pages the
-stage's gradients are copied into: DeepSpeed allocates it with torch.empty (stage_1_and_2.py ipg buffer), and an
-untouched page is not resident. The plan's terms hold the live tensors: torch's memory timeline of a recipe=tiny
-step peaks at 49.0 / 82.8 / 150.4 MiB at micro-batch 4 / 8 / 16 (parameters, optimizer state, saved activations and
-autograd's buffers at the top of the backward) where the terms without overhead are 50.1 / 79.9 / 139.5
-(bench/steptime/memory_timeline.py). What they do not count on CPU is the freed blocks glibc keeps: the ranks' peak
-RSS grew 1.6x the planned activations from micro-batch 4 to 16 (492 / 535 / 638 MiB), and recipe=tiny's layouts
-read 1.12-1.22x their plan in peak RSS, 57-66 MiB over it in the data-parallel layouts and 70-100 in those with TP,
-PP or SP (2026-12-03, bench/steptime/xeon-amx-2026-12-03; 1.18-1.35x on three machines before process_bytes counted
-the first steps).
+bookkeeping and the kernels' code pages, +30 MiB; ~0.41 GB here) in place of the CUDA allowance, and the ZeRO 1/2
+bucket counts only the pages the stage's gradients are copied into: DeepSpeed allocates it with torch.empty
+(stage_1_and_2.py ipg buffer), and an untouched page is not resident. The plan's terms hold the live tensors:
+torch's memory timeline of a recipe=tiny step peaks at 49.0 / 82.8 / 150.4 MiB at micro-batch 4 / 8 / 16
+(parameters, optimizer state, saved activations and autograd's buffers at the top of the backward) where the terms
+without overhead are 50.1 / 79.9 / 139.5 (bench/steptime/memory_timeline.py). What they do not count on CPU is the
+freed blocks glibc keeps: the ranks' peak RSS grew 1.6x the planned activations from micro-batch 4 to 16 (492 / 535
+/ 638 MiB), and recipe=tiny's layouts read 1.12-1.22x their plan in peak RSS, 57-66 MiB over it in the data-parallel
+layouts and 70-100 in those with TP, PP or SP (2026-12-03, bench/steptime/xeon-amx-2026-12-03; 1.18-1.35x on three
+machines before process_bytes counted the first steps).
 """
 
 from __future__ import annotations

@@ -1618,10 +1618,10 @@ def _process_bytes(dist, dev) -> tuple[float, float]:
 
 def _first_steps(dev, steps: int = 3) -> None:
     """A few training steps of the runtime's own llama (launcher/runtime/model.py build_model) at
-    steptime.FRAMEWORK_PROBE's near-zero shape through a ZeRO-2 engine with torch's AdamW (torch_adam, as a run's
-    DeepSpeed config has it on CPU ranks: FusedAdam would JIT-compile, and its library's pages are not a run's) and gradient clipping
-    over every rank (recipe=tiny's engine; zero_optimization_base, as a run gets it), then freed: what a rank holds
-    after it is not the model's (_process_bytes)."""
+    steptime.FRAMEWORK_PROBE's near-zero shape through a ZeRO-2 engine over every rank (recipe=tiny's engine;
+    zero_optimization_base, as a run gets it) with gradient clipping and torch's AdamW (torch_adam, as a run's
+    DeepSpeed config has it on CPU ranks: FusedAdam would JIT-compile, and its library's pages are not a run's), then
+    freed: what a rank holds after it is not the model's (_process_bytes)."""
     import importlib.util
     import logging
 
