@@ -53,21 +53,32 @@ BF16_SLOWER_THAN_FP32 = 2.0  # warn when bf16 GEMMs run at under half fp32's rat
 
 
 def _gemm_gflops(torch, dtype, side: int = 256, repeats: int = 3) -> float:
-    """The best of `repeats` side x side x side matmuls in `dtype` on this process's threads, in GFLOP/s (2 n^3 FLOPs)."""
+    """The best of `repeats` side x side x side matmuls in `dtype` on one thread, in GFLOP/s (2 n^3 FLOPs).
+
+    One thread, whatever the process runs with: the warning compares two kernels, and a multi-threaded matmul of
+    ~0.3 ms waits whenever one of its threads is not scheduled. On a 2-core box that CI's test workers were loading
+    (2026-12-03) fp32 on 2 threads read 2.4-9.0 GFLOP/s in most of ten runs a minute apart (best of 3, and of as many
+    as fit in 50 ms), once 199, and bf16 0.7-1.4, so the ratio fell to ~2 and the warning nearly did not fire; on
+    one thread the same runs read fp32 98-127 and bf16 0.86-1.3 every time."""
     a, b = torch.randn(side, side).to(dtype), torch.randn(side, side).to(dtype)
     best = float("inf")
-    with torch.no_grad():
-        a @ b  # first call: oneDNN picks and caches its kernel
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            a @ b
-            best = min(best, time.perf_counter() - t0)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.no_grad():
+            a @ b  # first call: oneDNN picks and caches its kernel
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                a @ b
+                best = min(best, time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(threads)
     return 2 * side ** 3 / max(best, 1e-9) / 1e9
 
 
 def slow_cpu_bf16_warning(layout) -> str | None:
     """CPU ranks asked to train in bf16, where this CPU runs bf16 GEMMs at under 1 / BF16_SLOWER_THAN_FP32 of fp32's
-    rate: one paragraph with the two rates measured now (~0.1 s on such a CPU, a few ms where bf16 is fast), or None.
+    rate: one paragraph with the two rates measured now (0.1-0.2 s on such a CPU, a few ms where bf16 is fast), or None.
     GPU ranks and fp32 runs measure nothing."""
     if layout.device != "cpu" or layout.dtype != "bf16":
         return None
@@ -79,7 +90,7 @@ def slow_cpu_bf16_warning(layout) -> str | None:
     native = torch.ops.mkldnn._is_mkldnn_bf16_supported() and torch.backends.mkldnn.enabled
     return (f"precision.dtype=bf16 on CPU ranks, and bf16 matmuls are {fp32 / bf16:.0f}x slower than fp32 on this CPU: "
             f"a 256 x 256 x 256 matmul measured now on rank 0 ran at {bf16:.1f} GFLOP/s in bf16 against {fp32:.1f} in "
-            f"fp32 ({torch.get_num_threads()} thread(s); oneDNN's bf16 path is "
+            f"fp32 (one thread each; oneDNN's bf16 path is "
             f"{'on' if native else 'off: torch takes it only on CPUs with AVX-512, with oneDNN enabled'}). The run trains correctly, "
             f"at the bf16 rate; precision=fp32 (recipe=tiny's) trains these ranks faster, or train bf16 on a CPU with "
             f"AVX-512 (BF16 / AMX) or on GPUs.")
