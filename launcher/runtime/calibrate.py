@@ -1535,11 +1535,9 @@ def _framework(dev, device: str, dtypes) -> tuple[dict, dict]:
     mode over every operator, the recompute's module Python) run in the same rounds: the second dict, from which
     write_profile takes what such a block adds (profile.selective_framework_s / selective_host_s)."""
     import torch
-    from omegaconf import OmegaConf
 
     from launcher.config.compose import compose
     from launcher.plan.steptime import FRAMEWORK_PROBE as P
-    from launcher.runtime.model import build_model
     from launcher.runtime.recompute import checkpoint_kwargs
 
     base = compose(["model=tiny"]).model
@@ -1551,12 +1549,7 @@ def _framework(dev, device: str, dtypes) -> tuple[dict, dict]:
             models = {}
             for mode in ("none", "selective"):
                 for layers in P["layers"]:
-                    cfg = OmegaConf.merge(base, {"arch": arch, "hidden_size": P["hidden_size"],
-                                                 "num_hidden_layers": layers, "num_attention_heads": P["num_heads"],
-                                                 "num_key_value_heads": P["num_heads"],
-                                                 "intermediate_size": P["intermediate_size"],
-                                                 "vocab_size": P["vocab_size"]})
-                    model = build_model(cfg, seed=0, vocab_size=P["vocab_size"]).to(dev, tdtype)
+                    model = _probe_model(base, arch, layers).to(dev, tdtype)
                     if mode == "selective":
                         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=checkpoint_kwargs(mode))
                     model.train()
@@ -1580,6 +1573,21 @@ def _framework(dev, device: str, dtypes) -> tuple[dict, dict]:
                 table[arch][dname] = {layers: [statistics.median(times[mode, layers][0]),
                                                statistics.median(times[mode, layers][1])] for layers in P["layers"]}
     return out, selective
+
+
+def _probe_model(base, arch: str, layers: int):
+    """The runtime's own model (launcher/runtime/model.py build_model) of `arch` at steptime.FRAMEWORK_PROBE's
+    near-zero shape with `layers` blocks, from `base` (model=tiny's config, composed once by the caller), fp32 on the
+    CPU: what _framework times and _first_steps steps."""
+    from omegaconf import OmegaConf
+
+    from launcher.plan.steptime import FRAMEWORK_PROBE as P
+    from launcher.runtime.model import build_model
+
+    cfg = OmegaConf.merge(base, {"arch": arch, "hidden_size": P["hidden_size"], "num_hidden_layers": layers,
+                                 "num_attention_heads": P["num_heads"], "num_key_value_heads": P["num_heads"],
+                                 "intermediate_size": P["intermediate_size"], "vocab_size": P["vocab_size"]})
+    return build_model(cfg, seed=0, vocab_size=P["vocab_size"])
 
 
 def _process_bytes(dist, dev) -> tuple[float, float]:
@@ -1626,23 +1634,17 @@ def _first_steps(dev, steps: int = 3) -> None:
     import logging
 
     import torch
-    from omegaconf import OmegaConf
 
     from launcher.config.compose import compose
     from launcher.deepspeed_config import zero_optimization_base
     from launcher.plan.steptime import FRAMEWORK_PROBE as P
-    from launcher.runtime.model import build_model
 
     if importlib.util.find_spec("deepspeed") is None:
         return
     import deepspeed
 
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
-    cfg = OmegaConf.merge(compose(["model=tiny"]).model, {
-        "arch": "llama", "hidden_size": P["hidden_size"], "num_hidden_layers": P["layers"][0],
-        "num_attention_heads": P["num_heads"], "num_key_value_heads": P["num_heads"],
-        "intermediate_size": P["intermediate_size"], "vocab_size": P["vocab_size"]})
-    model = build_model(cfg, seed=0, vocab_size=P["vocab_size"])
+    model = _probe_model(compose(["model=tiny"]).model, "llama", P["layers"][0])
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config={
         "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "gradient_clipping": 1.0,
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True, "adam_w_mode": True}},
