@@ -479,7 +479,7 @@ def run(cfg) -> int:
     if stopped_by is None and cfg.train.eval_every and step > start_step and (last_eval is None or last_eval[0] != step):
         last_eval = run_eval(step)
 
-    rates_now = peak_before_probe = None    # set below where the steps missed the plan
+    rates_now = peaks_before_probe = None    # set below where the steps missed the plan
 
     def report_summary(status: str, export) -> None:
         """The end-of-run record (metrics.jsonl, summary.json) and its lines on the console; rank 0."""
@@ -492,7 +492,7 @@ def run(cfg) -> int:
                    "run_dir": str(run_dir), "checkpoint": str(ckpt_root / ckpt.tag_for(step)), "export": export,
                    "metrics": str(run_dir / METRICS_FILE), "summary": str(run_dir / SUMMARY_FILE),
                    "library_log": str(library_log)}
-        summary |= throughput.versus_plan(peak_before_probe or peak_memory_bytes(layout.device))  # beside the plan
+        summary |= throughput.versus_plan(peaks_before_probe)  # beside the plan
         summary["rates_now"] = rates_now
         sink.log(summary)
         write_summary(run_dir, summary)
@@ -506,6 +506,9 @@ def run(cfg) -> int:
     # 8. Final checkpoint (also on preemption; not again when a resumed run had nothing left to do), then the artifacts.
     if step > start_step or resume_from is None:
         save(step)
+    # Every rank's peak for the summary (a collective: every rank is here), read before the rate probe below, whose
+    # operands (~200 MiB on CPU ranks) would raise a CPU rank's peak RSS.
+    peaks_before_probe = gather_peak_memory(layout.device, engine.device)
     if stopped_by is not None:
         if is_main:
             write_atomic(run_dir / PREEMPTED_FILE, f'{{"step": {step}, "signal": "{stopped_by}"}}\n')
@@ -519,8 +522,6 @@ def run(cfg) -> int:
         return 0
     # Off the plan by more than 15%? Every rank measures this machine's GEMM and copy rates now, to set beside the
     # profile's: the summary then says whether the machine moved or the model missed (metrics.check_rates).
-    # The peak is read first: the probe's operands (~200 MiB on CPU ranks) would raise a CPU rank's peak RSS.
-    peak_before_probe = peak_memory_bytes(layout.device)
     rates_now = check_rates(throughput, layout.device, layout.dtype, engine.device)
     # The artifacts need no other rank: they exit now instead of idling in a collective with a timeout.
     if is_main:

@@ -92,6 +92,10 @@ def test_summary_printed_and_written(two_runs):
     assert summary["final_val_loss"] == last_eval["val_loss"] and summary["final_val_step"] == STEPS
     assert summary["step"] == STEPS and summary["tokens_seen"] == summary["tokens_this_run"] == STEPS * TOKENS_PER_STEP
     assert summary["wall_time_s"] > summary["train_time_s"] > 0
+    # The run's peak is its largest rank's, read at the end (a peak only grows: no rank's is below its last record's)
+    peaks = summary["peak_memory_bytes_per_rank"]
+    assert len(peaks) == 2 and summary["peak_memory_bytes"] == max(peaks) == peaks[summary["peak_memory_rank"]]
+    assert all(p >= q for p, q in zip(peaks, last_train["peak_memory_bytes_per_rank"]))
     assert summary["tokens_per_s"] == pytest.approx(summary["tokens_this_run"] / summary["train_time_s"])
     assert summary["checkpoint"] == str(b / "checkpoints" / "step_00000008") and (b / "checkpoints" / "step_00000008").is_dir()
     assert summary["export"] == str(b / "hf") and (b / "hf" / "model.safetensors").is_file()

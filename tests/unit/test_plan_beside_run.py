@@ -28,13 +28,28 @@ def test_records_carry_the_plan_when_a_profile_gives_rates():
     assert recs[2]["predicted_step_time_s"] == pytest.approx(planned)
     assert recs[2]["step_time_over_predicted"] == pytest.approx(0.30 / planned)
     assert recs[2]["predicted_peak_memory_bytes"] > 0
-    s = th.versus_plan(123 << 20)
+    s = th.versus_plan([123 << 20])
     assert s["steps_timed"] == len(times) - WARMUP_STEPS
     assert s["step_time_s"] == pytest.approx(statistics.median(times[WARMUP_STEPS:]))
     assert s["step_time_over_predicted"] == pytest.approx(s["step_time_s"] / planned)
     assert s["peak_memory_over_predicted"] == pytest.approx((123 << 20) / s["predicted_peak_memory_bytes"])
     assert "planned" in format_versus_plan(s)
     assert "profile" not in recs[2]     # the per-step records carry numbers; the summary names the rates' source
+
+
+def test_the_summary_holds_the_largest_rank_to_the_plans_peak_stage():
+    # Under a pipeline the plan's peak is its largest stage's, often not rank 0's: recipe=tiny PP2 on 2 CPU ranks
+    # peaked at 485 MiB on rank 0 and 561 MiB on rank 1, planned 451 MiB. The summary sets the largest rank beside it.
+    cfg = compose(["recipe=tiny", f"cluster.profile={PROFILE}", "parallel.pipeline_degree=2", "parallel.zero_stage=1"])
+    th = Throughput(cfg, resolve_layout(cfg))
+    for _ in range(WARMUP_STEPS + 1):
+        th(th.plan["predicted_step_time_s"])
+    s = th.versus_plan([485 << 20, 561 << 20])
+    assert s["peak_memory_bytes"] == 561 << 20 and s["peak_memory_rank"] == 1
+    assert s["peak_memory_bytes_per_rank"] == [485 << 20, 561 << 20]
+    assert s["peak_memory_over_predicted"] == pytest.approx((561 << 20) / s["predicted_peak_memory_bytes"])
+    assert "peak memory 561 MiB (rank 1, the largest of 2), planned" in format_versus_plan(s)
+    assert "the largest" not in format_versus_plan(th.versus_plan([485 << 20]))     # one rank: nothing to name
 
 
 @pytest.mark.parametrize("ratio, says", [(1.10, False), (0.90, False), (1.30, True), (0.70, True)])
@@ -46,7 +61,7 @@ def test_summary_says_what_to_check_when_the_step_is_off_the_plan(ratio, says):
     planned = th.plan["predicted_step_time_s"]
     for _ in range(WARMUP_STEPS + 3):
         th(planned * ratio)
-    s = th.versus_plan(1 << 20)
+    s = th.versus_plan([1 << 20])
     assert s["step_time_over_predicted"] == pytest.approx(ratio)
     line = format_versus_plan(s)
     assert ("more than 15% from the plan" in line) == says
@@ -58,7 +73,7 @@ def test_cpu_ranks_without_a_profile_record_no_prediction():
     th = Throughput(cfg, resolve_layout(cfg))
     rec = th(0.25)
     assert "predicted_step_time_s" not in rec
-    s = th.versus_plan(1 << 20)
+    s = th.versus_plan([1 << 20])
     assert s["predicted_step_time_s"] is None and s["step_time_over_predicted"] is None
     assert "no plan prediction" in format_versus_plan(s)
 
@@ -66,7 +81,7 @@ def test_cpu_ranks_without_a_profile_record_no_prediction():
 def test_a_launch_that_timed_no_step_says_so():
     # A resume with no steps left times nothing: the summary has no median to put beside the plan.
     cfg = compose(["recipe=tiny", f"cluster.profile={PROFILE}"])
-    s = Throughput(cfg, resolve_layout(cfg)).versus_plan(1 << 20)
+    s = Throughput(cfg, resolve_layout(cfg)).versus_plan([1 << 20])
     assert s["step_time_s"] is None
     assert "no step timed" in format_versus_plan(s)
 
@@ -87,7 +102,7 @@ def test_rates_read_after_a_miss_say_whether_the_machine_moved(gemm, copy, repla
     measured = th.plan["predicted_step_time_s"] * 0.7
     for _ in range(WARMUP_STEPS + 3):
         th(measured)
-    s = th.versus_plan(1 << 20) | {"rates_now": {"gemm_side": 128, "dtype": "fp32", "gemm_over_profile": gemm,
+    s = th.versus_plan([1 << 20]) | {"rates_now": {"gemm_side": 128, "dtype": "fp32", "gemm_over_profile": gemm,
                                                  "memory_over_profile": copy,
                                                  "replanned_step_time_s": measured * replanned_over_measured}}
     line = format_versus_plan(s)
