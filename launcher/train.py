@@ -479,7 +479,7 @@ def run(cfg) -> int:
     if stopped_by is None and cfg.train.eval_every and step > start_step and (last_eval is None or last_eval[0] != step):
         last_eval = run_eval(step)
 
-    rates_now = peaks_before_probe = None    # set below where the steps missed the plan
+    rates_now = None    # set below where the steps missed the plan
 
     def report_summary(status: str, export) -> None:
         """The end-of-run record (metrics.jsonl, summary.json) and its lines on the console; rank 0."""
