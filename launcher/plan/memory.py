@@ -197,6 +197,7 @@ class StageMemory:
     activations: float   # saved tensors x in-flight micro-batches + recompute working set + loss-backward transient
     logits: float        # of which the loss end: fp32 log-softmax + targets + the logits' gradient at backward
     overhead: float
+    overhead_how: str = ""   # its terms with their arithmetic, for the plan's table (_overhead)
 
     @property
     def total(self) -> float:
@@ -261,17 +262,40 @@ def _stage_memory(shape: ModelShape, st: Strategy, stage: int, working_set: floa
         acts = max(backward_start, last_recompute)
         if backward_start >= last_recompute:
             logits = predicted * (4 * st.padded_vocab_size + act.INDEX_BYTES) + loss_backward
+    overhead, how = _overhead(shape, st, n, process_bytes)
+    return StageMemory(stage=stage, params=states["params"], grads=states["grads"], optimizer=states["optimizer"],
+                       activations=acts, logits=logits, overhead=overhead, overhead_how=how)
+
+
+def _overhead(shape: ModelShape, st: Strategy, n: float, process_bytes: Optional[float]) -> tuple[float, str]:
+    """(bytes, how) of what a rank holds besides its model states and activations: the framework (the stated GPU
+    allowance, or on CPU ranks the profile's measured process_bytes) plus DeepSpeed's communication buffers for a
+    stage of n parameters (module docstring)."""
     w = weight_bytes(st.dtype)
+    if process_bytes is None:
+        base, terms = FRAMEWORK_OVERHEAD_BYTES, [f"{_gb(FRAMEWORK_OVERHEAD_BYTES)} stated allowance (CUDA context, "
+                                                  "cuBLAS/NCCL workspaces, allocator fragmentation)"]
+    else:
+        base, terms = process_bytes, [f"{_gb(process_bytes)} measured by launcher calibrate (the "
+                                      "profile's process_bytes; glibc's kept free blocks not counted)"]
     if st.zero_stage == 3:
-        buffers = 2 * shape.params.per_layer / st.tensor_degree * w
+        per_layer = shape.params.per_layer / st.tensor_degree
+        buffers = 2 * per_layer * w
+        terms.append(f"ZeRO 3's 2 gathered blocks x {per_layer:,.0f} params x {w} B = {_gb(buffers)}")
     elif st.zero_stage in (1, 2):
         # CPU ranks: only the pages the stage's gradients fill are resident (module docstring)
-        buffers = (REDUCE_BUCKET_ELEMENTS if process_bytes is None else min(REDUCE_BUCKET_ELEMENTS, n)) * w
+        elements = REDUCE_BUCKET_ELEMENTS if process_bytes is None else min(REDUCE_BUCKET_ELEMENTS, n)
+        buffers = elements * w
+        terms.append(f"ZeRO {st.zero_stage}'s reduce bucket " + (
+            f"{REDUCE_BUCKET_ELEMENTS:,} elements" if process_bytes is None or elements == REDUCE_BUCKET_ELEMENTS
+            else f"pages its {elements:,.0f} gradients fill") + f" x {w} B = {_gb(buffers)}")
     else:
         buffers = 0.0
-    base = FRAMEWORK_OVERHEAD_BYTES if process_bytes is None else process_bytes
-    return StageMemory(stage=stage, params=states["params"], grads=states["grads"], optimizer=states["optimizer"],
-                       activations=acts, logits=logits, overhead=base + buffers)
+    return base + buffers, " + ".join(terms)
+
+
+def _gb(x: float) -> str:
+    return f"{x / 1e9:,.2f} GB" if x >= 1e8 else f"{x / 1e6:,.1f} MB"
 
 
 def estimate_memory(shape: ModelShape, st: Strategy, hw: Hardware) -> MemoryEstimate:

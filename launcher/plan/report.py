@@ -146,7 +146,8 @@ def check_memory(cfg, layout: Layout) -> Optional[str]:
 def performance_summary(cfg, layout: Layout) -> dict:
     """Memory per GPU, FLOPs, step time, throughput, MFU and days (null for CPU ranks without cluster.profile)."""
     hw = resolve_hardware(cfg.cluster, layout.dtype)
-    keys = ("memory_per_gpu_bytes", "memory_capacity_bytes", "memory_headroom_bytes", "fits", "memory_peak_stage",
+    keys = ("memory_per_gpu_bytes", "memory_overhead_how", "memory_capacity_bytes", "memory_headroom_bytes", "fits",
+            "memory_peak_stage",
             "recompute", "flops_per_token", "hardware_flops_per_token", "step_time_s", "step_time_breakdown_s",
             "tokens_per_s", "tflops_per_gpu", "hardware_tflops_per_gpu", "mfu", "peak_tflops", "profile",
             "train_tokens", "train_days", "step_time_track_record", "step_time_track_record_note")
@@ -164,6 +165,7 @@ def performance_summary(cfg, layout: Layout) -> dict:
     t = estimate_step_time(shape, st, hw, tokens)
     return {
         "memory_per_gpu_bytes": {k: int(v) for k, v in mem.per_gpu().items()},
+        "memory_overhead_how": mem.peak.overhead_how,
         "memory_capacity_bytes": int(mem.capacity_bytes),
         "memory_headroom_bytes": int(mem.headroom_bytes),
         "fits": mem.fits,
@@ -259,7 +261,7 @@ def _performance_rows(s: dict) -> list[tuple[str, str, str]]:
          + ", plan/activations.py) x blocks x in-flight micro-batches (1F1B: first stage holds PP) + embedding/head/"
          + "fp32 loss" + (", or one block's recomputed set while recomputed once those are freed, whichever is larger"
                           if s["recompute"] != "none" and s["checkpointed_blocks"] == s["num_blocks"] else "")),
-        ("memory: overhead", _gb(m["overhead"]), "stated allowance: 2 GB CUDA/NCCL/fragmentation + ZeRO buffers"),
+        ("memory: overhead", _gb(m["overhead"]), s["memory_overhead_how"]),
         ("memory per GPU", f"{_gb(m['total'])} / {_gb(s['memory_capacity_bytes'])}",
          ("fits, " if s["fits"] else "DOES NOT FIT, ") + f"{_gb(abs(s['memory_headroom_bytes']))} "
          + ("free" if s["fits"] else "short") + f" (worst stage: {stage})"),
