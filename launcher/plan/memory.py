@@ -61,7 +61,7 @@ machines before process_bytes counted the first steps).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 from launcher.plan import activations as act
@@ -90,23 +90,49 @@ def model_state_bytes(n_params: float, data_degree: int, zero_stage: int, dtype:
                       grad_accum_fp32: bool = False, pipeline_degree: int = 1,
                       offload_optimizer: bool = False, offload_param: bool = False) -> dict:
     """GPU bytes of params, grads and optimizer states for `n_params` parameters on one rank (ZeRO section 5)."""
+    return {k: v for k, (v, _) in _model_states(n_params, data_degree, zero_stage, dtype, grad_accum_fp32,
+                                                 pipeline_degree, offload_optimizer, offload_param).items()}
+
+
+def model_state_how(n_params: float, data_degree: int, zero_stage: int, dtype: str = "bf16",
+                    grad_accum_fp32: bool = False, pipeline_degree: int = 1,
+                    offload_optimizer: bool = False, offload_param: bool = False) -> dict:
+    """The arithmetic behind each of model_state_bytes's terms, in words, for the plan's table."""
+    return {k: how for k, (_, how) in _model_states(n_params, data_degree, zero_stage, dtype, grad_accum_fp32,
+                                                     pipeline_degree, offload_optimizer, offload_param).items()}
+
+
+def _model_states(n_params, data_degree, zero_stage, dtype, grad_accum_fp32, pipeline_degree, offload_optimizer,
+                  offload_param) -> dict:
+    """{term: (bytes, how)}: one computation for the bytes and their explanation (module docstring)."""
     w = weight_bytes(dtype)
     d = data_degree
+    n = f"{n_params:,.0f} params"
     bf16_opt = uses_bf16_optimizer(dtype, zero_stage, grad_accum_fp32, pipeline_degree)
     params = n_params * w / (d if zero_stage == 3 else 1)
+    params_how = f"{n} x {w} B ({dtype})" + (f" / DP {d} (ZeRO 3)" if zero_stage == 3 else "")
     grads = n_params * w / (d if zero_stage >= 2 else 1)
+    grads_how = f"{n} x {w} B" + (f" / DP {d} (ZeRO {zero_stage})" if zero_stage >= 2 else "")
     if bf16_opt:
         # BF16_Optimizer: a full (unsharded) flat gradient buffer in the accumulation dtype.
-        grads += n_params * (4 if grad_accum_fp32 else 2)
+        acc = 4 if grad_accum_fp32 else 2
+        grads += n_params * acc
+        grads_how += (f" + BF16_Optimizer's unsharded {'fp32' if acc == 4 else 'bf16'} accumulation buffer "
+                      f"{n} x {acc} B")
     # fp32 weights are the master weights at ZeRO 0 (torch's optimizer on the model) and ZeRO 3
     # (launcher/runtime/zero3.py); ZeRO 1/2 keep an fp32 clone.
     master = 0 if (dtype == "fp32" and zero_stage in (0, 3)) else 4
-    optimizer = n_params * (master + 8) / (d if (zero_stage >= 1 or bf16_opt) else 1)
+    sharded = zero_stage >= 1 or bf16_opt
+    optimizer = n_params * (master + 8) / (d if sharded else 1)
+    optimizer_how = (f"{n} x (4 B fp32 master + 8 B Adam m, v) = 12 B/param (ZeRO paper section 5, K = 12)"
+                     if master else f"{n} x 8 B Adam m, v (fp32: the weights are the master, K = 8)")
+    if sharded:
+        optimizer_how += f" / DP {d} ({'BF16_Optimizer' if bf16_opt and zero_stage == 0 else f'ZeRO {zero_stage}'})"
     if offload_optimizer:
-        optimizer = 0.0
+        optimizer, optimizer_how = 0.0, "in CPU memory (parallel.offload_optimizer)"
     if offload_param:
-        params = 0.0
-    return {"params": params, "grads": grads, "optimizer": optimizer}
+        params, params_how = 0.0, "in CPU memory (parallel.offload_param)"
+    return {"params": (params, params_how), "grads": (grads, grads_how), "optimizer": (optimizer, optimizer_how)}
 
 
 def activation_shape(shape: ModelShape, st: Strategy) -> act.ActivationShape:
@@ -197,7 +223,8 @@ class StageMemory:
     activations: float   # saved tensors x in-flight micro-batches + recompute working set + loss-backward transient
     logits: float        # of which the loss end: fp32 log-softmax + targets + the logits' gradient at backward
     overhead: float
-    overhead_how: str = ""   # its terms with their arithmetic, for the plan's table (_overhead)
+    # each model-state term's and the overhead's arithmetic in words, for the plan's table
+    how: dict = field(default_factory=dict, compare=False)
 
     @property
     def total(self) -> float:
@@ -232,8 +259,9 @@ class MemoryEstimate:
 def _stage_memory(shape: ModelShape, st: Strategy, stage: int, working_set: float,
                   process_bytes: Optional[float] = None) -> StageMemory:
     n = stage_params(shape, st, stage)
-    states = model_state_bytes(n, st.zero_partition_degree, st.zero_stage, st.dtype, st.grad_accum_fp32,
-                               st.pipeline_degree, st.offload_optimizer, st.offload_param)
+    state_args = (n, st.zero_partition_degree, st.zero_stage, st.dtype, st.grad_accum_fp32, st.pipeline_degree,
+                  st.offload_optimizer, st.offload_param)
+    states = model_state_bytes(*state_args)
     blocks = blocks_in_stage(shape, st, stage)
     m = activation_shape(shape, st)
     first, last = stage == 0, stage == st.pipeline_degree - 1
@@ -264,7 +292,8 @@ def _stage_memory(shape: ModelShape, st: Strategy, stage: int, working_set: floa
             logits = predicted * (4 * st.padded_vocab_size + act.INDEX_BYTES) + loss_backward
     overhead, how = _overhead(shape, st, n, process_bytes)
     return StageMemory(stage=stage, params=states["params"], grads=states["grads"], optimizer=states["optimizer"],
-                       activations=acts, logits=logits, overhead=overhead, overhead_how=how)
+                       activations=acts, logits=logits, overhead=overhead,
+                       how={**model_state_how(*state_args), "overhead": how})
 
 
 def _overhead(shape: ModelShape, st: Strategy, n: float, process_bytes: Optional[float]) -> tuple[float, str]:

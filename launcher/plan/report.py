@@ -146,7 +146,7 @@ def check_memory(cfg, layout: Layout) -> Optional[str]:
 def performance_summary(cfg, layout: Layout) -> dict:
     """Memory per GPU, FLOPs, step time, throughput, MFU and days (null for CPU ranks without cluster.profile)."""
     hw = resolve_hardware(cfg.cluster, layout.dtype)
-    keys = ("memory_per_gpu_bytes", "memory_overhead_how", "memory_capacity_bytes", "memory_headroom_bytes", "fits",
+    keys = ("memory_per_gpu_bytes", "memory_how", "memory_capacity_bytes", "memory_headroom_bytes", "fits",
             "memory_peak_stage",
             "recompute", "flops_per_token", "hardware_flops_per_token", "step_time_s", "step_time_breakdown_s",
             "tokens_per_s", "tflops_per_gpu", "hardware_tflops_per_gpu", "mfu", "peak_tflops", "profile",
@@ -165,7 +165,7 @@ def performance_summary(cfg, layout: Layout) -> dict:
     t = estimate_step_time(shape, st, hw, tokens)
     return {
         "memory_per_gpu_bytes": {k: int(v) for k, v in mem.per_gpu().items()},
-        "memory_overhead_how": mem.peak.overhead_how,
+        "memory_how": mem.peak.how,
         "memory_capacity_bytes": int(mem.capacity_bytes),
         "memory_headroom_bytes": int(mem.headroom_bytes),
         "fits": mem.fits,
@@ -242,15 +242,14 @@ def _performance_rows(s: dict) -> list[tuple[str, str, str]]:
         return [("memory / step time", "n/a", "CPU ranks: no rates to plan against (`launcher calibrate` writes a "
                  "profile; cluster.profile=PATH uses it)")]
     m = s["memory_per_gpu_bytes"]
-    z, dt = s["zero_stage"], s["precision"]
-    shard = {0: "unsharded", 1: "optimizer / DP", 2: "grads + optimizer / DP", 3: "all / DP"}[z]
     bd = s["step_time_breakdown_s"]
     step = s["step_time_s"]
     stage = s["memory_peak_stage"]
     return [
-        ("memory: params", _gb(m["params"]), f"stage {stage} weights (block matrices / TP; embedding, head, norms whole) x {2 if dt != 'fp32' else 4} B ({dt}); ZeRO {z}: {shard}"),
-        ("memory: grads", _gb(m["grads"]), "same count x dtype bytes (+ fp32 accumulation buffer with BF16_Optimizer)"),
-        ("memory: optimizer", _gb(m["optimizer"]), "fp32 master + Adam m, v = 12 B/param (ZeRO paper section 5, K = 12)"),
+        ("memory: params", _gb(m["params"]), f"stage {stage}'s weights on one rank (block matrices / TP; embedding, "
+         f"head, norms whole): {s['memory_how']['params']}"),
+        ("memory: grads", _gb(m["grads"]), s["memory_how"]["grads"]),
+        ("memory: optimizer", _gb(m["optimizer"]), s["memory_how"]["optimizer"]),
         ("memory: activations", _gb(m["activations"]),
          f"{s['activation_bytes_per_layer'] / 1e6:,.1f} MB per block per micro-batch ("
          + {"full": "checkpointed: its input", "none": "its saved tensors",
@@ -261,7 +260,7 @@ def _performance_rows(s: dict) -> list[tuple[str, str, str]]:
          + ", plan/activations.py) x blocks x in-flight micro-batches (1F1B: first stage holds PP) + embedding/head/"
          + "fp32 loss" + (", or one block's recomputed set while recomputed once those are freed, whichever is larger"
                           if s["recompute"] != "none" and s["checkpointed_blocks"] == s["num_blocks"] else "")),
-        ("memory: overhead", _gb(m["overhead"]), s["memory_overhead_how"]),
+        ("memory: overhead", _gb(m["overhead"]), s["memory_how"]["overhead"]),
         ("memory per GPU", f"{_gb(m['total'])} / {_gb(s['memory_capacity_bytes'])}",
          ("fits, " if s["fits"] else "DOES NOT FIT, ") + f"{_gb(abs(s['memory_headroom_bytes']))} "
          + ("free" if s["fits"] else "short") + f" (worst stage: {stage})"),

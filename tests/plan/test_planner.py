@@ -42,6 +42,20 @@ def test_bf16_optimizer_keeps_unsharded_fp32_grads():
     assert (b["params"], b["grads"], b["optimizer"]) == (2000, 6000, 1500)
 
 
+def test_the_plan_table_states_each_model_state_terms_arithmetic():
+    # The words the plan's table shows beside each term name the factors of the bytes above, term for term.
+    how = memory.model_state_how(1000, 8, 1, dtype="bf16", grad_accum_fp32=True)
+    assert how == {"params": "1,000 params x 2 B (bf16)",
+                   "grads": "1,000 params x 2 B + BF16_Optimizer's unsharded fp32 accumulation buffer 1,000 params x 4 B",
+                   "optimizer": "1,000 params x (4 B fp32 master + 8 B Adam m, v) = 12 B/param (ZeRO paper section 5, "
+                                "K = 12) / DP 8 (ZeRO 1)"}
+    how = memory.model_state_how(1000, 4, 0, dtype="fp32")
+    assert how["optimizer"] == "1,000 params x 8 B Adam m, v (fp32: the weights are the master, K = 8)"
+    how = memory.model_state_how(1000, 4, 3, dtype="bf16", offload_optimizer=True)
+    assert how == {"params": "1,000 params x 2 B (bf16) / DP 4 (ZeRO 3)", "grads": "1,000 params x 2 B / DP 4 (ZeRO 3)",
+                   "optimizer": "in CPU memory (parallel.offload_optimizer)"}
+
+
 # Narayanan et al. 2021, eq. 4: training time ~ 8 T P / (n X). GPT-3: 175B parameters, 300B tokens,
 # 1,024 A100 at 312 TFLOP/s peak, 34-35 days -> utilisation U = 8TP / (n x 312e12 x seconds) ~ 0.44.
 def test_gpt3_utilisation_from_eq4():

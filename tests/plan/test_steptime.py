@@ -1018,10 +1018,10 @@ def test_cpu_ranks_plan_the_calibrated_process_not_the_cuda_allowance(tmp_path):
     assert old.overhead == gpu.overhead
     # the plan's table says which terms these are, with their arithmetic (recipe=tiny: 1,328,256 parameters)
     assert n == 1_328_256
-    assert cpu.overhead_how == ("0.40 GB measured by launcher calibrate (the profile's process_bytes; glibc's kept "
+    assert cpu.how["overhead"] == ("0.40 GB measured by launcher calibrate (the profile's process_bytes; glibc's kept "
                                 "free blocks not counted) + ZeRO 2's reduce bucket pages its 1,328,256 gradients "
                                 "fill x 4 B = 5.3 MB")
-    assert gpu.overhead_how == ("2.00 GB stated allowance (CUDA context, cuBLAS/NCCL workspaces, allocator "
+    assert gpu.how["overhead"] == ("2.00 GB stated allowance (CUDA context, cuBLAS/NCCL workspaces, allocator "
                                 "fragmentation) + ZeRO 2's reduce bucket 500,000,000 elements x 4 B = 2.00 GB")
     # the states and activations are the same on either device
     assert (cpu.params, cpu.grads, cpu.optimizer, cpu.activations) == (gpu.params, gpu.grads, gpu.optimizer, gpu.activations)
