@@ -61,13 +61,13 @@ machines before process_bytes counted the first steps).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
 from launcher.plan import activations as act
 from launcher.plan.inputs import Hardware, ModelShape, Strategy
 from launcher.plan.params import param_group_numels
-from launcher.plan.stages import PIPELINE_ARCHS, rank_param_count, stage_blocks
+from launcher.plan.stages import PIPELINE_ARCHS, rank_param_counts, stage_blocks
 
 FRAMEWORK_OVERHEAD_BYTES = 2e9
 REDUCE_BUCKET_ELEMENTS = 500_000_000   # launcher/deepspeed_config.py REDUCE_BUCKET_SIZE (raised for SP x ZeRO-3 there)
@@ -90,49 +90,53 @@ def model_state_bytes(n_params: float, data_degree: int, zero_stage: int, dtype:
                       grad_accum_fp32: bool = False, pipeline_degree: int = 1,
                       offload_optimizer: bool = False, offload_param: bool = False) -> dict:
     """GPU bytes of params, grads and optimizer states for `n_params` parameters on one rank (ZeRO section 5)."""
-    return {k: v for k, (v, _) in _model_states(n_params, data_degree, zero_stage, dtype, grad_accum_fp32,
-                                                 pipeline_degree, offload_optimizer, offload_param).items()}
+    return _model_states(n_params, data_degree, zero_stage, dtype, grad_accum_fp32, pipeline_degree,
+                         offload_optimizer, offload_param)[0]
 
 
 def model_state_how(n_params: float, data_degree: int, zero_stage: int, dtype: str = "bf16",
                     grad_accum_fp32: bool = False, pipeline_degree: int = 1,
                     offload_optimizer: bool = False, offload_param: bool = False) -> dict:
     """The arithmetic behind each of model_state_bytes's terms, in words, for the plan's table."""
-    return {k: how for k, (_, how) in _model_states(n_params, data_degree, zero_stage, dtype, grad_accum_fp32,
-                                                     pipeline_degree, offload_optimizer, offload_param).items()}
+    return _model_states(n_params, data_degree, zero_stage, dtype, grad_accum_fp32, pipeline_degree,
+                         offload_optimizer, offload_param, explain=True)[1]
 
 
 def _model_states(n_params, data_degree, zero_stage, dtype, grad_accum_fp32, pipeline_degree, offload_optimizer,
-                  offload_param) -> dict:
-    """{term: (bytes, how)}: one computation for the bytes and their explanation (module docstring)."""
+                  offload_param, explain: bool = False) -> tuple[dict, dict]:
+    """({term: bytes}, {term: how}): the bytes and, with explain (the plan's table; --search asks for bytes only,
+    thousands of times), the same factors in words (module docstring)."""
     w = weight_bytes(dtype)
     d = data_degree
-    n = f"{n_params:,.0f} params"
     bf16_opt = uses_bf16_optimizer(dtype, zero_stage, grad_accum_fp32, pipeline_degree)
     params = n_params * w / (d if zero_stage == 3 else 1)
-    params_how = f"{n} x {w} B ({dtype})" + (f" / DP {d} (ZeRO 3)" if zero_stage == 3 else "")
     grads = n_params * w / (d if zero_stage >= 2 else 1)
-    grads_how = f"{n} x {w} B" + (f" / DP {d} (ZeRO {zero_stage})" if zero_stage >= 2 else "")
-    if bf16_opt:
-        # BF16_Optimizer: a full (unsharded) flat gradient buffer in the accumulation dtype.
-        acc = 4 if grad_accum_fp32 else 2
-        grads += n_params * acc
-        grads_how += (f" + BF16_Optimizer's unsharded {'fp32' if acc == 4 else 'bf16'} accumulation buffer "
-                      f"{n} x {acc} B")
+    # BF16_Optimizer: a full (unsharded) flat gradient buffer in the accumulation dtype.
+    acc = (4 if grad_accum_fp32 else 2) if bf16_opt else 0
+    grads += n_params * acc
     # fp32 weights are the master weights at ZeRO 0 (torch's optimizer on the model) and ZeRO 3
     # (launcher/runtime/zero3.py); ZeRO 1/2 keep an fp32 clone.
     master = 0 if (dtype == "fp32" and zero_stage in (0, 3)) else 4
     sharded = zero_stage >= 1 or bf16_opt
     optimizer = n_params * (master + 8) / (d if sharded else 1)
-    optimizer_how = (f"{n} x (4 B fp32 master + 8 B Adam m, v) = 12 B/param (ZeRO paper section 5, K = 12)"
-                     if master else f"{n} x 8 B Adam m, v (fp32: the weights are the master, K = 8)")
-    if sharded:
-        optimizer_how += f" / DP {d} ({'BF16_Optimizer' if bf16_opt and zero_stage == 0 else f'ZeRO {zero_stage}'})"
     if offload_optimizer:
-        optimizer, optimizer_how = 0.0, "in CPU memory (parallel.offload_optimizer)"
+        optimizer = 0.0
     if offload_param:
-        params, params_how = 0.0, "in CPU memory (parallel.offload_param)"
-    return {"params": (params, params_how), "grads": (grads, grads_how), "optimizer": (optimizer, optimizer_how)}
+        params = 0.0
+    how = {}
+    if explain:
+        n = f"{n_params:,.0f} params"
+        how["params"] = (f"{n} x {w} B ({dtype})" + (f" / DP {d} (ZeRO 3)" if zero_stage == 3 else "")
+                         if not offload_param else "in CPU memory (parallel.offload_param)")
+        how["grads"] = f"{n} x {w} B" + (f" / DP {d} (ZeRO {zero_stage})" if zero_stage >= 2 else "") + (
+            f" + BF16_Optimizer's unsharded {'fp32' if acc == 4 else 'bf16'} accumulation buffer {n} x {acc} B"
+            if acc else "")
+        how["optimizer"] = ("in CPU memory (parallel.offload_optimizer)" if offload_optimizer else
+                            (f"{n} x (4 B fp32 master + 8 B Adam m, v) = 12 B/param (ZeRO paper section 5, K = 12)"
+                             if master else f"{n} x 8 B Adam m, v (fp32: the weights are the master, K = 8)")
+                            + (f" / DP {d} ({'BF16_Optimizer' if bf16_opt and zero_stage == 0 else f'ZeRO {zero_stage}'})"
+                               if sharded else ""))
+    return {"params": params, "grads": grads, "optimizer": optimizer}, how
 
 
 def activation_shape(shape: ModelShape, st: Strategy) -> act.ActivationShape:
@@ -165,8 +169,8 @@ def stage_params(shape: ModelShape, st: Strategy, stage: int) -> float:
     """Parameters one rank of pipeline stage `stage` holds (TP-sharded, before ZeRO): the stage's exact count
     as DeepSpeed cuts the layers and the runtime shards them (launcher/plan/stages.py rank_param_count)."""
     if st.pipeline_degree == 1 or shape.arch in PIPELINE_ARCHS:
-        return rank_param_count(shape, st.padded_vocab_size, st.pipeline_degree, st.partition_method, st.tensor_degree,
-                                stage)
+        return rank_param_counts(shape, st.padded_vocab_size, st.pipeline_degree, st.partition_method,
+                                 st.tensor_degree)[stage]
     # No pipeline implementation for the architecture (gpt): blocks spread evenly, as a plan only.
     p, t = st.pipeline_degree, st.tensor_degree
     h, pc = shape.hidden_size, shape.params
@@ -181,20 +185,37 @@ def stage_params(shape: ModelShape, st: Strategy, stage: int) -> float:
     return n
 
 
+def params_per_stage(shape: ModelShape, st: Strategy) -> tuple[float, ...]:
+    """stage_params of every stage."""
+    if st.pipeline_degree == 1 or shape.arch in PIPELINE_ARCHS:
+        return rank_param_counts(shape, st.padded_vocab_size, st.pipeline_degree, st.partition_method,
+                                 st.tensor_degree)
+    return tuple(stage_params(shape, st, stage) for stage in range(st.pipeline_degree))
+
+
 def blocks_in_stage(shape: ModelShape, st: Strategy, stage: int) -> int:
     """Decoder blocks on pipeline stage `stage`, as DeepSpeed cuts the layers (evenly where there is no pipeline)."""
+    return blocks_per_stage(shape, st)[stage]
+
+
+def blocks_per_stage(shape: ModelShape, st: Strategy) -> tuple[int, ...]:
+    """blocks_in_stage of every stage, cut once."""
     if st.pipeline_degree == 1 or shape.arch in PIPELINE_ARCHS:
-        return stage_blocks(shape, st.padded_vocab_size, st.pipeline_degree, st.partition_method)[stage]
-    return layers_in_stage(shape.num_layers, st.pipeline_degree, stage)
+        return stage_blocks(shape, st.padded_vocab_size, st.pipeline_degree, st.partition_method)
+    return tuple(layers_in_stage(shape.num_layers, st.pipeline_degree, stage) for stage in range(st.pipeline_degree))
 
 
 def checkpointed_in_stage(shape: ModelShape, st: Strategy, stage: int) -> int:
-    """Decoder blocks of stage `stage` that activation checkpointing recomputes: none without it, else the stage's
-    first model.checkpoint_blocks (all of them where that is null or larger), as the runtime picks them
+    """Decoder blocks of stage `stage` that activation checkpointing recomputes (checkpointed_of its blocks)."""
+    return checkpointed_of(st, blocks_in_stage(shape, st, stage)) if st.checkpointing else 0
+
+
+def checkpointed_of(st: Strategy, blocks: int) -> int:
+    """Of a stage's `blocks`, those activation checkpointing recomputes: none without it, else the stage's first
+    model.checkpoint_blocks (all of them where that is null or larger), as the runtime picks them
     (launcher/train.py checkpoint_first_blocks, launcher/parallel/pipeline.py StagePipelineModule)."""
     if not st.checkpointing:
         return 0
-    blocks = blocks_in_stage(shape, st, stage)
     return blocks if st.checkpoint_blocks is None else min(blocks, st.checkpoint_blocks)
 
 
@@ -223,8 +244,6 @@ class StageMemory:
     activations: float   # saved tensors x in-flight micro-batches + recompute working set + loss-backward transient
     logits: float        # of which the loss end: fp32 log-softmax + targets + the logits' gradient at backward
     overhead: float
-    # each model-state term's and the overhead's arithmetic in words, for the plan's table
-    how: dict = field(default_factory=dict, compare=False)
 
     @property
     def total(self) -> float:
@@ -259,9 +278,7 @@ class MemoryEstimate:
 def _stage_memory(shape: ModelShape, st: Strategy, stage: int, working_set: float,
                   process_bytes: Optional[float] = None) -> StageMemory:
     n = stage_params(shape, st, stage)
-    state_args = (n, st.zero_partition_degree, st.zero_stage, st.dtype, st.grad_accum_fp32, st.pipeline_degree,
-                  st.offload_optimizer, st.offload_param)
-    states = model_state_bytes(*state_args)
+    states = model_state_bytes(*_state_args(st, n))
     blocks = blocks_in_stage(shape, st, stage)
     m = activation_shape(shape, st)
     first, last = stage == 0, stage == st.pipeline_degree - 1
@@ -290,36 +307,55 @@ def _stage_memory(shape: ModelShape, st: Strategy, stage: int, working_set: floa
         acts = max(backward_start, last_recompute)
         if backward_start >= last_recompute:
             logits = predicted * (4 * st.padded_vocab_size + act.INDEX_BYTES) + loss_backward
-    overhead, how = _overhead(shape, st, n, process_bytes)
     return StageMemory(stage=stage, params=states["params"], grads=states["grads"], optimizer=states["optimizer"],
-                       activations=acts, logits=logits, overhead=overhead,
-                       how={**model_state_how(*state_args), "overhead": how})
+                       activations=acts, logits=logits, overhead=_overhead(shape, st, n, process_bytes)[0])
 
 
-def _overhead(shape: ModelShape, st: Strategy, n: float, process_bytes: Optional[float]) -> tuple[float, str]:
-    """(bytes, how) of what a rank holds besides its model states and activations: the framework (the stated GPU
-    allowance, or on CPU ranks the profile's measured process_bytes) plus DeepSpeed's communication buffers for a
-    stage of n parameters (module docstring)."""
+def _state_args(st: Strategy, n: float) -> tuple:
+    return (n, st.zero_partition_degree, st.zero_stage, st.dtype, st.grad_accum_fp32, st.pipeline_degree,
+            st.offload_optimizer, st.offload_param)
+
+
+def explain_stage_memory(shape: ModelShape, st: Strategy, hw: Hardware, stage: int) -> dict:
+    """{params, grads, optimizer, overhead: the arithmetic in words} of a stage's memory, for the plan's table."""
+    n = stage_params(shape, st, stage)
+    return {**model_state_how(*_state_args(st, n)), "overhead": _overhead(shape, st, n, _process_bytes(hw), True)[1]}
+
+
+def _process_bytes(hw: Hardware) -> Optional[float]:
+    """CPU ranks plan the process calibrate measured in place of the CUDA allowance (module docstring)."""
+    return hw.profile.process_bytes if hw.device == "cpu" else None
+
+
+def _overhead(shape: ModelShape, st: Strategy, n: float, process_bytes: Optional[float],
+              explain: bool = False) -> tuple[float, str]:
+    """(bytes, how: "" unless explain) of what a rank holds besides its model states and activations: the framework
+    (the stated GPU allowance, or on CPU ranks the profile's measured process_bytes) plus DeepSpeed's communication
+    buffers for a stage of n parameters (module docstring)."""
     w = weight_bytes(st.dtype)
-    if process_bytes is None:
-        base, terms = FRAMEWORK_OVERHEAD_BYTES, [f"{_gb(FRAMEWORK_OVERHEAD_BYTES)} stated allowance (CUDA context, "
-                                                  "cuBLAS/NCCL workspaces, allocator fragmentation)"]
-    else:
-        base, terms = process_bytes, [f"{_gb(process_bytes)} measured by launcher calibrate (the "
-                                      "profile's process_bytes; glibc's kept free blocks not counted)"]
+    base = FRAMEWORK_OVERHEAD_BYTES if process_bytes is None else process_bytes
+    per_layer = elements = 0.0
     if st.zero_stage == 3:
         per_layer = shape.params.per_layer / st.tensor_degree
         buffers = 2 * per_layer * w
-        terms.append(f"ZeRO 3's 2 gathered blocks x {per_layer:,.0f} params x {w} B = {_gb(buffers)}")
     elif st.zero_stage in (1, 2):
         # CPU ranks: only the pages the stage's gradients fill are resident (module docstring)
         elements = REDUCE_BUCKET_ELEMENTS if process_bytes is None else min(REDUCE_BUCKET_ELEMENTS, n)
         buffers = elements * w
-        terms.append(f"ZeRO {st.zero_stage}'s reduce bucket " + (
-            f"{REDUCE_BUCKET_ELEMENTS:,} elements" if process_bytes is None or elements == REDUCE_BUCKET_ELEMENTS
-            else f"pages its {elements:,.0f} gradients fill") + f" x {w} B = {_gb(buffers)}")
     else:
         buffers = 0.0
+    if not explain:
+        return base + buffers, ""
+    terms = [f"{_gb(base)} stated allowance (CUDA context, cuBLAS/NCCL workspaces, allocator fragmentation)"
+             if process_bytes is None else
+             f"{_gb(base)} measured by launcher calibrate (the profile's process_bytes; glibc's kept free blocks "
+             "not counted)"]
+    if st.zero_stage == 3:
+        terms.append(f"ZeRO 3's 2 gathered blocks x {per_layer:,.0f} params x {w} B = {_gb(buffers)}")
+    elif st.zero_stage in (1, 2):
+        terms.append(f"ZeRO {st.zero_stage}'s reduce bucket " + (
+            f"{REDUCE_BUCKET_ELEMENTS:,} elements" if elements == REDUCE_BUCKET_ELEMENTS
+            else f"pages its {elements:,.0f} gradients fill") + f" x {w} B = {_gb(buffers)}")
     return base + buffers, " + ".join(terms)
 
 
@@ -343,7 +379,7 @@ def estimate_memory(shape: ModelShape, st: Strategy, hw: Hardware) -> MemoryEsti
     # first, the last and (for the block-count remainder) stage 1 bound them all; evaluating every stage
     # would cost O(PP) per candidate in --search for no new maximum.
     stages = sorted({0, min(1, st.pipeline_degree - 1), st.pipeline_degree - 1})
-    process_bytes = hw.profile.process_bytes if hw.device == "cpu" else None
+    process_bytes = _process_bytes(hw)
     return MemoryEstimate(stages=tuple(_stage_memory(shape, st, i, working_set, process_bytes) for i in stages),
                           capacity_bytes=hw.memory_bytes)
 

@@ -11,7 +11,7 @@ from launcher.config.errors import ConfigError
 from launcher.config.layout import Layout
 from launcher.plan.host import estimate_host_memory, host_capacity, stages_by_node
 from launcher.plan.inputs import model_shape, resolve_hardware, strategy
-from launcher.plan.memory import activation_bytes_per_layer, checkpointed_layers, estimate_memory
+from launcher.plan.memory import activation_bytes_per_layer, checkpointed_layers, estimate_memory, explain_stage_memory
 from launcher.plan.params import count_params, rough_params
 from launcher.plan.profile import BUILTIN
 from launcher.plan.stages import PIPELINE_ARCHS, stage_blocks, stage_param_counts
@@ -165,7 +165,7 @@ def performance_summary(cfg, layout: Layout) -> dict:
     t = estimate_step_time(shape, st, hw, tokens)
     return {
         "memory_per_gpu_bytes": {k: int(v) for k, v in mem.per_gpu().items()},
-        "memory_how": mem.peak.how,
+        "memory_how": explain_stage_memory(shape, st, hw, mem.peak.stage),
         "memory_capacity_bytes": int(mem.capacity_bytes),
         "memory_headroom_bytes": int(mem.headroom_bytes),
         "fits": mem.fits,

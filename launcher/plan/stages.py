@@ -145,6 +145,14 @@ def rank_param_count(shape, padded_vocab_size: int, pipeline_degree: int, method
 
 
 @lru_cache(maxsize=1024)
+def rank_param_counts(shape, padded_vocab_size: int, pipeline_degree: int, method: str,
+                      tensor_degree: int) -> tuple[float, ...]:
+    """rank_param_count of every stage (--search reads each stage of thousands of candidates)."""
+    return tuple(rank_param_count(shape, padded_vocab_size, pipeline_degree, method, tensor_degree, stage)
+                 for stage in range(pipeline_degree))
+
+
+@lru_cache(maxsize=1024)
 def stage_blocks(shape, padded_vocab_size: int, pipeline_degree: int, method: str) -> tuple[int, ...]:
     """Decoder blocks per stage."""
     layers = pipeline_layer_params(shape, padded_vocab_size)

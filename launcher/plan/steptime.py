@@ -184,8 +184,8 @@ from launcher.config.supported import LLAMA_FAMILY
 from launcher.plan.flops import flops_per_token, recompute_flops_per_token
 from launcher.plan.inputs import Hardware, ModelShape, Strategy
 from launcher.plan.memory import (PARAM_PERSISTENCE_THRESHOLD, REDUCE_BUCKET_ELEMENTS, blocks_in_stage,
-                                  checkpointed_in_stage, checkpointed_layers, stage_params,
-                                  weight_bytes)
+                                  blocks_per_stage, checkpointed_in_stage, checkpointed_layers, checkpointed_of,
+                                  params_per_stage, weight_bytes)
 from launcher.plan.profile import Link, Profile, interpolate
 
 F32 = 4
@@ -661,10 +661,13 @@ def estimate_step_time(shape: ModelShape, st: Strategy, hw: Hardware, train_toke
     act_bytes = st.micro_batch_size * s / sp * shape.hidden_size * w / t  # pipe_partitioned: scattered over TP
     p2p = p2p_s(act_bytes, links["pp"]) if p > 1 else 0.0
 
-    ckpts = [checkpointed_in_stage(shape, st, stage) for stage in range(p)]
+    # each stage's blocks, checkpointed blocks and parameters, cut once (a pipeline's stages are read 3-4 times each)
+    blocks = blocks_per_stage(shape, st)
+    ckpts = [checkpointed_of(st, b) for b in blocks]
+    stage_n = params_per_stage(shape, st)
     costs = []
     for stage in range(p):
-        c = per_block * blocks_in_stage(shape, st, stage) + recomputed * ckpts[stage]
+        c = per_block * blocks[stage] + recomputed * ckpts[stage]
         if stage == 0:
             c = c + first
         if stage == p - 1:
@@ -677,8 +680,7 @@ def estimate_step_time(shape: ModelShape, st: Strategy, hw: Hardware, train_toke
     def engine_work(per_element: float, per_tensor: float) -> list:
         if not (per_element or per_tensor):     # the built-ins under ZeRO 0-2: --search's hot path
             return [0.0] * p
-        return [stage_params(shape, st, stage) * per_element
-                + _parameter_tensors(shape, blocks_in_stage(shape, st, stage), stage, p) * per_tensor
+        return [stage_n[stage] * per_element + _parameter_tensors(shape, blocks[stage], stage, p) * per_tensor
                 for stage in range(p)]
     rest = engine_work(prof.engine_element(st.dtype, st.zero_stage), prof.engine_tensor(st.dtype, st.zero_stage))
     if prof.engine_split(st.dtype):
@@ -716,11 +718,11 @@ def estimate_step_time(shape: ModelShape, st: Strategy, hw: Hardware, train_toke
     overlap = _overlap_comm(hw)
     dp_exposed, opt = [], []
     for stage, x in enumerate(stages):
-        params = stage_params(shape, st, stage)
+        params = stage_n[stage]
         grad_b = params * (F32 if st.grad_accum_fp32 else w)
         par_b = params * w
         buckets = max(1, math.ceil(params / REDUCE_BUCKET_ELEMENTS))
-        bwd_window = (bb.total * blocks_in_stage(shape, st, stage)) * k
+        bwd_window = (bb.total * blocks[stage]) * k
         link = links["dp"]
         if r <= 1:
             exposed = 0.0
@@ -739,7 +741,7 @@ def estimate_step_time(shape: ModelShape, st: Strategy, hw: Hardware, train_toke
             # DeepSpeed ZeRO-3 fetches parameters module by module (stage3 parameter coordinator): one all-gather
             # per module with weights, forward and again backward, each paying the link latency (the modules'
             # bytes taken as equal, which matters only where NCCL's protocol choice depends on the size).
-            modules = max(1, _fetched_modules(shape, st, blocks_in_stage(shape, st, stage), stage, p))
+            modules = max(1, _fetched_modules(shape, st, blocks[stage], stage, p))
             per_mb = 2 * modules * gather_s(par_b / modules, r, link) + reduce
             if ckpts[stage]:
                 again, again_modules = _zero3_regathered_per_block(shape, st)
@@ -749,7 +751,7 @@ def estimate_step_time(shape: ModelShape, st: Strategy, hw: Hardware, train_toke
             exposed = m * max(0.0, per_mb - hide)
         dp_exposed.append(exposed)
         shard = params / (r if st.zero_stage >= 1 else 1)
-        tensors = 1 if st.zero_stage in (1, 2) else 9 * max(1, blocks_in_stage(shape, st, stage)) + 3
+        tensors = 1 if st.zero_stage in (1, 2) else 9 * max(1, blocks[stage]) + 3
         opt.append(_optimizer_s(shard, st, prof, tensors) * stretch)
     # The step's one synchronisation where no micro-batch has one (ZeRO 0/1 data parallelism alone): the gradient
     # reduce waits for the ZeRO group's slowest rank over the whole step's compute.

@@ -16,7 +16,8 @@ from launcher.plan import stages
 from launcher.plan.inputs import model_shape
 from launcher.plan.search import search_layouts
 
-CACHED = (stages.pipeline_layer_params, stages.stage_param_counts, stages.rank_param_count, stages.stage_blocks)
+CACHED = (stages.pipeline_layer_params, stages.stage_param_counts, stages.rank_param_count, stages.rank_param_counts,
+          stages.stage_blocks)
 
 
 def _clear():
@@ -47,7 +48,8 @@ def test_cached_stage_cut_equals_uncached_for_every_proposed_layout(overrides):
                 == stages.stage_param_counts.__wrapped__(shape, vocab, pp, method))
         for s in range(pp):
             assert (stages.rank_param_count(shape, vocab, pp, method, tp, s)
-                    == stages.rank_param_count.__wrapped__(shape, vocab, pp, method, tp, s))
+                    == stages.rank_param_count.__wrapped__(shape, vocab, pp, method, tp, s)
+                    == stages.rank_param_counts(shape, vocab, pp, method, tp)[s])
 
 
 def test_search_is_the_same_from_cold_and_from_caches_warmed_by_another_model():

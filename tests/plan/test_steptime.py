@@ -1006,7 +1006,7 @@ def test_cpu_ranks_plan_the_calibrated_process_not_the_cuda_allowance(tmp_path):
     written); a GPU, or a CPU profile from before process_bytes, keeps the 2 GB allowance and the whole bucket."""
     import yaml
 
-    from launcher.plan.memory import estimate_memory
+    from launcher.plan.memory import estimate_memory, explain_stage_memory
 
     _, shape, st = setup("parallel.zero_stage=2")           # recipe=tiny: fp32, 2 ranks, ZeRO-2
     n = shape.params.total                                  # no TP or PP: the bucket sees every gradient
@@ -1018,11 +1018,13 @@ def test_cpu_ranks_plan_the_calibrated_process_not_the_cuda_allowance(tmp_path):
     assert old.overhead == gpu.overhead
     # the plan's table says which terms these are, with their arithmetic (recipe=tiny: 1,328,256 parameters)
     assert n == 1_328_256
-    assert cpu.how["overhead"] == ("0.40 GB measured by launcher calibrate (the profile's process_bytes; glibc's kept "
-                                "free blocks not counted) + ZeRO 2's reduce bucket pages its 1,328,256 gradients "
-                                "fill x 4 B = 5.3 MB")
-    assert gpu.how["overhead"] == ("2.00 GB stated allowance (CUDA context, cuBLAS/NCCL workspaces, allocator "
-                                "fragmentation) + ZeRO 2's reduce bucket 500,000,000 elements x 4 B = 2.00 GB")
+    explain = {dev: explain_stage_memory(shape, st, hardware(ideal(process_bytes=400e6), dev), 0)["overhead"]
+               for dev in ("cpu", "cuda")}
+    assert explain["cpu"] == ("0.40 GB measured by launcher calibrate (the profile's process_bytes; glibc's kept "
+                              "free blocks not counted) + ZeRO 2's reduce bucket pages its 1,328,256 gradients "
+                              "fill x 4 B = 5.3 MB")
+    assert explain["cuda"] == ("2.00 GB stated allowance (CUDA context, cuBLAS/NCCL workspaces, allocator "
+                               "fragmentation) + ZeRO 2's reduce bucket 500,000,000 elements x 4 B = 2.00 GB")
     # the states and activations are the same on either device
     assert (cpu.params, cpu.grads, cpu.optimizer, cpu.activations) == (gpu.params, gpu.grads, gpu.optimizer, gpu.activations)
     path = tmp_path / "p.yaml"
