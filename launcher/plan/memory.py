@@ -225,7 +225,7 @@ def checkpointed_layers(shape: ModelShape, st: Strategy) -> int:
         return 0
     if st.checkpoint_blocks is None:
         return shape.num_layers
-    return sum(checkpointed_in_stage(shape, st, stage) for stage in range(st.pipeline_degree))
+    return sum(checkpointed_of(st, blocks) for blocks in blocks_per_stage(shape, st))
 
 
 def in_flight_micro_batches(st: Strategy, stage: int) -> int:
@@ -346,20 +346,22 @@ def _overhead(shape: ModelShape, st: Strategy, n: float, process_bytes: Optional
         buffers = 0.0
     if not explain:
         return base + buffers, ""
-    terms = [f"{_gb(base)} stated allowance (CUDA context, cuBLAS/NCCL workspaces, allocator fragmentation)"
+    terms = [f"{_size(base)} stated allowance (CUDA context, cuBLAS/NCCL workspaces, allocator fragmentation)"
              if process_bytes is None else
-             f"{_gb(base)} measured by launcher calibrate (the profile's process_bytes; glibc's kept free blocks "
+             f"{_size(base)} measured by launcher calibrate (the profile's process_bytes; glibc's kept free blocks "
              "not counted)"]
     if st.zero_stage == 3:
-        terms.append(f"ZeRO 3's 2 gathered blocks x {per_layer:,.0f} params x {w} B = {_gb(buffers)}")
+        terms.append(f"ZeRO 3's 2 gathered blocks x {per_layer:,.0f} params x {w} B = {_size(buffers)}")
     elif st.zero_stage in (1, 2):
         terms.append(f"ZeRO {st.zero_stage}'s reduce bucket " + (
             f"{REDUCE_BUCKET_ELEMENTS:,} elements" if elements == REDUCE_BUCKET_ELEMENTS
-            else f"pages its {elements:,.0f} gradients fill") + f" x {w} B = {_gb(buffers)}")
+            else f"pages its {elements:,.0f} gradients fill") + f" x {w} B = {_size(buffers)}")
     return base + buffers, " + ".join(terms)
 
 
-def _gb(x: float) -> str:
+def _size(x: float) -> str:
+    """Bytes for the table's explanations: GB, or MB for the small terms of a CPU plan (report.py's _gb would print
+    0.0 GB for recipe=tiny's 5.3 MB bucket)."""
     return f"{x / 1e9:,.2f} GB" if x >= 1e8 else f"{x / 1e6:,.1f} MB"
 
 

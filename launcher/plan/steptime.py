@@ -899,7 +899,7 @@ def _zero3_hooks_s(shape: ModelShape, st: Strategy, prof: Profile, costs: list) 
     if st.zero_stage != 3:
         return zero, zero
     p = st.pipeline_degree
-    blocks = [blocks_in_stage(shape, st, s) for s in range(p)]
+    blocks = blocks_per_stage(shape, st)
     modules = [_hooked_modules(shape, blocks[s], s, p) for s in range(p)]
     params = [_parameter_tensors(shape, blocks[s], s, p) for s in range(p)]
     return ([mo * prof.zero3_module_s + pa * prof.zero3_param_s for mo, pa in zip(modules, params)],
