@@ -13,6 +13,7 @@ OmegaConf types the values (an int field refuses 1.5), but accepts nan, inf and 
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass
 from typing import Optional
 
@@ -177,18 +178,17 @@ RANGES: dict[str, Range] = {
 }
 
 
-def _dig(obj, key: str):
-    for part in key.split("."):
-        obj = obj[part] if isinstance(obj, dict) else getattr(obj, part)
-    return obj
+# `launcher plan --search` checks a plain copy (SimpleNamespace all the way down, search.plain_config) per candidate,
+# thousands of times: a dotted attrgetter reads a key in one C call (splitting each key per call was a tenth of the
+# 405B search).
+_GETTERS = {key: operator.attrgetter(key) for key in RANGES}
 
 
 def check_ranges(cfg) -> None:
     """Refuse the first numeric setting outside its range, then the cross-setting rules below."""
-    # Asked once, not per key: `launcher plan --search` checks a plain copy (SimpleNamespace) per candidate.
-    plain = not OmegaConf.is_config(cfg)
+    plain = not OmegaConf.is_config(cfg)   # asked once, not per key
     for key, rng in RANGES.items():
-        value = _dig(cfg, key) if plain else OmegaConf.select(cfg, key)
+        value = _GETTERS[key](cfg) if plain else OmegaConf.select(cfg, key)
         if not rng.allows(value):
             raise ConfigError(key, value, rng.rule(), rng.example)
     _check_schedule(cfg)

@@ -67,7 +67,8 @@ from typing import Optional
 from launcher.plan import activations as act
 from launcher.plan.inputs import Hardware, ModelShape, Strategy
 from launcher.plan.params import param_group_numels
-from launcher.plan.stages import PIPELINE_ARCHS, rank_param_counts, stage_blocks
+from launcher.config.supported import PIPELINE_ARCHS
+from launcher.plan.stages import rank_param_counts, stage_blocks
 
 FRAMEWORK_OVERHEAD_BYTES = 2e9
 REDUCE_BUCKET_ELEMENTS = 500_000_000   # launcher/deepspeed_config.py REDUCE_BUCKET_SIZE (raised for SP x ZeRO-3 there)

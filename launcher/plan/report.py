@@ -14,7 +14,8 @@ from launcher.plan.inputs import model_shape, resolve_hardware, strategy
 from launcher.plan.memory import activation_bytes_per_layer, checkpointed_layers, estimate_memory, explain_stage_memory
 from launcher.plan.params import count_params, rough_params
 from launcher.plan.profile import BUILTIN
-from launcher.plan.stages import PIPELINE_ARCHS, stage_blocks, stage_param_counts
+from launcher.config.supported import PIPELINE_ARCHS
+from launcher.plan.stages import stage_blocks, stage_param_counts
 from launcher.plan.steptime import estimate_step_time
 from launcher.plan.track_record import describe, no_match, similar
 

@@ -82,12 +82,6 @@ def _divisors(n: int) -> list[int]:
     return [k for k in range(1, n + 1) if n % k == 0]
 
 
-def evaluate(cfg, layout: Layout, shape: ModelShape, hw: Hardware) -> Candidate:
-    """Memory and time of one resolved layout."""
-    st = strategy(cfg, layout)
-    tokens = cfg.train.tokens or cfg.train.steps * layout.tokens_per_step
-    return Candidate(layout=layout, strategy=st, memory=estimate_memory(shape, st, hw),
-                     time=estimate_step_time(shape, st, hw, tokens))
 
 
 class _HostCheck:
@@ -219,10 +213,25 @@ def search_layouts(cfg) -> tuple[list[Candidate], dict]:
     return fitting, counts
 
 
+def _fitting(c, layout: Layout, shape: ModelShape, hw: Hardware, host) -> Optional[tuple[Strategy, MemoryEstimate]]:
+    """The strategy and memory of a resolved config, or None where it does not fit the GPU or the node's host memory."""
+    st = strategy(c, layout)
+    memory = estimate_memory(shape, st, hw)
+    return (st, memory) if memory.fits and host.fits(c, layout, st, shape) else None
+
+
+def _timed(c, layout: Layout, shape: ModelShape, hw: Hardware, fit: tuple[Strategy, MemoryEstimate]) -> Candidate:
+    st, memory = fit
+    tokens = c.train.tokens or c.train.steps * layout.tokens_per_step
+    return Candidate(layout=layout, strategy=st, memory=memory, time=estimate_step_time(shape, st, hw, tokens))
+
+
 def _if_fits(c, layout: Layout, shape: ModelShape, hw: Hardware, host) -> Optional[Candidate]:
-    """The candidate of a resolved config, or None where it does not fit the GPU or the node's host memory."""
-    cand = evaluate(c, layout, shape, hw)
-    return cand if cand.memory.fits and host.fits(c, layout, cand.strategy, shape) else None
+    """The candidate of a resolved config, or None where it does not fit. The step time, two thirds of an evaluation's
+    cost, is estimated only for a layout that fits: most of a large search's candidates do not (the 405B config on
+    16,384 GPUs: 296 of 1,748), and a candidate that does not fit is dropped whatever its time."""
+    fit = _fitting(c, layout, shape, hw, host)
+    return None if fit is None else _timed(c, layout, shape, hw, fit)
 
 
 def _fewest_checkpointed(plain, grid: tuple, shape: ModelShape, hw: Hardware, host, full: Strategy,
@@ -233,19 +242,22 @@ def _fewest_checkpointed(plain, grid: tuple, shape: ModelShape, hw: Hardware, ho
     of them fit."""
     tp, pp, zero, micro, sp, msp, cp = grid
 
-    def at(n: int) -> Optional[Candidate]:
+    def at(n: int):
         c = _with(plain, tp, pp, zero, micro, True, sp, msp, cp, checkpoint_blocks=n, mode=mode)
-        return _if_fits(c, resolve_layout(c), shape, hw, host)
+        layout = resolve_layout(c)
+        fit = _fitting(c, layout, shape, hw, host)
+        return None if fit is None else (c, layout, fit)
 
+    # The bisection asks only whether a count fits; the step time is estimated once, for the count it settles on.
     lo, hi, best = 1, max(blocks_in_stage(shape, full, s) for s in range(pp)) - 1, None
     while lo <= hi:
         mid = (lo + hi) // 2
-        cand = at(mid)
-        if cand is not None:
-            best, hi = cand, mid - 1
+        found = at(mid)
+        if found is not None:
+            best, hi = found, mid - 1
         else:
             lo = mid + 1
-    return best
+    return None if best is None else _timed(best[0], best[1], shape, hw, best[2])
 
 
 def _label(c: Candidate) -> str:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
-from launcher.config.supported import LLAMA_FAMILY, PIPELINE_ARCHS
+from launcher.config.supported import LLAMA_FAMILY
 
 
 @lru_cache(maxsize=256)
