@@ -22,9 +22,9 @@ the host-memory check (plan/report.py), run on a plain copy of the config with t
 memory (every term, stricter than train's model-states refusal) by memory.py and time by steptime.py (per operator). The loops
 skip the combinations those rules refuse outright (ZeRO 2-3 with a pipeline, TP at pipeline_degree 1 with
 ZeRO-3, TP or PP for an architecture without our layer list (gpt), SP with TP or PP) before calling them, and the
-pipeline cut each estimate reads per stage is computed once per (model, PP) (plan/stages.py, cached), which keeps a
-405B model on 16,384 GPUs well under 2 s (bench/plan); every
-candidate that is kept still passes through all of them. Ranked by estimated tokens/s; ties go to the layout
+pipeline cut each estimate reads per stage is computed once per (model, PP) (plan/stages.py, cached), and a
+layout's step time is estimated only once it fits (_if_fits), which keeps a 405B model on 16,384 GPUs well under
+2 s (0.35 s, bench/plan); every candidate that is kept still passes through all of them. Ranked by estimated tokens/s; ties go to the layout
 with more memory headroom.
 """
 
