@@ -5,7 +5,8 @@ should see how that prediction has fared. bench/published/compare.py holds the m
 can express (bench/published/runs.yaml, with sources) and writes one line per run to track_record.json beside
 this file: the run's GPU, ZeRO stage, TP, PP, sequence length and attention kernel, and the model's error
 (predicted / measured tokens per second - 1; + means the model was too fast), charging the launcher's runtime and,
-beside it, charging the run's own element-wise and attention kernels (compare.py's second view). tests/plan/test_track_record.py
+beside it, charging the run's own element-wise and attention kernels and, for Megatron's TP, its vocabulary-
+parallel embedding, head and loss (compare.py's second view). tests/plan/test_track_record.py
 regenerates it and fails when it is stale, so the record always describes the model as it is.
 
 `similar` picks the published runs most like a layout (of a model within 2x of a published run's width), by what shapes the model's error most: the same ZeRO
@@ -101,7 +102,7 @@ def describe(rec: dict) -> str:
     # model's terms, not the software the runs differed in
     o = rec.get("own_kernels")
     own = (f"; with each run's own kernels charged (fused element-wise ones; MPT's Triton attention at its rates, "
-           f"Megatron's unfused attention by its bytes), "
+           f"Megatron's unfused attention by its bytes and its vocabulary-parallel TP ends), "
            f"{o['min_error']:+.0%} to {o['max_error']:+.0%}, median |error| {o['median_abs_error']:.0%}, "
            f"{o['within_10pct']:.0%} within 10%"
            if o and (rec["other_attention_kernel"] or rec.get("fused_elementwise")) else "")

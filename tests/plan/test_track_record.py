@@ -62,7 +62,7 @@ def test_similar_keeps_the_layout_class_before_the_gpu_and_the_sequence():
     assert rec["fused_elementwise"] == 3 and "; 3 ran fused element-wise kernels" in track_record.describe(rec)
     # The same five charged with their own kernels (-1 .. -5%): said beside the record, only where some ran others.
     assert ("; with each run's own kernels charged (fused element-wise ones; MPT's Triton attention at its rates, "
-            "Megatron's unfused attention by its bytes), "
+            "Megatron's unfused attention by its bytes and its vocabulary-parallel TP ends), "
             "-5% to -1%, median |error| 3%, 100% within 10%. All 16 runs: 56% within 10%, 69% within 20% (88% and 100% "
             "with their own kernels)" in track_record.describe(rec))
     # (All 16: within 10% the five +1..+5%, the three -10% and the H100's 0 = 9; within 20% also the two +20% = 11;
