@@ -24,8 +24,8 @@ skip the combinations those rules refuse outright (ZeRO 2-3 with a pipeline, TP 
 ZeRO-3, TP or PP for an architecture without our layer list (gpt), SP with TP or PP) before calling them, and the
 pipeline cut each estimate reads per stage is computed once per (model, PP) (plan/stages.py, cached), and a
 layout's step time is estimated only once it fits (_if_fits), which keeps a 405B model on 16,384 GPUs well under
-2 s (0.35 s, bench/plan); every candidate that is kept still passes through all of them. Ranked by estimated tokens/s; ties go to the layout
-with more memory headroom.
+2 s (0.35 s, bench/plan); every candidate that is kept still passes through all of them. Ranked by estimated
+tokens/s; ties go to the layout with more memory headroom.
 """
 
 from __future__ import annotations
@@ -80,8 +80,6 @@ def _with(cfg: SimpleNamespace, tp: int, pp: int, zero: int, micro: int, recompu
 
 def _divisors(n: int) -> list[int]:
     return [k for k in range(1, n + 1) if n % k == 0]
-
-
 
 
 class _HostCheck:
@@ -229,7 +227,7 @@ def _timed(c, layout: Layout, shape: ModelShape, hw: Hardware, fit: tuple[Strate
 def _if_fits(c, layout: Layout, shape: ModelShape, hw: Hardware, host) -> Optional[Candidate]:
     """The candidate of a resolved config, or None where it does not fit. The step time, two thirds of an evaluation's
     cost, is estimated only for a layout that fits: most of a large search's candidates do not (the 405B config on
-    16,384 GPUs: 296 of 1,748), and a candidate that does not fit is dropped whatever its time."""
+    16,384 GPUs: 479 of 1,903 fit), and a candidate that does not fit is dropped whatever its time."""
     fit = _fitting(c, layout, shape, hw, host)
     return None if fit is None else _timed(c, layout, shape, hw, fit)
 
