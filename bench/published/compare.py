@@ -178,9 +178,9 @@ def own_kernels_model():
     own (variants.OWN_ATTENTION: MPT's Triton FlashAttention), those in place of the profile's FlashAttention-2
     tables; where it is Megatron's unfused core attention, the variant that charges its scores in memory
     (variants.ATTENTION_VARIANTS); where a Megatron-family run (variants.MEGATRON_TP_FAMILIES) had TP > 1, its
-    vocabulary-parallel embedding, head and loss (variants.py megatron-vocab-parallel). Nothing fitted. Every other run as the launcher's runtime (None: the headline's
-    prediction stands, not computed again). A diagnostic beside the headline, which charges the launcher's own
-    kernels."""
+    vocabulary-parallel embedding, head and loss (variants.VOCAB_PARALLEL). Nothing fitted. Every other run as the
+    launcher's runtime (None: the headline's prediction stands, not computed again). A diagnostic beside the
+    headline, which charges the launcher's own kernels."""
     import sys
     if str(HERE) not in sys.path:     # variants.py sits beside this file (bench/ is not a package)
         sys.path.insert(0, str(HERE))
@@ -193,7 +193,7 @@ def own_kernels_model():
         if record.get("attention_kernel") in variants.ATTENTION_VARIANTS:
             names += (variants.ATTENTION_VARIANTS[record["attention_kernel"]],)
         if record.get("tp", 1) > 1 and record["family"] in variants.MEGATRON_TP_FAMILIES:
-            names += ("megatron-vocab-parallel",)
+            names += (variants.VOCAB_PARALLEL,)
         if names not in mods:
             mods[names] = variants.variant_module(*names)
         mod = mods[names]

@@ -46,6 +46,9 @@ from launcher.plan import steptime
 
 HERE = Path(__file__).parent
 
+# The variant that charges Megatron's TP at the model's ends (MEGATRON_TP_FAMILIES below says where it applies).
+VOCAB_PARALLEL = "megatron-vocab-parallel"
+
 # variant -> [(a line of steptime.py as committed, what replaces it)]
 VARIANTS = {
     "fused-gelu": [
@@ -76,7 +79,7 @@ VARIANTS = {
          "1 + ck)\n",
          "        mem_counted(scores * (4 * w + 1), 2, scores * (5 * w + 1), 2)   # variant: fused softmax + dropout\n"),
     ],
-    "megatron-vocab-parallel": [
+    VOCAB_PARALLEL: [
         ("    v = st.padded_vocab_size\n",
          "    v = st.padded_vocab_size / st.tensor_degree   # variant: each TP rank holds V / t rows and logits\n"),
         ("    last.gemm += gemm_s(n, v, h, w, prof, rate) + gemm_s(n, h, v, w, prof, rate) + gemm_s(h, v, n, w, prof, rate)\n",
@@ -186,7 +189,7 @@ def main() -> None:
     import compare as C
     # an attention variant describes the runs that ran that kernel (compare.py's second view), not every run
     # (and the vocabulary-parallel ends describe Megatron's TP runs: compare.py's second view applies them there)
-    names = sys.argv[1:] or [n for n in VARIANTS if n not in ATTENTION_VARIANTS.values() and n != "megatron-vocab-parallel"]
+    names = sys.argv[1:] or [n for n in VARIANTS if n not in ATTENTION_VARIANTS.values() and n != VOCAB_PARALLEL]
     records = yaml.safe_load((HERE / "runs.yaml").read_text())
     print("as committed (the launcher's runtime: eager element-wise operators)")
     print("\n".join(summary_lines(C.compare(records, C.default_model)["rows"])))

@@ -255,7 +255,10 @@ def _fewest_checkpointed(plain, grid: tuple, shape: ModelShape, hw: Hardware, ho
             best, hi = found, mid - 1
         else:
             lo = mid + 1
-    return None if best is None else _timed(best[0], best[1], shape, hw, best[2])
+    if best is None:
+        return None
+    c, layout, fit = best
+    return _timed(c, layout, shape, hw, fit)
 
 
 def _label(c: Candidate) -> str:

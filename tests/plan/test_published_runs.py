@@ -195,7 +195,7 @@ def test_own_kernels_view_charges_megatrons_vocab_parallel_ends(run):
     links = steptime._links(st, prof)
     (first, last) = steptime.end_costs(shape, st, prof, links)
     # the variant is its own module, with its own link classes: its links come from its own _links
-    vm = variants.variant_module("megatron-vocab-parallel")
+    vm = variants.variant_module(variants.VOCAB_PARALLEL)
     (vfirst, vlast) = vm.end_costs(shape, st, prof, vm._links(st, prof))
     t, h, w = 8, shape.hidden_size, 2
     n = st.micro_batch_size * st.seq_length / r.get("cp", 1)      # this rank's tokens (CP splits the sequence)
