@@ -56,7 +56,10 @@ without overhead are 50.1 / 79.9 / 139.5 (bench/steptime/memory_timeline.py). Wh
 freed blocks glibc keeps: the ranks' peak RSS grew 1.6x the planned activations from micro-batch 4 to 16 (492 / 535
 / 638 MiB), and recipe=tiny's layouts read 1.12-1.22x their plan in peak RSS, 57-66 MiB over it in the data-parallel
 layouts and 70-100 in those with TP, PP or SP (2026-12-03, bench/steptime/xeon-amx-2026-12-03; 1.18-1.35x on three
-machines before process_bytes counted the first steps).
+machines before process_bytes counted the first steps). Measured at each rank's peak (bench/steptime/malloc_at_peak.py,
+2026-12-04): glibc's heaps held 50-127 MiB free there, 1-32 of it at a heap's top, against +23 .. +93 MiB over the
+plan, the ranks with the most free the furthest over: holes the step's allocation order leaves, which no term here
+gives a size to.
 """
 
 from __future__ import annotations
