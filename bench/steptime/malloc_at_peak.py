@@ -17,16 +17,14 @@ Diagnostic: nothing in the launcher reads it.
 """
 from __future__ import annotations
 
-import glob
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from run import LAUNCHER, LAYOUTS, MEASURE, REPO  # noqa: E402  (bench/ is not a package)
+from run import LAYOUTS, REPO, train  # noqa: E402  (bench/ is not a package)
 
 HOOK = r'''
 import ctypes, json, os, threading, time
@@ -45,8 +43,9 @@ if os.environ.get("LOCAL_RANK") is not None and os.environ.get("MALLOC_AT_PEAK_O
             return int(f.read().split()[1]) * _page
 
     def _sample():
-        # the ranks leave through os._exit (no atexit): the highs are written as they come, atomically
-        last, top = 0.0, 0
+        # the ranks leave through os._exit (no atexit): the highs are written as they come (at most every 0.25 s,
+        # and only when there is a new one), atomically
+        last, top, written = 0.0, 0, 0
         while True:
             r = _rss()
             if r > top:
@@ -54,8 +53,8 @@ if os.environ.get("LOCAL_RANK") is not None and os.environ.get("MALLOC_AT_PEAK_O
                 top = r
                 _highs.append({"t": time.time(), "rss": r, "in_use": m.uordblks, "free": m.fordblks,
                                "free_top": m.keepcost, "mapped": m.hblkhd})
-            if time.time() - last > 0.25:
-                last = time.time()
+            if len(_highs) > written and time.time() - last > 0.25:
+                last, written = time.time(), len(_highs)
                 with open(_out + ".tmp", "w") as f:
                     json.dump(_highs, f)
                 os.replace(_out + ".tmp", _out)
@@ -64,23 +63,18 @@ if os.environ.get("LOCAL_RANK") is not None and os.environ.get("MALLOC_AT_PEAK_O
 '''
 
 
-def measure(name: str, ranks: int, extra: list[str], profile: Path, work: Path) -> dict:
-    out, hook = work / name.replace(" ", "_") / "highs", work / "hook"
+def measure(name: str, ranks: int, extra: list[str], profile: Path, work: Path, hook: Path) -> dict:
+    """run.py's `launcher train` of one layout with the sampler in its ranks; per rank, the last high before its
+    last train record."""
+    out = work / name.replace(" ", "_")
     out.mkdir(parents=True)
-    hook.mkdir(exist_ok=True)
-    (hook / "sitecustomize.py").write_text(HOOK)
     env = {**os.environ, "PYTHONPATH": str(hook), "MALLOC_AT_PEAK_OUT": str(out)}
-    run_name = "malloc-" + name.lower().replace(" ", "-")
-    cmd = [LAUNCHER, "train", "recipe=tiny", f"cluster.gpus_per_node={ranks}", f"cluster.profile={profile}",
-           f"runs_dir={work / 'runs'}", f"run_name={run_name}", "train.steps=14", *MEASURE, *extra]
-    subprocess.run(cmd, cwd=REPO, env=env, check=True, capture_output=True, text=True)
-    records = [json.loads(x) for x in (work / "runs" / run_name / "metrics.jsonl").read_text().splitlines() if x]
-    last = [r for r in records if r.get("kind") == "train"][-1]
-    rows = []
-    for path in sorted(glob.glob(str(out / "rank*.json"))):
-        highs = [h for h in json.loads(Path(path).read_text()) if h["t"] <= last["time"]]
-        rows.append(highs[-1])
-    return {"layout": name, "planned": last["predicted_peak_memory_bytes"], "ranks": rows}
+    run = train(name, ranks, extra, profile, 14, work / "runs", env)
+    if "error" in run:
+        raise SystemExit(f"{name}: launcher train failed:\n{run['error']}")
+    rows = [[h for h in json.loads(path.read_text()) if h["t"] <= run["last_step_at"]][-1]
+            for path in sorted(out.glob("rank*.json"))]
+    return {"layout": name, "planned": run["predicted_peak_memory_bytes"], "ranks": rows}
 
 
 def main() -> None:
@@ -95,10 +89,13 @@ def main() -> None:
     print("| layout | planned | rank | RSS | over plan | heap in use | heap free (at the top) | mapped (virtual) | the rest |")
     print("|---|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
+        hook = Path(tmp) / "hook"
+        hook.mkdir()
+        (hook / "sitecustomize.py").write_text(HOOK)
         for name in names:
             ranks, extra = LAYOUTS[name]
             profile = profiles / ("profile-4.yaml" if ranks == 4 else "profile.yaml")
-            r = measure(name, ranks, extra, profile, Path(tmp))
+            r = measure(name, ranks, extra, profile, Path(tmp), hook)
             for i, h in enumerate(r["ranks"]):
                 rest = h["rss"] - h["in_use"] - h["free"]
                 print(f"| {name} | {r['planned'] / M:.0f} | {i} | {h['rss'] / M:.0f} | {(h['rss'] - r['planned']) / M:+.0f} "

@@ -146,12 +146,13 @@ def calibrate(ranks: int) -> Path:
     return out
 
 
-def train(name: str, ranks: int, extra: list[str], profile: Path, steps: int, runs: Path) -> dict:
+def train(name: str, ranks: int, extra: list[str], profile: Path, steps: int, runs: Path, env: dict | None = None) -> dict:
+    """One layout's `launcher train` (env: the ranks' environment, default this process's) and what its metrics say."""
     args = [LAUNCHER, "train", "recipe=tiny", f"cluster.gpus_per_node={ranks}", f"cluster.profile={profile}",
             f"runs_dir={runs}", f"run_name=bench-{name.replace(' ', '').lower()}", f"train.steps={steps}",
             *MEASURE, *extra]
     started, load_before = time.perf_counter(), os.getloadavg()
-    proc = subprocess.run(args, cwd=REPO, capture_output=True, text=True)
+    proc = subprocess.run(args, cwd=REPO, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         return {"layout": name, "error": proc.stderr[-2000:], "command": " ".join(args[1:])}
     records = [json.loads(l) for l in (runs / f"bench-{name.replace(' ', '').lower()}" / "metrics.jsonl").read_text().splitlines()]
@@ -164,6 +165,7 @@ def train(name: str, ranks: int, extra: list[str], profile: Path, steps: int, ru
             "measured_s": summary["step_time_s"], "predicted_s": summary["predicted_step_time_s"],
             "ratio": summary["step_time_over_predicted"], "step_times_s": steps_s, "wall_s": time.perf_counter() - started,
             "peak_memory_bytes": peak, "predicted_peak_memory_bytes": summary["predicted_peak_memory_bytes"],
+            "last_step_at": trains[-1]["time"],
             "load_avg_before": load_before, "load_avg_after": os.getloadavg(),
             # off the plan by more than 15%: the GEMM and copy rates the run read after its steps, over the profile's
             "rates_now": summary.get("rates_now")}
