@@ -205,11 +205,12 @@ def run_rank(cfg) -> int:
     Does not return when the loop returns: the process exits with its status (see the end).
     """
     from launcher.runtime.distributed import leave_rank
-    from launcher.runtime.launch import die_with_parent, record_rank_exit, register_rank
+    from launcher.runtime.launch import die_with_parent, record_crash_stacks, record_rank_exit, register_rank
     from launcher.train import run
 
     die_with_parent()  # torchrun gone (killed) -> this rank goes too, instead of training on as an orphan
     record = register_rank()
+    record_crash_stacks(record)
     lock = None
     try:
         lock = maybe_own_run_dir_as_rank(cfg)

@@ -10,6 +10,7 @@ each running `launcher train --config <run_dir>/config.yaml`. Under srun + torch
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import re
@@ -31,6 +32,7 @@ from launcher.protocol import CPU_MALLOC_ENV, EXIT_NONFINITE, PREEMPTED_FILE, TO
 # dead rank and kill a stopped one (see RankWatch).
 RANKS_DIR_ENV = "LAUNCHER_RANKS_DIR"
 RANKS_DIR = "ranks"
+STACK_SUFFIX = ".stack"  # <run_dir>/ranks/rank-N.stack: a crashed rank's Python stacks (record_crash_stacks)
 # After one rank has failed, the others get this long to exit on their own (their next collective fails at
 # once when a peer's sockets closed) before the launcher kills them. torchrun's own stop after a failure
 # sends SIGTERM and waits 30 s (LocalElasticAgent._shutdown's default) -- and a stopped process never acts
@@ -80,7 +82,7 @@ def start_local_ranks(config_path: Path, nproc: int, run_dir: Path, overrides=()
     env = rank_env(nproc, cpu)
     ranks_dir = run_dir / RANKS_DIR
     if ranks_dir.exists():
-        for old in ranks_dir.glob("rank-*.json"):
+        for old in [*ranks_dir.glob("rank-*.json"), *ranks_dir.glob(f"rank-*{STACK_SUFFIX}")]:
             old.unlink()
     ranks_dir.mkdir(parents=True, exist_ok=True)
     env[RANKS_DIR_ENV] = str(ranks_dir)
@@ -130,6 +132,9 @@ def start_local_ranks(config_path: Path, nproc: int, run_dir: Path, overrides=()
             signal.signal(getattr(signal, s), handler)
     relay.join(timeout=5)
     watch.check()
+    for stack in ranks_dir.glob(f"rank-*{STACK_SUFFIX}"):  # keep only the stacks of ranks that crashed
+        if stack.stat().st_size == 0:
+            stack.unlink()
     if torchrun_hung and watch.ranks and all(r.get("exit_code") == 0 for r in watch.ranks.values()):
         rc = 0  # every rank finished and recorded status 0: the run's result, whatever torchrun was stuck on
     # torchrun reports a forwarded signal as a failure even when every worker saved and exited 0 (the marker
@@ -223,6 +228,7 @@ class RankWatch:
         self.reported: set[int] = set()
         self.waited: set[int] = set()
         self.deaths: dict[int, str] = {}
+        self.death_ranks: dict[int, int] = {}  # pid -> rank, for its crash stacks
         self.failures: list[str] = []
         self.first_failure_at: Optional[float] = None
         self.killed_all_at: Optional[float] = None
@@ -255,7 +261,7 @@ class RankWatch:
     def check(self) -> None:
         """Name ranks that died or failed; kill stopped ranks after a failure, and all of them after the grace."""
         self._load()
-        alive, deaths, failures = [], [], []
+        alive, deaths, failures, stacks = [], [], [], []
         for rank, rec in sorted(self.ranks.items()):
             pid = rec["pid"]
             state = proc_state(pid)
@@ -274,7 +280,11 @@ class RankWatch:
                     self.waited.add(pid)
                     return
                 self.deaths[pid] = where
+                self.death_ranks[pid] = rank
                 deaths.append(self._death(pid))
+                if self._stack_text(pid):
+                    stacks.append(f"launcher: rank {rank}'s Python stacks when it died ({self._stack_path(pid)}):\n"
+                                  f"{self._stack_text(pid)}")
             elif code == EXIT_NONFINITE:
                 failures.append(f"{where} stopped on a non-finite loss or gradients (exit status {code}, see train.nan_policy)")
             elif code != 0:
@@ -282,6 +292,8 @@ class RankWatch:
             self.reported.add(pid)
         for text in deaths + failures:  # a death is the likelier cause of the other ranks' failures
             self._fail(text)
+        for text in stacks:
+            _say_stderr(text)
         if self.first_failure_at is None or not alive:
             return
         overdue = time.monotonic() - self.first_failure_at > FAILURE_GRACE_S
@@ -307,10 +319,23 @@ class RankWatch:
             self._all_exited_at = time.monotonic()
         return time.monotonic() - self._all_exited_at
 
+    def _stack_path(self, pid: int) -> Path:
+        return self.ranks_dir / f"rank-{self.death_ranks[pid]:05d}{STACK_SUFFIX}"
+
+    def _stack_text(self, pid: int) -> str:
+        try:
+            return self._stack_path(pid).read_text(errors="replace").strip()
+        except OSError:
+            return ""
+
     def _death(self, pid: int) -> str:
         code = self.exitcodes.get(pid)
+        frame = innermost_frame(self._stack_text(pid))
+        where = f" in {frame} (every thread's stack: {self._stack_path(pid)})" if frame else ""
         if code is not None and code < 0:
-            return f"{self.deaths[pid]} died with {_signal_name(code)}"
+            return f"{self.deaths[pid]} died with {_signal_name(code)}{where}"
+        if frame:  # faulthandler wrote its stacks: a fatal signal, whose name torchrun has not logged yet
+            return f"{self.deaths[pid]} died (no exit record: killed by a signal){where}"
         free = shutil.disk_usage(self.ranks_dir).free if self.ranks_dir.exists() else None
         if free is not None and free < FULL_DISK_BYTES:
             # A rank whose error could not be written (ENOSPC) looks like a signal's death: say which it likely was.
@@ -325,6 +350,29 @@ class RankWatch:
                     for r in self.ranks.values() if self.exitcodes.get(r["pid"], 0) < 0]
             return "; ".join(late) if late else "no rank reported a failure (see torchrun's summary above)"
         return "; ".join([self._death(pid) for pid in self.deaths] + [f for f in self.failures if " died " not in f])
+
+
+def innermost_frame(stack: str) -> Optional[str]:
+    """The crashing thread's innermost Python frame in a faulthandler dump, as 'path:line in function' with the path
+    from its package down ('torch/distributed/...'), or None. The dump (CPython 3.11) lists each thread innermost
+    first, the crashing one under "Current thread 0x... (most recent call first):", each frame as
+    '  File "PATH", line N in FUNC'."""
+    lines = stack.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith("Current thread ")), None)
+    for line in lines[start + 1:] if start is not None else ():
+        m = re.match(r'\s+File "(.+)", line (\d+) in (.+)', line)
+        if m:
+            path, parts = m.group(1), Path(m.group(1)).parts
+            if "site-packages/" in path:
+                path = path.split("site-packages/")[-1]
+            elif re.search(r"/python3\.\d+/", path):  # the standard library
+                path = re.split(r"/python3\.\d+/", path)[-1]
+            elif "launcher" in parts:  # this package, wherever the checkout is
+                path = str(Path(*parts[len(parts) - 1 - parts[::-1].index("launcher"):]))
+            return f"{path}:{m.group(2)} in {m.group(3)}"
+        if not line.strip():
+            break
+    return None
 
 
 def _short(error: str) -> str:
@@ -342,6 +390,24 @@ def register_rank() -> Optional[Path]:
     write_atomic(path, json.dumps({"rank": int(os.environ["RANK"]), "local_rank": int(os.environ.get("LOCAL_RANK", 0)),
                                     "pid": os.getpid(), "host": socket.gethostname()}))
     return path
+
+
+_STACK_FILE = None  # the open file faulthandler writes into: it must stay open for the life of the process
+
+
+def record_crash_stacks(record: Optional[Path]) -> None:
+    """Have every thread's Python stack written when this rank dies by SIGSEGV, SIGFPE, SIGABRT, SIGBUS or SIGILL
+    (faulthandler): a crash inside a C++ library (gloo, NCCL, a kernel) otherwise leaves no trace of where it was.
+    Under `launcher train` (`record`: this rank's record) into rank-N.stack beside it, whose innermost frame
+    RankWatch names in its failure line and whose whole text it prints; under srun (no record) to stderr, the
+    job's log."""
+    global _STACK_FILE
+    if record is not None:
+        try:
+            _STACK_FILE = open(record.with_suffix(STACK_SUFFIX), "w")
+        except OSError:  # e.g. a full disk: the stacks still reach stderr
+            _STACK_FILE = None
+    faulthandler.enable(file=_STACK_FILE or sys.stderr, all_threads=True)
 
 
 def record_rank_exit(path: Optional[Path], exit_code: int, error: Optional[str] = None) -> None:

@@ -1,8 +1,8 @@
 """A dead or hung rank never hangs `launcher train` (issue 7, part 2): real ranks, real signals.
 
 Each case starts `launcher train` as a user does (it starts torchrun), waits until the ranks train, then
-  - kill -9 one rank of 2, and one rank of 4: the job exits non-zero within 60 s and says which rank died
-    and with which signal;
+  - SIGSEGV to one rank of 2 (a crash in C++), kill -9 to one rank of 4: the job exits non-zero within 60 s and says
+    which rank died and with which signal; the crashed rank's Python stack is on stderr;
   - SIGSTOP one rank of 2 (a hung collective): the other rank's collective times out after
     train.dist_timeout_s, the launcher kills the stopped rank, the job exits non-zero within timeout + 60 s;
   - kill -9 `launcher train` itself: no rank survives it (no orphans training on).
@@ -11,6 +11,7 @@ against /proc (each pid runs `launcher train --config` of this run).
 """
 
 import os
+import re
 import signal
 import subprocess
 import time
@@ -63,19 +64,33 @@ def finish(proc, pids, limit_s: float):
     return time.monotonic() - t0, out, err
 
 
-@pytest.mark.parametrize("nproc,victim", [(2, 1), (4, 2)])
-def test_killed_rank_fails_the_job_fast_and_is_named(cache_dir, tmp_path, nproc, victim):
+@pytest.mark.parametrize("nproc,victim,sig", [(2, 1, signal.SIGSEGV), (4, 2, signal.SIGKILL)])
+def test_killed_rank_fails_the_job_fast_and_is_named(cache_dir, tmp_path, nproc, victim, sig):
+    """SIGSEGV stands for a crash inside a C++ library (gloo, a kernel): the rank also leaves every thread's Python
+    stack on stderr (faulthandler, launcher/cli.py run_rank), which a SIGKILL cannot."""
     proc, pids = start(cache_dir, tmp_path, f"kill{nproc}", nproc)
     t_kill = time.monotonic()
-    os.kill(pids[victim], signal.SIGKILL)
+    os.kill(pids[victim], sig)
     elapsed, out, err = finish(proc, pids, 60)
     elapsed = time.monotonic() - t_kill
-    print(f"{nproc} ranks, kill -9 rank {victim}: exit {proc.returncode} after {elapsed:.1f} s")
+    print(f"{nproc} ranks, {sig.name} to rank {victim}: exit {proc.returncode} after {elapsed:.1f} s")
     assert proc.returncode != 0
     assert elapsed < 60, elapsed
-    assert f"launcher: rank {victim} (pid {pids[victim]}" in err and "died with SIGKILL" in err, err[-3000:]
+    assert f"launcher: rank {victim} (pid {pids[victim]}" in err and f"died with {sig.name}" in err, err[-3000:]
     summary = [line for line in err.splitlines() if line.startswith("launcher: training failed")]
-    assert summary and f"rank {victim} (pid {pids[victim]}" in summary[0] and "SIGKILL" in summary[0], err[-3000:]
+    assert summary and f"rank {victim} (pid {pids[victim]}" in summary[0] and sig.name in summary[0], err[-3000:]
+    if sig == signal.SIGSEGV:
+        # The rank's stacks are kept beside its record and printed; the crashing (main) thread's reaches down to the
+        # loop, and the failure line names its innermost frame (wherever in the step the signal landed).
+        stack_file = tmp_path / f"kill{nproc}" / "ranks" / f"rank-{victim:05d}.stack"
+        dump = stack_file.read_text()
+        assert dump.startswith("Fatal Python error: Segmentation fault") and dump.strip() in err, err[-3000:]
+        main_thread = dump[dump.index("Current thread "):]
+        assert "launcher/train.py" in main_thread and "in run_rank" in main_thread, dump
+        assert re.search(rf"died with SIGSEGV in \S+:\d+ in \S+ \(every thread's stack: {re.escape(str(stack_file))}\)",
+                         summary[0]), summary[0]
+        # the ranks that did not crash leave no stack file
+        assert sorted(p.name for p in stack_file.parent.glob("*.stack")) == [stack_file.name]
     assert not any(alive(p) for p in pids.values())
 
 
