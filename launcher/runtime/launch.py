@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Optional
+from typing import NamedTuple, Optional
 
 from launcher.runtime.durable import write_atomic
 from launcher.runtime.runlock import LOCK_TOKEN_ENV
@@ -205,6 +205,23 @@ def proc_state(pid: int) -> Optional[str]:
     return stat[stat.rindex(")") + 2]
 
 
+class Death(NamedTuple):
+    """A rank that died with no exit record (a signal), as RankWatch names it: "rank R (pid P, host)", and the
+    Python stacks faulthandler left in `stack_path` if the signal was a fatal one ("" otherwise)."""
+
+    where: str
+    stack_path: Path
+    stack: str
+
+    @classmethod
+    def of(cls, where: str, stack_path: Path) -> "Death":
+        try:
+            stack = stack_path.read_text(errors="replace").strip()
+        except OSError:
+            stack = ""
+        return cls(where, stack_path, stack)
+
+
 class RankWatch:
     """What `launcher train` knows about its ranks: their registrations, exit records and torchrun's failure lines.
 
@@ -227,8 +244,7 @@ class RankWatch:
         self.exitcodes: dict[int, int] = {}   # pid -> exit code torchrun reported
         self.reported: set[int] = set()
         self.waited: set[int] = set()
-        self.deaths: dict[int, str] = {}
-        self.death_ranks: dict[int, int] = {}  # pid -> rank, for its crash stacks
+        self.deaths: dict[int, Death] = {}    # pid -> the rank that died by a signal, and the stacks it left
         self.failures: list[str] = []
         self.first_failure_at: Optional[float] = None
         self.killed_all_at: Optional[float] = None
@@ -279,12 +295,12 @@ class RankWatch:
                 if code is None and pid not in self.waited:
                     self.waited.add(pid)
                     return
-                self.deaths[pid] = where
-                self.death_ranks[pid] = rank
+                # faulthandler wrote the stacks before the rank died: read them once, now
+                death = self.deaths[pid] = Death.of(where, self.ranks_dir / f"rank-{rank:05d}{STACK_SUFFIX}")
                 deaths.append(self._death(pid))
-                if self._stack_text(pid):
-                    stacks.append(f"launcher: rank {rank}'s Python stacks when it died ({self._stack_path(pid)}):\n"
-                                  f"{self._stack_text(pid)}")
+                if death.stack:
+                    stacks.append(f"launcher: rank {rank}'s Python stacks when it died ({death.stack_path}):\n"
+                                  f"{death.stack}")
             elif code == EXIT_NONFINITE:
                 failures.append(f"{where} stopped on a non-finite loss or gradients (exit status {code}, see train.nan_policy)")
             elif code != 0:
@@ -319,29 +335,20 @@ class RankWatch:
             self._all_exited_at = time.monotonic()
         return time.monotonic() - self._all_exited_at
 
-    def _stack_path(self, pid: int) -> Path:
-        return self.ranks_dir / f"rank-{self.death_ranks[pid]:05d}{STACK_SUFFIX}"
-
-    def _stack_text(self, pid: int) -> str:
-        try:
-            return self._stack_path(pid).read_text(errors="replace").strip()
-        except OSError:
-            return ""
-
     def _death(self, pid: int) -> str:
-        code = self.exitcodes.get(pid)
-        frame = innermost_frame(self._stack_text(pid))
-        where = f" in {frame} (every thread's stack: {self._stack_path(pid)})" if frame else ""
+        code, death = self.exitcodes.get(pid), self.deaths[pid]
+        frame = innermost_frame(death.stack)
+        where = f" in {frame} (every thread's stack: {death.stack_path})" if frame else ""
         if code is not None and code < 0:
-            return f"{self.deaths[pid]} died with {_signal_name(code)}{where}"
+            return f"{death.where} died with {_signal_name(code)}{where}"
         if frame:  # faulthandler wrote its stacks: a fatal signal, whose name torchrun has not logged yet
-            return f"{self.deaths[pid]} died (no exit record: killed by a signal){where}"
+            return f"{death.where} died (no exit record: killed by a signal){where}"
         free = shutil.disk_usage(self.ranks_dir).free if self.ranks_dir.exists() else None
         if free is not None and free < FULL_DISK_BYTES:
             # A rank whose error could not be written (ENOSPC) looks like a signal's death: say which it likely was.
-            return (f"{self.deaths[pid]} died with no exit record, and the run directory's filesystem is full "
+            return (f"{death.where} died with no exit record, and the run directory's filesystem is full "
                     f"({free:,} bytes free): its error is in its output above")
-        return f"{self.deaths[pid]} died (no exit record: killed by a signal)"
+        return f"{death.where} died (no exit record: killed by a signal)"
 
     def summary(self) -> str:
         """Every failure in the order seen; deaths re-rendered with the signal torchrun's summary named."""
