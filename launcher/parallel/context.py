@@ -45,7 +45,6 @@ replica, TP ranks apart (pipeline.context_groups); each TP rank rings its own he
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 ATTN_NAME = "launcher_ring"
 _STATE: dict = {}
@@ -213,7 +212,9 @@ def local_chunk(input_ids: torch.Tensor, cp_rank: int, cp: int):
 def context_parallel_loss(model, input_ids: torch.Tensor, cp_rank: int, cp: int) -> torch.Tensor:
     """This rank's share of the replica's mean next-token loss (the CP ranks' shares sum to it)."""
     ids, positions, targets = local_chunk(input_ids, cp_rank, cp)
+    from launcher.parallel.pipeline import token_loss_sum
+
     logits = model(input_ids=ids, position_ids=positions).logits
     predicted = input_ids.shape[0] * (input_ids.shape[1] - 1)
-    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100,
-                           reduction="sum") / predicted
+    # Under CP x TP (launcher/parallel/tensor_model.py) the logits are this TP rank's columns of the vocabulary.
+    return token_loss_sum(logits, targets, getattr(model, "vocab_group", None)) / predicted

@@ -55,7 +55,9 @@ def local_shards(module, num_layers: int, tied: bool, tp_rank: int, arch: str = 
     """This rank's parameters as {hf_name: (tp_rank, partition_dim or None, cpu tensor)}."""
     out = {}
     for name, p in module.named_parameters():
-        dim = getattr(p, "partition_dim", None) if getattr(p, "tensor_model_parallel", False) else None
+        if getattr(p, "ds_pipe_replicated", False):
+            continue   # a tied embedding's copy on the last stage: the first stage's gives both names
+        dim = p.tp_shard[0] if hasattr(p, "tp_shard") else None   # launcher/parallel/tensor.py _mark_sharded
         for hf in hf_name(name, num_layers, tied, arch):
             out[hf] = (tp_rank, dim, p.detach().to("cpu").clone())
     return out

@@ -83,40 +83,67 @@ def layer_hf_prefixes(arch: str, num_layers: int) -> list[str]:
 class EmbeddingPipe(nn.Module):
     """Token embedding; with tied embeddings the same module also serves as the output head.
 
-    `sp_group`: Megatron sequence parallelism; each TP rank keeps its s/tp tokens of the (replicated)
-    embedding output, and the blocks run on them (launcher/parallel/tensor.py).
+    `tp`: tensor parallelism; this rank holds its V/t rows of the vocabulary (launcher/parallel/tensor.py
+    vocab_parallel_embedding: the ranks' partial embeddings are summed, or under Megatron sequence parallelism
+    reduce-scattered so that each TP rank keeps its s/tp tokens, on which the blocks run).
     `mask_config`: the transformers config whose attention the blocks run (LLaMA family). Called with
     (input_ids, position_ids) (data.document_mask), the embedding returns (hidden, position_ids, mask), the mask
     from transformers' create_causal_mask exactly as LlamaModel.forward builds it: causal within each document
     that the restarting position ids delimit (None where they do not restart: SDPA's is_causal then)."""
 
-    def __init__(self, source: nn.Embedding, sp_group=None, mask_config=None):
+    def __init__(self, source: nn.Embedding, tp=None, mask_config=None):
         super().__init__()
-        self.weight = nn.Parameter(source.weight.detach().clone())
-        self.sp_group = sp_group
+        self.weight = _vocab_rows(source.weight, tp)
+        self.tp = tp
         self.mask_config = mask_config
 
-    def forward(self, inputs):
-        from launcher.parallel.tensor import scatter_to_sequence
+    def _embed(self, input_ids):
+        from launcher.parallel.tensor import vocab_parallel_embedding
 
+        return F.embedding(input_ids, self.weight) if self.tp is None else \
+            vocab_parallel_embedding(input_ids, self.weight, self.tp)
+
+    def forward(self, inputs):
         if isinstance(inputs, tuple):
             from transformers.masking_utils import create_causal_mask
 
             input_ids, position_ids = inputs
-            if self.mask_config is None or self.sp_group is not None:
+            if self.mask_config is None or (self.tp is not None and self.tp.sequence_parallel):
                 raise NotImplementedError("position ids (data.document_mask) reach the LLaMA-family blocks without "
                                           "sequence parallelism only (config/supported.py check_document_mask)")
-            hidden = F.embedding(input_ids, self.weight)
+            hidden = self._embed(input_ids)
             mask = create_causal_mask(config=self.mask_config, inputs_embeds=hidden, attention_mask=None, cache=None,
                                       position_ids=position_ids)
             return hidden, position_ids, mask
-        hidden = F.embedding(inputs, self.weight)
-        return hidden if self.sp_group is None else scatter_to_sequence(hidden, self.sp_group)
+        return self._embed(inputs)
+
+
+def _vocab_rows(weight: nn.Parameter, tp) -> nn.Parameter:
+    """The embedding / head matrix this rank holds: whole without TP, else its V/t rows of the vocabulary (marked as
+    a TP shard: launcher/runtime/build.py fills it with that slice of the seeded whole, DeepSpeed's gradient norm
+    counts it on every TP rank, the export concatenates the ranks' rows)."""
+    if tp is None:
+        return nn.Parameter(weight.detach().clone())
+    from launcher.parallel.tensor import _mark_sharded
+
+    rows = weight.shape[0] // tp.size   # layout.py pads the vocabulary to a multiple of tensor_degree
+    return _mark_sharded(nn.Parameter(weight.detach()[tp.rank * rows:(tp.rank + 1) * rows].clone()), 0, tp.rank, tp.size)
+
+
+def head_logits(hidden, weight, tp):
+    """hidden -> logits over this rank's vocabulary rows (all of them without TP). Under TP the input is replicated
+    (Megatron's f: its gradient, a partial sum per rank, is all-reduced), or under sequence parallelism all-gathered
+    by the final norm, whose backward then reduce-scatters it (NormPipe)."""
+    from launcher.parallel.tensor import copy_to_tensor_parallel
+
+    if tp is not None and not tp.sequence_parallel:
+        hidden = copy_to_tensor_parallel(hidden, tp.group)
+    return F.linear(hidden, weight)
 
 
 def tied_head_forward(module: EmbeddingPipe, hidden):
-    """The output projection through the tied embedding matrix (logits = h E^T)."""
-    return F.linear(hidden, module.weight)
+    """The output projection through the tied embedding matrix (logits = h E^T; under TP this rank's rows of E)."""
+    return head_logits(hidden, module.weight, module.tp)
 
 
 class DecoderBlockPipe(nn.Module):
@@ -208,7 +235,8 @@ class NormPipe(nn.Module):
     """A RMSNorm / LayerNorm (final, or Bloom's word-embedding LayerNorm).
 
     `sp_group` (the final norm under sequence parallelism): the norm runs on this rank's s/tp tokens, its
-    weight gradient is summed over the TP ranks, and the output is all-gathered for the replicated head.
+    weight gradient is summed over the TP ranks, and the output is all-gathered for the vocabulary-parallel head,
+    whose input gradient, a partial sum on each TP rank, is reduce-scattered back.
     Given the blocks' (hidden, position_ids, mask) (data.document_mask), the final norm returns the hidden states
     alone, for the head (BLOOM, whose embedding norm also is a NormPipe, takes no position ids)."""
 
@@ -227,18 +255,20 @@ class NormPipe(nn.Module):
         if isinstance(hidden, tuple):
             hidden = hidden[0]
         hidden = self.norm(hidden)
-        return hidden if self.sp_group is None else gather_from_sequence(hidden, self.sp_group)
+        return hidden if self.sp_group is None else gather_from_sequence(hidden, self.sp_group, partial_grads=True)
 
 
 class HeadPipe(nn.Module):
-    """The untied output projection hidden -> vocab logits."""
+    """The untied output projection hidden -> vocab logits (under TP: this rank's V/t rows, Megatron's
+    ColumnParallelLinear with parallel_output=True; the loss takes the logits split)."""
 
-    def __init__(self, lm_head: nn.Linear):
+    def __init__(self, lm_head: nn.Linear, tp=None):
         super().__init__()
-        self.weight = nn.Parameter(lm_head.weight.detach().clone())
+        self.weight = _vocab_rows(lm_head.weight, tp)
+        self.tp = tp
 
     def forward(self, hidden):
-        return F.linear(hidden, self.weight)
+        return head_logits(hidden, self.weight, self.tp)
 
 
 def context_groups(grid, cp: int):
@@ -262,24 +292,35 @@ def context_groups(grid, cp: int):
     return mine["cp"], mine["dp"]
 
 
-def context_pipeline_loss(logits, targets, cp: int):
+def context_pipeline_loss(logits, targets, cp: int, tp_group=None):
     """The pipeline engine's loss under CP: this rank's share of the replica's mean next-token loss
     (launcher/parallel/context.py context_parallel_loss: `targets` shifted over the whole sequence, then chunked),
     times cp. DeepSpeed's pipeline engine averages gradients (and the reported loss) over its grid's data axis,
     which under CP holds the DP x CP ranks; the factor cp turns that average into the sum over the CP ranks and the
     mean over the DP replicas that the replica's loss needs."""
     predicted = targets.shape[0] * (targets.shape[1] * cp - 1)
-    total = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100,
-                            reduction="sum")
-    return total * cp / predicted
+    return token_loss_sum(logits, targets, tp_group) * cp / predicted
 
 
-def causal_lm_loss(logits, labels):
+def token_loss_sum(logits, targets, tp_group=None):
+    """The summed fp32 next-token losses of `targets` (already aligned with the logits; -100 ignored), the logits
+    whole or (`tp_group`) split over the vocabulary (launcher/parallel/tensor.py vocab_parallel_cross_entropy)."""
+    if tp_group is not None:
+        from launcher.parallel.tensor import vocab_parallel_cross_entropy
+
+        return vocab_parallel_cross_entropy(logits, targets, tp_group).sum()
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100,
+                           reduction="sum")
+
+
+def causal_lm_loss(logits, labels, tp_group=None):
     """Next-token cross entropy with transformers' shift (loss_utils.ForCausalLMLoss):
     position t predicts labels[t+1]; the mean is over the (batch x (seq-1)) predicted tokens,
-    computed in fp32 like transformers does (logits.float())."""
-    vocab = logits.shape[-1]
-    return F.cross_entropy(logits[:, :-1].float().reshape(-1, vocab), labels[:, 1:].reshape(-1), ignore_index=-100)
+    computed in fp32 like transformers does (logits.float()). `tp_group`: the logits are split over the vocabulary."""
+    logits, targets = logits[:, :-1], labels[:, 1:]
+    if tp_group is not None:
+        return token_loss_sum(logits, targets, tp_group) / (targets != -100).sum()
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100)
 
 
 def _hf_namer(prefix: str):
@@ -332,14 +373,14 @@ def layer_specs(full, arch: str, attn_implementation: str, tie: bool, tp=None, i
         # The rotary buffers are computed, not initialised: one real CPU copy shared by the stage's blocks.
         rotary = type(full.model.rotary_emb)(config=full.config)
     prefixes = layer_hf_prefixes(arch, full.config.num_hidden_layers)
-    sp_group = tp.group if tp is not None and tp.sequence_parallel else None
+    sp_group = tp.group if tp is not None and tp.sequence_parallel else None   # the final norm's
     mask_config = full.config if arch != "bloom" else None  # the document mask's (EmbeddingPipe)
     specs = []
     if tie:
-        specs.append(SeededTiedLayerSpec("embed", EmbeddingPipe, embed, sp_group, mask_config,
+        specs.append(SeededTiedLayerSpec("embed", EmbeddingPipe, embed, tp, mask_config,
                                          tied_weight_attr=["weight"]))
     else:
-        specs.append(SeededLayerSpec(EmbeddingPipe, embed, sp_group, mask_config))
+        specs.append(SeededLayerSpec(EmbeddingPipe, embed, tp, mask_config))
     if names.embed_norm:
         specs.append(SeededLayerSpec(NormPipe, full.get_submodule(names.embed_norm)))
     for layer in full.get_submodule(names.blocks):
@@ -349,10 +390,10 @@ def layer_specs(full, arch: str, attn_implementation: str, tie: bool, tp=None, i
             specs.append(SeededLayerSpec(BloomDecoderBlockPipe, layer, full.config.n_head, tp))
     specs.append(SeededLayerSpec(NormPipe, full.get_submodule(names.final_norm), sp_group))
     if tie:
-        specs.append(SeededTiedLayerSpec("embed", EmbeddingPipe, embed, sp_group, mask_config,
+        specs.append(SeededTiedLayerSpec("embed", EmbeddingPipe, embed, tp, mask_config,
                                          forward_fn=tied_head_forward, tied_weight_attr=["weight"]))
     else:
-        specs.append(SeededLayerSpec(HeadPipe, full.get_submodule(names.head)))
+        specs.append(SeededLayerSpec(HeadPipe, full.get_submodule(names.head), tp))
     for spec, prefix in zip(specs, prefixes):
         # The tied head is the embedding: the same name, so the same seeded values on both end stages.
         spec.hf_prefix = names.embed if (tie and prefix == names.head) else prefix
@@ -404,12 +445,14 @@ def mark_for_grad_norm(module: nn.Module, tensor_rank: int) -> None:
     ranks > 0 only the sharded parameters (already marked) count. Measured without it: PP2
     fp32 ZeRO-0 drifts 3.5e-4 from one rank in 6 steps; with it, 6e-7.
     """
-    if tensor_rank == 0:
-        for p in module.parameters():
-            # A tied embedding's second copy (DeepSpeed sets ds_pipe_replicated on it) must stay
-            # uncounted: clip_grad_norm_ does not check that flag itself (measured: counting it
-            # moved PP2 x DP2 tied losses by 2e-3).
-            p.model_parallel = not getattr(p, "ds_pipe_replicated", False)
+    for p in module.parameters():
+        if getattr(p, "ds_pipe_replicated", False):
+            # A tied embedding's second copy (DeepSpeed sets ds_pipe_replicated on it) must stay uncounted on every
+            # TP rank, its vocabulary rows too: clip_grad_norm_ does not check that flag itself (measured: counting
+            # it moved PP2 x DP2 tied losses by 2e-3).
+            p.model_parallel = p.tensor_model_parallel = False
+        elif tensor_rank == 0:
+            p.model_parallel = True
 
 
 def build_pipeline_module(cfg, layout, seed: int):
@@ -444,6 +487,7 @@ def build_pipeline_module(cfg, layout, seed: int):
     topology = PipeModelDataParallelTopology(num_pp=layout.pipeline_degree, num_mp=layout.tensor_degree,
                                              num_dp=layout.data_degree * cp)
     tp = tensor_parallel_group(topology, layout.sequence_parallel) if layout.tensor_degree > 1 else None
+    tp_group = tp.group if tp is not None else None   # the loss's: the head's logits are split over the vocabulary
 
     # The padded vocabulary keeps shapes equal to the unpipelined TP model (layout.py pads to a multiple of TP).
     full = meta_model(cfg.model, vocab_size=layout.padded_vocab_size)
@@ -461,7 +505,8 @@ def build_pipeline_module(cfg, layout, seed: int):
     module = _stage_pipeline_module_class()(
         layers=specs,
         topology=topology,
-        loss_fn=functools.partial(context_pipeline_loss, cp=cp) if cp > 1 else causal_lm_loss,
+        loss_fn=(functools.partial(context_pipeline_loss, cp=cp, tp_group=tp_group) if cp > 1
+                 else functools.partial(causal_lm_loss, tp_group=tp_group)),
         partition_method=cfg.parallel.partition_method,
         # One block per checkpoint; only decoder blocks are recomputed (the embedding and head are cheap).
         activation_checkpoint_interval=1 if cfg.model.activation_checkpointing else 0,
@@ -474,6 +519,7 @@ def build_pipeline_module(cfg, layout, seed: int):
         raise RuntimeError(f"DeepSpeed cut the pipeline at {module.parts}, launcher/plan/stages.py at {planned}: "
                            "the plan and --dry-run would misreport the stages")
     mark_for_grad_norm(module, tp.rank if tp is not None else 0)
+    module.vocab_group = tp_group   # whoever computes a loss from this module's logits (tensor_model.py) needs it
     if cp > 1:
         from launcher.parallel.context import use_ring_group
 

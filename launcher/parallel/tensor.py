@@ -277,13 +277,14 @@ class _ReduceScatterToSequence(torch.autograd.Function):
 
 
 def scatter_to_sequence(x, group):
-    """Enter the sequence-parallel region (after the replicated embedding)."""
+    """Enter the sequence-parallel region from a replicated tensor."""
     return _ScatterToSequence.apply(x, group)
 
 
-def gather_from_sequence(x, group):
-    """Leave the sequence-parallel region into replicated layers (before the head)."""
-    return _GatherFromSequence.apply(x, group, False)
+def gather_from_sequence(x, group, partial_grads: bool = False):
+    """Leave the sequence-parallel region: all-gather the whole sequence. `partial_grads`: what consumes it is split
+    over the TP ranks (the vocabulary-parallel head), so the backward reduce-scatters; else it splits."""
+    return _GatherFromSequence.apply(x, group, partial_grads)
 
 
 def gather_input_over_sequence(module: nn.Module, group) -> None:
@@ -340,3 +341,78 @@ def tensor_parallel_group(topology, sequence_parallel: bool = False) -> TensorPa
     if mine is None:
         raise RuntimeError(f"rank {me} is in no 'model' group of {topology}")
     return mine
+
+
+# ---- Vocabulary-parallel ends: the embedding, the head and the loss split over the vocabulary ----
+#
+# Shoeybi et al. 2019, section 3 ("we parallelize the input embedding weight matrix along the vocabulary
+# dimension ... fuse the output of the parallel GEMM with the cross entropy loss"), as Megatron-LM builds it
+# (core/tensor_parallel/layers.py VocabParallelEmbedding, ColumnParallelLinear(parallel_output=True);
+# core/tensor_parallel/cross_entropy.py vocab_parallel_cross_entropy). Rank r of t holds rows [r V/t, (r+1) V/t)
+# of the (padded, launcher/config/layout.py) vocabulary in the embedding, the head or the tied matrix serving
+# both. Replicated ends cost every TP rank the whole V x h matrix (its gradient and optimizer state), the whole
+# head GEMM and the fp32 logits of b x s x V (4.2 GB at 8,192 tokens, V = 128,256); split, each is 1/t.
+
+def vocab_range(rows: int, rank: int) -> tuple[int, int]:
+    """[start, end) of the vocabulary ids this TP rank's `rows` embedding / head rows hold."""
+    return rank * rows, (rank + 1) * rows
+
+
+def vocab_parallel_embedding(ids, weight, tp: TensorParallel):
+    """The token embedding from this rank's rows: ids on other ranks look up zeros, and the partial embeddings are
+    summed over TP (Megatron's g), or reduce-scattered to this rank's s/tp tokens under sequence parallelism."""
+    start, end = vocab_range(weight.shape[0], tp.rank)
+    outside = (ids < start) | (ids >= end)
+    local = (ids - start).masked_fill_(outside, 0)
+    partial = F.embedding(local, weight).masked_fill_(outside.unsqueeze(-1), 0.0)
+    reduce = _ReduceScatterToSequence if tp.sequence_parallel else _ReduceFromTensorParallel
+    return reduce.apply(partial, tp.group)
+
+
+def copy_to_tensor_parallel(x, group):
+    """Megatron's f in front of the head (identity forward; backward sums the ranks' partial input gradients)."""
+    return _CopyToTensorParallel.apply(x, group)
+
+
+class _VocabParallelCrossEntropy(torch.autograd.Function):
+    """Per-token cross entropy of fp32 logits split over the vocabulary (Megatron's vocab_parallel_cross_entropy):
+    three all-reduces of one fp32 value a token (the row max, the target's logit, the sum of exponentials) instead
+    of gathering the logits. Saved for backward: the softmax of this rank's columns (fp32, 4 V/t bytes a token),
+    each token's target column here (int64, -1 where it is on another rank or ignored) and whether it is counted
+    (bool): 4 V/t + 9 bytes a token (launcher/plan/activations.py)."""
+
+    @staticmethod
+    def forward(ctx, logits, targets, group, ignore_index):
+        rank = dist.get_rank(group)
+        start, end = vocab_range(logits.shape[-1], rank)
+        row_max = logits.max(dim=-1).values
+        dist.all_reduce(row_max, op=dist.ReduceOp.MAX, group=group)
+        shifted = logits - row_max.unsqueeze(-1)
+        valid = targets != ignore_index
+        here = valid & (targets >= start) & (targets < end)
+        column = torch.where(here, targets - start, -1)
+        picked = shifted.gather(-1, column.clamp(min=0).unsqueeze(-1)).squeeze(-1).masked_fill_(~here, 0.0)
+        dist.all_reduce(picked, group=group)
+        total = shifted.exp().sum(dim=-1)
+        dist.all_reduce(total, group=group)
+        log_total = total.log()
+        # exp(x - max - log sum), as torch's log_softmax rounds it (the 1-rank loss's backward takes exp of that)
+        softmax = shifted.sub_(log_total.unsqueeze(-1)).exp_()
+        ctx.save_for_backward(softmax, column, valid)
+        return (log_total - picked).masked_fill_(~valid, 0.0)
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        softmax, column, valid = ctx.saved_tensors
+        scale = grad_loss.masked_fill(~valid, 0.0)
+        grad = softmax.mul_(scale.unsqueeze(-1))   # d loss / d logit = softmax - one_hot(target), times the scale
+        rows = torch.nonzero(column >= 0).squeeze(-1)
+        grad[rows, column[rows]] -= scale[rows]
+        return grad, None, None, None
+
+
+def vocab_parallel_cross_entropy(logits, targets, group, ignore_index: int = -100):
+    """Per-token losses (0 where the target is `ignore_index`) of (..., V/t) logits, computed in fp32 as
+    transformers' loss does (logits.float())."""
+    flat = logits.float().reshape(-1, logits.shape[-1])
+    return _VocabParallelCrossEntropy.apply(flat, targets.reshape(-1), group, ignore_index)

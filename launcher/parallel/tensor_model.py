@@ -25,14 +25,12 @@ What makes the plain engine right for these layers:
 - the norms under SP see s/tp tokens per rank: register_sequence_parallel_grad_hooks (applied by
   build_pipeline_module) all-reduces their gradients over TP as they are produced, before ZeRO's own hooks
   accumulate them, on this engine as on the pipeline one.
-- the head is replicated over TP (the gathered hidden states times the whole padded vocabulary), so every TP rank
-  computes the same full loss (causal_lm_loss, transformers' shift) and backpropagates it; DeepSpeed averages only
-  over DP. Performance, said plainly: AutoTP (training mode) cut an untied head's weight over the vocabulary (a
-  column-parallel LinearLayer with gather_output=True, deepspeed 0.19.8 module_inject/auto_tp.py) and gathered
-  the logits; here every TP rank holds the whole vocab x hidden head, its gradient and optimizer state (tp times
-  AutoTP's share) and does the whole head matmul (tp times the FLOPs). The logits are whole on every rank in both.
-  A vocabulary-parallel head and loss (Megatron-LM's ColumnParallelLinear head + vocab_parallel_cross_entropy)
-  would remove that; not done.
+- the embedding, the head and the loss are split over the vocabulary (Megatron-LM's VocabParallelEmbedding,
+  ColumnParallelLinear head with parallel_output=True and vocab_parallel_cross_entropy: launcher/parallel/tensor.py),
+  so each TP rank holds V/t rows of the embedding and head, does 1/t of the head GEMMs and keeps 1/t of the fp32
+  logits; every TP rank computes the same full loss (three all-reduces of one value a token) and backpropagates
+  it; DeepSpeed averages only over DP. (AutoTP, in training mode, cut an untied head the same way but gathered
+  the logits whole on every rank, deepspeed 0.19.8 module_inject/auto_tp.py.)
 - data.document_mask: the batch's restarting position ids enter the layers with input_ids, and the embedding builds
   transformers' within-document mask from them (launcher/parallel/pipeline.py), as the transformers model does.
 
@@ -67,12 +65,15 @@ PREFIX = "pipe."
 
 
 class TensorParallelCausalLM(nn.Module):
-    """A one-stage PipelineModule's layers as a causal LM: forward(input_ids, labels) -> CausalLMOutput(loss, logits)."""
+    """A one-stage PipelineModule's layers as a causal LM: forward(input_ids, labels) -> CausalLMOutput(loss, logits),
+    the logits this TP rank's columns of the vocabulary."""
 
     def __init__(self, pipe: nn.Module, context=None):
         super().__init__()
         self.pipe = pipe
         self.context = context  # (cp rank, cp): the blocks attend by ring attention at the head-tail positions
+        # The TP group the logits are split over (pipeline.build_pipeline_module); context.py's loss reads it too.
+        self.vocab_group = pipe.vocab_group
 
     def forward(self, input_ids, labels=None, position_ids=None):
         from transformers.modeling_outputs import CausalLMOutput
@@ -95,7 +96,8 @@ class TensorParallelCausalLM(nn.Module):
             if not torch.equal(position_ids.reshape(-1, expected.numel())[0], expected):
                 raise ValueError("position_ids are not this context-parallel rank's head-tail chunk positions")
         logits = self.pipe(inputs)
-        return CausalLMOutput(loss=None if labels is None else causal_lm_loss(logits, labels), logits=logits)
+        loss = None if labels is None else causal_lm_loss(logits, labels, self.vocab_group)
+        return CausalLMOutput(loss=loss, logits=logits)
 
 
 class ContextTensorGrid:

@@ -48,7 +48,7 @@ def _roles_pipeline(cfg, layout, full):
     names = ARCH_MODULES[arch]
     roles = {}
     # With stages the pipeline engine; at one stage (any TP: plain, Megatron SP, TP x CP) the plain engine on the
-    # same layers, each TP rank building only its slice (the head and norms whole: replicated over TP).
+    # same layers, each TP rank building only its slice (its vocabulary rows of the embedding and head; norms whole).
     build = "pipeline stage, own layers only" if layout.pipeline_degree > 1 else "own TP shards only"
     t = layout.tensor_degree
     for tp_rank in range(t):

@@ -146,16 +146,16 @@ def refuse_global_batch_change(saved: dict, cfg, layout, tag_dir: Path) -> None:
 # ----------------------------------------------------------------------------- the metadata our own modules need
 
 
-def universal_info(arch: str, pipeline: bool, tie: bool) -> dict:
+def universal_info(arch: str, pipeline: bool) -> dict:
     """DeepSpeed's `universal_checkpoint_info` for a launcher-built module (a PipelineModule or a transformers model).
 
     ds_to_universal merges each parameter's TP slices by these patterns: row-parallel weights (o_proj and
-    down_proj, Megatron's RowParallelLinear: launcher/parallel/tensor.py) along dim 1, replicated ones (embedding,
-    head, norms, row-parallel biases) from one rank, everything else along dim 0 (column-parallel). The loader
-    re-splits a whole tensor the same way. Without them a TP1 -> TP2 resume re-splits o_proj/down_proj on dim 0
-    and loads silently wrong (loss 5.5717 vs 5.5511), and TP2 -> TP1 fails on the replicated embedding
-    (concatenated twice). The patterns go through re.match (anchored at the start), must not overlap and must
-    each match some parameter (strict conversion), hence the cases per arch and tying.
+    down_proj, Megatron's RowParallelLinear: launcher/parallel/tensor.py) along dim 1, replicated ones (norms,
+    row-parallel biases) from one rank, everything else along dim 0 (column-parallel; the embedding and the head
+    too, split over the vocabulary). The loader re-splits a whole tensor the same way. Without them a TP1 -> TP2
+    resume re-splits o_proj/down_proj on dim 0 and loads silently wrong (loss 5.5717 vs 5.5511), and a replicated
+    tensor is concatenated tp times. The patterns go through re.match (anchored at the start), must not overlap and must
+    each match some parameter (strict conversion), hence the cases per arch.
     """
     if arch == "bloom":
         row, layer_norms, row_bias = (r"self_attention\.dense", r"mlp\.dense_4h_to_h"), \
@@ -165,18 +165,15 @@ def universal_info(arch: str, pipeline: bool, tie: bool) -> dict:
             r"(input_layernorm|post_attention_layernorm)\.", None
     rows = "(" + "|".join(row) + r")\.weight$"
     if pipeline:
-        # PipelineModule names: <layer index>.<local name> (launcher/parallel/pipeline.py); a tied embedding
-        # lives under tied_modules.embed (then no layer holds a bare `<index>.weight`).
+        # PipelineModule names: <layer index>.<local name> (launcher/parallel/pipeline.py); the embedding and head
+        # (`<index>.weight`, or tied_modules.embed) are split over the vocabulary like a column-parallel weight.
         block = r"\d+\.layer\."
-        replicated = [r"\d+\.norm\.", block + layer_norms, r"tied_modules\." if tie else r"\d+\.weight$"]
+        replicated = [r"\d+\.norm\.", block + layer_norms]
     else:
         block = r"(model\.layers|transformer\.h)\.\d+\."
-        replicated = [block + layer_norms, r"(model\.embed_tokens|transformer\.word_embeddings)\.",
-                      r"(model\.norm|transformer\.ln_f)\."]
+        replicated = [block + layer_norms, r"(model\.norm|transformer\.ln_f)\."]
         if arch == "bloom":
             replicated.append(r"transformer\.word_embeddings_layernorm\.")
-        if not tie:
-            replicated.append(r"lm_head\.")
     if row_bias:
         replicated.append(block + row_bias)
     return {"universal_checkpoint_version": 0.2, "parameter_with_row_parallelism_patterns": [block + rows],
@@ -276,7 +273,7 @@ def _convert(spec: dict) -> None:
     source_kind, target_kind = spec["source_kind"], spec["target_kind"]
     # Ours replaces whatever the files carry (nothing, for a PipelineModule or a plain transformers model; our TP
     # layers at pipeline_degree = 1 are refused by refuse_unconvertible).
-    info = universal_info(spec["arch"], source_kind == "pipeline", spec["tie"])
+    info = universal_info(spec["arch"], source_kind == "pipeline")
 
     def inject(ds_checkpoint):
         ds_checkpoint.global_state[UNIVERSAL_CHECKPOINT_INFO] = info

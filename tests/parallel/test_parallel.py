@@ -149,25 +149,30 @@ def _assert_export_reproduces_pipeline(r, tol=1e-5):
 
 
 def _assert_megatron_sharding(r, tp=2):
-    """Each rank holds 1/tp of its stage's block linears, all as column/row-parallel layers."""
+    """Each rank holds 1/tp of its stage's block linears, all as column/row-parallel layers, and 1/tp of the
+    vocabulary rows of the embedding (first stage) and the head (last stage)."""
+    stages = 1 + max(info["stage"] for info in r["per_rank"])
     for info in r["per_rank"]:
         blocks = info["blocks"]
         assert blocks >= 1
         assert info["plain_linear_in_blocks"] == 0
         assert info["column_parallel"] == 5 * blocks and info["row_parallel"] == 2 * blocks
         assert info["block_linear_params"] == blocks * BLOCK_LINEAR // tp
-        assert info["sharded_params"] == blocks * BLOCK_LINEAR // tp
+        # Marked tensor_model_parallel (counted on every TP rank by the gradient norm): the block shards, and the
+        # vocabulary rows of the embedding and of an untied head; a tied embedding's copy on the last stage stays
+        # unmarked (DeepSpeed's ds_pipe_replicated: counted once, on the first stage).
+        ends = (info["stage"] == 0) + (info["stage"] == stages - 1 and "tied" not in r["name"])
+        assert info["sharded_params"] == blocks * BLOCK_LINEAR // tp + ends * V * H // tp
         # TP group = consecutive ranks (launcher/plan/rankmap.py), as DeepSpeed's grid says.
         g = info["slice_group"]
         assert g == list(range(g[0], g[0] + tp)) and g[0] % tp == 0
     stage_ranks = {}
     for info in r["per_rank"]:
         stage_ranks.setdefault((info["stage"], info["dp_rank"]), []).append(info["params"])
-    # One replica's ranks together hold the full model once, except that everything outside the
-    # blocks (embedding, norms, head) is replicated on each TP rank.
+    # One replica's ranks together hold the full model once, except that the norms are replicated on each TP rank.
     for dp in {k[1] for k in stage_ranks}:
         replica = sum(sum(v) for (stage, d), v in stage_ranks.items() if d == dp)
-        assert replica == FULL + (tp - 1) * (FULL - L * BLOCK_LINEAR)
+        assert replica == FULL + (tp - 1) * (FULL - L * BLOCK_LINEAR - 2 * V * H)
 
 
 @pytest.mark.slow
@@ -227,13 +232,13 @@ def test_tp2_without_pipeline_matches_one_rank_and_shards(request, launch, name,
 @pytest.mark.parametrize("launch,name", [("ranks2", "tp2"), ("ranks4", "tp2-dp2-z1")])
 def test_tp2_without_pipeline_never_materialises_a_whole_weight(request, launch, name):
     """Issue 11: every rank gives real storage to its TP slice only. The build materialises exactly the parameters
-    the rank holds (the replicated embedding, head and norms, and half of every block linear), never the whole
-    model, and no tensor larger than the replicated V x H embedding / head."""
+    the rank holds (half the vocabulary rows of the embedding and the head, half of every block linear, the
+    replicated norms), never the whole model, and no tensor larger than V x H / 2."""
     r = request.getfixturevalue(launch)[name]
-    held = 2 * V * H + L * (BLOCK_LINEAR // 2 + 2 * H) + H
+    held = 2 * V * H // 2 + L * (BLOCK_LINEAR // 2 + 2 * H) + H
     for info in r["per_rank"]:
         assert info["materialised_numel"] == info["params"] == held < FULL
-        assert info["materialised_largest"] == V * H
+        assert info["materialised_largest"] == V * H // 2
 
 
 @pytest.mark.slow
@@ -274,12 +279,14 @@ def test_bloom_tp2_pp2_matches_one_rank_and_shards(ranks4):
         blocks = info["blocks"]
         assert blocks == 2 and info["plain_linear_in_blocks"] == 0
         assert info["column_parallel"] == 2 * blocks and info["row_parallel"] == 2 * blocks  # qkv, h->4h | dense, 4h->h
-        assert info["sharded_params"] == blocks * BLOOM_COLUMN_ROW_SHARDED // 2
+        # + the embedding's vocabulary rows on the first stage (the tied copy on the last is ds_pipe_replicated)
+        assert info["sharded_params"] == blocks * BLOOM_COLUMN_ROW_SHARDED // 2 + (info["stage"] == 0) * V * H // 2
         assert info["block_linear_params"] == blocks * (BLOOM_COLUMN_ROW_SHARDED // 2 + 2 * H)
-    # Sharded block weights once; everything else on both TP ranks; the tied embedding on both stages.
+    # Sharded block weights and vocabulary rows once; everything else on both TP ranks; the tied embedding's rows on
+    # both stages.
     total = sum(i["params"] for i in r["per_rank"])
-    sharded = L * BLOOM_COLUMN_ROW_SHARDED
-    assert total == sharded + 2 * (BLOOM_FULL_TIED - sharded) + 2 * V * H
+    sharded = L * BLOOM_COLUMN_ROW_SHARDED + V * H
+    assert total == sharded + 2 * (BLOOM_FULL_TIED - sharded) + V * H
 
 
 @pytest.mark.slow

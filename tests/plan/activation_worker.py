@@ -78,7 +78,7 @@ def run_pipe(case, cfg, layout, held):
                              for t in x.grad_fn.deepspeed_saved_tensors})
             else:
                 x = layer(x)
-        return causal_lm_loss(x, ids)
+        return causal_lm_loss(x, ids, tp.group)   # the head's logits are split over the vocabulary
 
     return layers, forward, lambda loss: loss.backward()
 

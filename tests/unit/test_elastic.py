@@ -40,7 +40,7 @@ def test_renaming_round_trips_and_the_patterns_classify_every_parameter_once(ove
     row_words = ("o_proj.weight", "down_proj.weight") if arch == "llama" else ("self_attention.dense.weight", "dense_4h_to_h.weight")
     col_words = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj") if arch == "llama" else ("query_key_value", "dense_h_to_4h")
     for pipeline, named in ((True, list(to_hf)), (False, names)):
-        info = elastic.universal_info(arch, pipeline, tie)
+        info = elastic.universal_info(arch, pipeline)
         rows, reps = info["parameter_with_row_parallelism_patterns"], info["tp_replicated_parameter_patterns"]
         used = set()
         for name in named:
@@ -50,10 +50,11 @@ def test_renaming_round_trips_and_the_patterns_classify_every_parameter_once(ove
             hf = to_hf.get(name, name)
             if hf.endswith(row_words):
                 assert hits and hits[0] in rows, name
-            elif any(w in hf for w in col_words) and not hf.endswith(("dense.bias", "dense_4h_to_h.bias")):
-                assert not hits, name  # column-parallel: the default, cut along dim 0
+            elif any(w in hf for w in col_words + ("embed_tokens", "word_embeddings.", "lm_head")) \
+                    and not hf.endswith(("dense.bias", "dense_4h_to_h.bias")):
+                assert not hits, name  # column-parallel or vocabulary-parallel: the default, cut along dim 0
             else:
-                assert hits and hits[0] in reps, name  # embedding, head, norms, row-parallel biases
+                assert hits and hits[0] in reps, name  # norms, row-parallel biases
         assert used == set(rows + reps)  # DeepSpeed (strict): "Unused patterns ... while merging tp slices"
 
 
