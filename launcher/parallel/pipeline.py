@@ -8,7 +8,8 @@ Layers, in order (what DeepSpeed partitions over the stages):
     BloomDecoderBlockPipe   (bloom)            ALiBi bias and causal mask built inside the block
     NormPipe                final RMSNorm (llama) / LayerNorm ln_f (bloom)
     HeadPipe                hidden -> logits               (or the tied embedding, used as F.linear)
-and `causal_lm_loss(logits, labels)` as the PipelineModule's loss_fn. `layer_hf_prefixes` names the
+and `causal_lm_loss(logits, labels)` as the PipelineModule's loss_fn. Under TP the embedding, the head and the
+loss are split over the vocabulary (launcher/parallel/tensor.py: each TP rank V/t rows, Megatron-LM's). `layer_hf_prefixes` names the
 transformers module of every layer index, for the export (launcher/parallel/export.py).
 
 Document masking (data.document_mask) at pipeline_degree = 1 (launcher/parallel/tensor_model.py): the module is

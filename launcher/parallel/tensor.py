@@ -23,9 +23,9 @@ The split is the one of Shoeybi et al. 2019, "Megatron-LM", section 3 (fig. 3):
 with f = identity forward / all-reduce backward in front of a column-parallel
 group and g = all-reduce forward / identity backward after a row-parallel one.
 f sits once in front of each sub-layer (q, k and v share one input, gate and up another: Megatron fuses them
-into one linear), so each block costs one all-reduce forward and one backward per sub-layer, and
-everything outside the blocks (embedding, norms, head) stays replicated across
-the TP ranks and receives identical full gradients there.
+into one linear), so each block costs one all-reduce forward and one backward per sub-layer.
+The embedding, the head and the loss are split over the vocabulary (section 3 of the paper; the end of this
+file); the norms stay replicated across the TP ranks and receive identical full gradients there.
 With `sequence_parallel` (Megatron SP, the second half of this file) the TP ranks
 also split the sequence outside the TP regions, and the all-reduces become
 all-gathers and reduce-scatters over the sequence.
