@@ -54,3 +54,18 @@ def test_tp2_loss_saves_its_vocabulary_columns():
                   source="test", profile=None, device="cuda")
     last = estimate_memory(shape, st, hw).stages[-1]
     assert last.stage == 1 and last.logits == loss + 1024 * 2048 // 2 * 4 == 8_364_984
+
+
+def test_bloom_176b_end_stages_hold_the_published_share():
+    """BLOOM-176B, TP 4 x PP 12 (BigScience 2022, section 3.4.2: 3.98B per TP4 rank of an end stage). By hand, h 14,336,
+    padded V 250,880, a block 12 h^2 + 13 h = 2,466,437,120 of which 6 h (two LayerNorms, two row-parallel biases)
+    stay whole: the first stage's rank holds V h / 4 + 2 h (the embedding LayerNorm) + 5 ((block - 6 h) / 4 + 6 h),
+    the last stage's 5 blocks the same + 2 h (ln_f) + V h / 4 (its copy of the tied embedding)."""
+    cfg = compose(["recipe=bloom-176b"])
+    layout = resolve_layout(cfg)
+    shape, st = model_shape(cfg.model), strategy(cfg, layout)
+    h, v, block = 14_336, 250_880, 2_466_437_120
+    assert (st.tensor_degree, st.pipeline_degree, st.padded_vocab_size) == (4, 12, v)
+    ends = v * h // 4 + 2 * h + 5 * ((block - 6 * h) // 4 + 6 * h)
+    assert ends == 3_982_551_552
+    assert stage_params(shape, st, 0) == stage_params(shape, st, 11) == ends
