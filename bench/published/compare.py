@@ -177,8 +177,7 @@ def own_kernels_model():
     (variants.py: one kernel a norm, an activation, a rotary); where its `attention_kernel` has cited rates of its
     own (variants.OWN_ATTENTION: MPT's Triton FlashAttention), those in place of the profile's FlashAttention-2
     tables; where it is Megatron's unfused core attention, the variant that charges its scores in memory
-    (variants.ATTENTION_VARIANTS); where a Megatron-family run (variants.MEGATRON_TP_FAMILIES) had TP > 1, its
-    vocabulary-parallel embedding, head and loss (variants.VOCAB_PARALLEL). Nothing fitted. Every other run as the
+    (variants.ATTENTION_VARIANTS). Nothing fitted. Every other run as the
     launcher's runtime (None: the headline's prediction stands, not computed again). A diagnostic beside the
     headline, which charges the launcher's own kernels."""
     import sys
@@ -192,8 +191,6 @@ def own_kernels_model():
                  and shape.arch in variants.FUSED_BY_ARCH else ())
         if record.get("attention_kernel") in variants.ATTENTION_VARIANTS:
             names += (variants.ATTENTION_VARIANTS[record["attention_kernel"]],)
-        if record.get("tp", 1) > 1 and record["family"] in variants.MEGATRON_TP_FAMILIES:
-            names += (variants.VOCAB_PARALLEL,)
         if names not in mods:
             mods[names] = variants.variant_module(*names)
         mod = mods[names]
@@ -273,7 +270,25 @@ def summary(rows: list[dict], key: str = "error") -> dict:
 # 2026-12-02 (fms-fsdp added),
 # 2026-11-29 05:05 UTC, 2026-11-28 10:00 UTC,
 # 2026-11-26 21:10 UTC, 2026-11-26 18:00 UTC and 2026-11-25 05:10 UTC (re-read it when the table is regenerated).
-READING = """Reading (2026-12-04: the second view charges Megatron's tensor parallelism at the model's ends as
+READING = """Reading (2026-12-05: the headline charges vocabulary-parallel ends, because the launcher's runtime now runs
+them). The launcher's TP splits the embedding, the head and the loss over the vocabulary as Megatron-LM does
+(Shoeybi et al. 2019, section 3: VocabParallelEmbedding, a ColumnParallelLinear head with parallel_output=True,
+vocab_parallel_cross_entropy; launcher/parallel/tensor.py), so launcher/plan/steptime.py end_costs charges each TP
+rank V / t rows, V / t logits, the embedding's and the head's collectives and the loss's three fp32 all-reduces,
+and the rank's parameters (hence its optimizer step and data-parallel traffic) count V / t rows of each vocabulary
+matrix. variants.py's megatron-vocab-parallel, which charged those ends for the Megatron rows in the second view
+only, is gone: it is the headline now. The 17 TP > 1 rows moved, the others did not. All 262: within 10% 46.2% ->
+44.7%, within 20% 75.2% -> 75.2%, median 11.2% -> 11.6%, worst 64.5% -> 64.5% (nemo-automodel, TP 1). The
+pipelined Megatron runs move past their measurements, as the 2026-12-04 reading found in the second view: MT-NLG
++10.3 / +12.3 / +16.3% -> +37.8 / +39.5 / +43.6%, BLOOM tr11 -15.0% -> +16.4%, the Megatron README 175B -0.4% ->
++20.0%, PTD-P 529.6B -12.3 .. -11.9% -> +10.8 .. +12.5%, PTD-P 174.6B -1.4 .. -1.3% -> +13.4 .. +14.8%; the TP-only
+rows come closer: the DGXC 405B proxies -40.2 / -30.6 / -29.4% -> -18.0 / -19.5 / -18.2%, Narayanan 18.4B / 7.5B
+-4.8 / -6.7% -> +0.6 / -2.4%, 3.6B +5.7% -> +8.3%. The second view's summary did not move (60%, 87%, 8.1%,
+64.5%); its rows moved by at most 3.3 points (the proxy8l row -15.6% -> -12.3%): the variant sharded the ends'
+kernels but not the parameters, and charged transformers' log-softmax bytes where vocab_parallel_cross_entropy
+moves 40 bytes an element.
+
+Reading (2026-12-04: the second view charges Megatron's tensor parallelism at the model's ends as
 Megatron runs it; the headline did not move). The launcher's TP replicates the embedding, the head and the loss on
 every TP rank (launcher/plan/steptime.py end_costs: the full-vocabulary head GEMMs and fp32 logits on each rank).
 Every Megatron-LM, Megatron-DeepSpeed and NeMo run here with TP > 1 (17 rows: Narayanan 2021, MT-NLG, BLOOM tr11,
@@ -604,7 +619,7 @@ def render(result: dict, model_name: str) -> str:
         sets[f"element-wise kernels: {kind}"] = [x for x in rows if x["elementwise_kernels"] == kind]
     out += _summary_rows(sets)
     if any(x["error_own_kernels"] != x["error"] for x in rows):
-        out += ["", "### The same runs with each run's own kernels, element-wise and attention, and Megatron's TP ends "
+        out += ["", "### The same runs with each run's own kernels, element-wise and attention "
                 "(diagnostic, not the headline)", "",
                 "Where a record says `elementwise_kernels: fused`, its norms, activation and rotary are charged as one "
                 "kernel each (bench/published/variants.py, by architecture); where it ran MPT's Triton FlashAttention "
@@ -612,9 +627,7 @@ def render(result: dict, model_name: str) -> str:
                 "(variants.OWN_ATTENTION: the FlashAttention-2 paper's \"FlashAttention Triton\" bars on the A100, "
                 "its FlashAttention-1 bars standing in on the H100), and where it ran Megatron's core attention "
                 "(`attention_kernel: megatron_unfused`), the scores' GEMMs over the whole square and their softmax "
-                "and dropout bytes (variants.py megatron-attention), instead of FlashAttention-2's; and where a Megatron-LM, "
-                "Megatron-DeepSpeed or NeMo run had TP > 1, Megatron's vocabulary-parallel embedding, head and loss "
-                "(variants.py megatron-vocab-parallel) instead of the launcher's replicated ones (compare.py "
+                "and dropout bytes (variants.py megatron-attention), instead of FlashAttention-2's (compare.py "
                 "own_kernels_model; nothing fitted). The headline above charges the launcher's runtime "
                 "(transformers' eager operators, FlashAttention-2-class SDPA) for every run.", "",
                 "| set | runs | within 10% | within 20% | median abs error | worst |", "|---|---|---|---|---|---|"]

@@ -26,10 +26,9 @@ Variants (bytes per kernel by the kernel's definition: each input read once, eac
                          1-byte mask; backward reads the gradient and the mask, writes one). Dropout at 0.1, the
                          default of both repositories' arguments.py (`--attention-dropout`, default=0.1), which no
                          run here overrides where its script is published (BLOOM's tr11-176B-ml.slurm sets none)
-  megatron-vocab-parallel
-                         Megatron's TP at the model's ends: V / t embedding rows and logits a rank, the embedding's
-                         and the head's collectives and vocab_parallel_cross_entropy's three all-reduces, instead of
-                         the launcher's replicated embedding, head and loss (MEGATRON_TP_FAMILIES below)
+Megatron's TP at the model's ends (VocabParallelEmbedding, the ColumnParallelLinear head, vocab_parallel_cross_entropy)
+is no variant since 2026-12-05: the launcher's runtime runs the same vocabulary-parallel ends, so the headline
+(steptime.py end_costs) charges them for every TP > 1 run.
 tests/plan/test_published_runs.py holds that every anchor line below is still in steptime.py, so a variant cannot
 silently stop applying.
 """
@@ -45,9 +44,6 @@ import yaml
 from launcher.plan import steptime
 
 HERE = Path(__file__).parent
-
-# The variant that charges Megatron's TP at the model's ends (MEGATRON_TP_FAMILIES below says where it applies).
-VOCAB_PARALLEL = "megatron-vocab-parallel"
 
 # variant -> [(a line of steptime.py as committed, what replaces it)]
 VARIANTS = {
@@ -79,33 +75,7 @@ VARIANTS = {
          "1 + ck)\n",
          "        mem_counted(scores * (4 * w + 1), 2, scores * (5 * w + 1), 2)   # variant: fused softmax + dropout\n"),
     ],
-    VOCAB_PARALLEL: [
-        ("    v = st.padded_vocab_size\n",
-         "    v = st.padded_vocab_size / st.tensor_degree   # variant: each TP rank holds V / t rows and logits\n"),
-        ("    last.gemm += gemm_s(n, v, h, w, prof, rate) + gemm_s(n, h, v, w, prof, rate) + gemm_s(h, v, n, w, prof, rate)\n",
-         "    last.gemm += gemm_s(n, v, h, w, prof, rate) + gemm_s(n, h, v, w, prof, rate) + gemm_s(h, v, n, w, prof, rate)\n"
-         "    if st.tensor_degree > 1:   # variant: the embedding's and the head's collectives, and the loss's three\n"
-         "        t, link = st.tensor_degree, links[\"tp\"]\n"
-         "        one = gather_s(n * h * w, t, link) if st.sequence_parallel else all_reduce_s(n * h * w, t, link)\n"
-         "        first.tp += one\n"
-         "        last.tp += one + 3 * all_reduce_s(n * F32, t, link)\n"),
-    ],
 }
-
-
-# Megatron's tensor parallelism at the model's ends (every Megatron-LM, Megatron-DeepSpeed and NeMo / Megatron-core
-# run here): VocabParallelEmbedding (megatron/core/tensor_parallel/layers.py) holds V / t rows a rank and all-reduces
-# its output forward (with sequence parallelism: reduce-scatters it, and all-gathers the gradient back); the output
-# layer is a ColumnParallelLinear with parallel_output=True, so each rank computes V / t logits (its input copied to
-# the TP region: the gradient all-reduced backward; with sequence parallelism all-gathered forward and reduce-
-# scattered backward); and vocab_parallel_cross_entropy (megatron/core/tensor_parallel/cross_entropy.py) reads those
-# V / t logits and all-reduces three fp32 values a token forward (the logits' max, the target's logit, the sum of
-# exponentials). The launcher's TP replicates the embedding, the head and the loss on every TP rank (steptime.py
-# end_costs), which for a wide vocabulary over a few blocks is most of a rank's work. Against end_costs the variant
-# shards v, and adds one collective of n x h at each end where the launcher has none (without sequence
-# parallelism) or one (with it: end_costs already charges an all-gather at each end), and the loss's three.
-# Families whose TP is Megatron's (runs.yaml `family`); the variant applies where tp > 1.
-MEGATRON_TP_FAMILIES = {"narayanan2021", "mt-nlg", "bigscience", "megatron-lm-readme", "nvidia-dgxc-benchmarking"}
 
 
 # A record's `elementwise_kernels: fused` (runs.yaml) -> the variant that charges its architecture's fused kernels
@@ -188,8 +158,7 @@ def main() -> None:
     sys.path.insert(0, str(HERE))
     import compare as C
     # an attention variant describes the runs that ran that kernel (compare.py's second view), not every run
-    # (and the vocabulary-parallel ends describe Megatron's TP runs: compare.py's second view applies them there)
-    names = sys.argv[1:] or [n for n in VARIANTS if n not in ATTENTION_VARIANTS.values() and n != VOCAB_PARALLEL]
+    names = sys.argv[1:] or [n for n in VARIANTS if n not in ATTENTION_VARIANTS.values()]
     records = yaml.safe_load((HERE / "runs.yaml").read_text())
     print("as committed (the launcher's runtime: eager element-wise operators)")
     print("\n".join(summary_lines(C.compare(records, C.default_model)["rows"])))

@@ -45,17 +45,28 @@ GPT-2 block (modeling_gpt2.py, SDPA, dropout 0), bytes per token:
                          it keeps x, tanh's output, 0.5 x and 1 + tanh; + w f / t (c_proj's input)
     total                4wh + 4c + (4wh + 5wf + 4a) / t
 
-Outside the blocks (first and last pipeline stage; both on a 1-stage run; replicated on every TP rank):
+Outside the blocks (first and last pipeline stage; both on a 1-stage run). Under TP (t > 1) the embedding, the head
+and the loss are split over the vocabulary, rank r holding rows [r V/t, (r+1) V/t) of the padded vocabulary, as in
+Megatron-LM (Shoeybi et al. 2019, section 3; core/tensor_parallel/layers.py VocabParallelEmbedding,
+ColumnParallelLinear(parallel_output=True); core/tensor_parallel/cross_entropy.py vocab_parallel_cross_entropy):
     embedding            8 per token (int64 input ids, F.embedding's indices); GPT-2 also 8 s per micro-batch
-                         (its position ids); BLOOM's word_embeddings_layernorm: w h + 2 c
-    final norm + head    LLaMA 4h + 4 + 2wh, GPT-2 / BLOOM 2wh + 2c (the head's input is the norm's output)
+                         (its position ids); BLOOM's word_embeddings_layernorm: w h + 2 c.
+                         TP: 9 per token: F.embedding's indices are the rank-local ids (int64, ids - r V/t, 0
+                         outside the rank's rows: a new storage; the input ids themselves are no longer saved, no
+                         op with a gradient reads them) and masked_fill_ keeps the bool out-of-range mask (1)
+    final norm + head    LLaMA 4h + 4 + 2wh, GPT-2 / BLOOM 2wh + 2c (the head's input is the norm's output; under
+                         TP Megatron's copy-to-TP in front of the head is an identity forward and saves nothing)
     loss                 4V + 8 per predicted token: the fp32 log-softmax output (transformers' ForCausalLMLoss
                          and our causal_lm_loss upcast the logits with .float()) and the int64 targets. Predicted
                          tokens: transformers upcasts all s positions, our layer list's causal_lm_loss s - 1 (with
                          stages, and with TP at pipeline_degree 1).
-    loss backward        transient, not saved: the fp32 gradient of the logits (4V per token) and, in 16-bit, its
-                         cast back (w V), alive together while the saved tensors above still are. Counted in the
-                         last stage's peak; the hook cannot see it (stated from autograd's backward, not measured).
+                         TP: 4V/t + 9 per predicted token: vocab_parallel_cross_entropy saves the fp32 softmax of
+                         the rank's V/t columns, each token's target column on this rank (int64, -1 elsewhere or
+                         ignored) and the bool valid mask (loss_bytes_per_token)
+    loss backward        transient, not saved: the fp32 gradient of the logits (4V per token, 4V/t under TP) and,
+                         in 16-bit, its cast back (w V, w V/t), alive together while the saved tensors above still
+                         are. Counted in the last stage's peak; the hook cannot see it (stated from autograd's
+                         backward, not measured).
 
 Activation checkpointing (model.activation_checkpointing with model.checkpoint_mode=full: whole blocks,
 transformers' gradient_checkpointing (non-reentrant) or DeepSpeed's reentrant checkpoint in the PipelineModule,
@@ -105,9 +116,10 @@ Parallelism:
                          pipeline_degree = 1 (launcher/parallel/tensor_model.py on the plain engine): norms,
                          residual stream and the column-parallel inputs stay replicated; everything inside
                          attention and the MLP is divided by t (the formulas carry the split). Measured for
-                         llama and bloom, with and without stages (tests/plan/test_activations.py). The head is
-                         replicated, not vocab-sharded: every TP rank keeps the full fp32 log-softmax (4V per
-                         predicted token) and the full logits' gradient. GPT-2 has no TP path (no GPT layer list).
+                         llama and bloom, with and without stages (tests/plan/test_activations.py). The ends are
+                         vocab-parallel (above): a TP rank keeps the fp32 softmax of its V/t columns (4V/t + 9 per
+                         predicted token) and a V/t-wide logits' gradient, and 9 bytes a token at the embedding.
+                         GPT-2 has no TP path (no GPT layer list); the plan charges it the same ends.
     Megatron SP (llama)  parallel.sequence_parallel (Korthikanti et al. 2022, section 4.2.2), our pipeline-grid TP
                          only. The norms run on s / t tokens, so each RMSNorm keeps (4h + 4 + w h) / t per token;
                          its output is no longer saved (the sequence all-gather in front of attention / the MLP
@@ -118,7 +130,8 @@ Parallelism:
                          gathered column-parallel inputs are full length (h = 128, s = 128, fp32, t = 2: a
                          block keeps 62 % of one rank's bytes under TP, 54 % under TP+SP). The final norm keeps
                          (4h + 4 + w h) / t plus the gathered head input w h; a checkpointed block keeps its
-                         s / t-token input, w h / t per token; embedding ids, rotary and logits are unchanged.
+                         s / t-token input, w h / t per token; embedding ids, rotary and logits are those of TP
+                         (the embedding's output is reduce-scattered to the sequence: no saved bytes).
     Ulysses (llama)      every per-token term is per local token (s / u of them). Attention after the all-to-all
                          holds the full sequence for a / u heads, the same bytes per local token, plus what the
                          all-to-alls add (see ULYSSES below).
@@ -152,6 +165,7 @@ from launcher.config.supported import LLAMA_FAMILY
 LN_STATS_BYTES = 4          # LayerNorm mean / rstd per token on CUDA (fp32 accumulation type)
 RMS_STATS_BYTES = 4         # RMSNorm's fp32 rsqrt per token
 INDEX_BYTES = 8             # int64 token ids / targets
+MASK_BYTES = 1              # a bool per token: the vocab-parallel embedding's out-of-range mask, the loss's valid mask
 LOGSUMEXP_BYTES = 4         # SDPA's fp32 logsumexp per head per token
 
 
@@ -247,11 +261,12 @@ def rotary_bytes(m: ActivationShape, seq_length: int, dtype: str, ulysses: int =
 
 
 def embedding_bytes(m: ActivationShape, seq_length: int, micro_batch: int, dtype: str, ulysses: int = 1,
-                    document_mask: bool = False) -> float:
-    """What the embedding end saves for one micro-batch: the ids, GPT-2's position ids (one row, or one per
-    sample under the document mask), BLOOM's embedding LayerNorm."""
+                    document_mask: bool = False, tp: int = 1) -> float:
+    """What the embedding end saves for one micro-batch: the ids (under TP the rank-local ids and the bool
+    out-of-range mask of VocabParallelEmbedding), GPT-2's position ids (one row, or one per sample under the
+    document mask), BLOOM's embedding LayerNorm."""
     tokens = seq_length * micro_batch // ulysses
-    out = INDEX_BYTES * tokens
+    out = (INDEX_BYTES + (MASK_BYTES if tp > 1 else 0)) * tokens
     if m.arch == "gpt":
         out += INDEX_BYTES * seq_length // ulysses * (micro_batch if document_mask else 1)
     if m.arch == "bloom":
@@ -259,9 +274,19 @@ def embedding_bytes(m: ActivationShape, seq_length: int, micro_batch: int, dtype
     return out
 
 
+def loss_bytes_per_token(m: ActivationShape, tp: int = 1) -> float:
+    """What the loss saves per predicted token: the fp32 log-softmax (4V) and the int64 target; under TP (t > 1)
+    Megatron's vocab_parallel_cross_entropy: the fp32 softmax of the rank's V/t columns, the int64 local target
+    column and the bool valid mask, 4V/t + 9."""
+    if tp > 1:
+        return 4 * m.vocab_size / tp + INDEX_BYTES + MASK_BYTES
+    return 4 * m.vocab_size + INDEX_BYTES
+
+
 def head_bytes(m: ActivationShape, seq_length: int, micro_batch: int, dtype: str, ulysses: int = 1,
-               pipeline: bool = False, sp_tp: int = 1) -> float:
-    """What the head end saves for one micro-batch: final norm, head input, fp32 log-softmax and targets.
+               pipeline: bool = False, sp_tp: int = 1, tp: int = 1) -> float:
+    """What the head end saves for one micro-batch: final norm, head input, the loss's fp32 (log-)softmax and
+    targets (loss_bytes_per_token; V/tp columns of it under TP).
     `sp_tp`: the final norm runs on 1/sp_tp of the tokens (Megatron SP), its gathered output is the head's input."""
     w, h = dtype_bytes(dtype), m.hidden_size
     tokens = seq_length * micro_batch // ulysses
@@ -272,13 +297,15 @@ def head_bytes(m: ActivationShape, seq_length: int, micro_batch: int, dtype: str
     else:
         norm = 2 * w * h + 2 * LN_STATS_BYTES
     predicted = (seq_length - 1) * micro_batch if pipeline else tokens
-    return tokens * norm + predicted * (4 * m.vocab_size + INDEX_BYTES)
+    return tokens * norm + predicted * loss_bytes_per_token(m, tp)
 
 
-def loss_backward_bytes(m: ActivationShape, seq_length: int, micro_batch: int, dtype: str, ulysses: int = 1) -> float:
-    """Transient gradient of the logits at the start of backward: fp32 (4V) plus its cast to a 16-bit dtype (wV)."""
+def loss_backward_bytes(m: ActivationShape, seq_length: int, micro_batch: int, dtype: str, ulysses: int = 1,
+                        tp: int = 1) -> float:
+    """Transient gradient of the logits at the start of backward: fp32 (4V) plus its cast to a 16-bit dtype (wV),
+    of the rank's V/tp columns under TP (vocab-parallel head)."""
     w = dtype_bytes(dtype)
-    return seq_length * micro_batch / ulysses * m.vocab_size * (4 + (w if w != 4 else 0))
+    return seq_length * micro_batch / ulysses * m.vocab_size / tp * (4 + (w if w != 4 else 0))
 
 
 def stage_saved_bytes(m: ActivationShape, blocks: int, seq_length: int, micro_batch: int, dtype: str,
@@ -310,9 +337,9 @@ def stage_saved_bytes(m: ActivationShape, blocks: int, seq_length: int, micro_ba
         rotary = 0.0
     total = ckpt * kept + (blocks - ckpt) * whole + (rotary + held if blocks else 0.0)
     if first:
-        total += embedding_bytes(m, seq_length, micro_batch, dtype, split, document_mask)
+        total += embedding_bytes(m, seq_length, micro_batch, dtype, split, document_mask, tp)
     if last:
         # Our layer list's loss is causal_lm_loss (transformers' shift: s - 1 predicted positions), except under CP
-        # (TP x CP), whose loss is context_parallel_loss on the local tokens, as without TP.
-        total += head_bytes(m, seq_length, micro_batch, dtype, split, pipeline and split == 1, sp_tp)
+        # (TP x CP), whose loss is context_parallel_loss on the local tokens, as without TP (vocab-parallel under TP).
+        total += head_bytes(m, seq_length, micro_batch, dtype, split, pipeline and split == 1, sp_tp, tp)
     return total

@@ -5,9 +5,9 @@ Per rank, four terms (bytes); a node adds up its gpus_per_node ranks (launcher/p
 build peak (what the per-rank build materialises; launcher/runtime/build.py, counted for `train --dry-run` by
     launcher/runtime/dryrun.py, which calls build_peak_bytes below, so the plan and the ledger agree):
     our layer list (PP > 1, or TP > 1 at one stage: launcher/parallel/tensor_model.py): its own layers in fp32
-        (the build dtype; DeepSpeed casts afterwards) -- its stage's blocks' TP shards, the embedding, norms and
-        head whole (replicated over TP) -- + one seeded block of BUILD_ROWS rows of its widest tensor row being
-        generated (x 4 B)
+        (the build dtype; DeepSpeed casts afterwards) -- its stage's blocks' TP shards, its V/TP rows of the
+        embedding and the head (vocab-parallel, as Megatron-LM's VocabParallelEmbedding), the norms whole -- + one
+        seeded block of BUILD_ROWS rows of its widest tensor row being generated (x 4 B)
     ZeRO-3 without TP or PP, Ulysses and ring CP included (deepspeed.zero.Init): its partition of every tensor in the training dtype
         + the fp32 rows one partition of the largest tensor is cut from + two fp32 rows of the widest tensor
     otherwise (ZeRO 0-2 without TP or PP, Ulysses and ring CP included): the whole model in fp32 -- every rank builds it whole
@@ -84,9 +84,9 @@ def whole_params(shape: ModelShape, st: Strategy) -> int:
 
 def rank_params(shape: ModelShape, st: Strategy, stage: int) -> float:
     """Parameters one TP rank of pipeline stage `stage` builds, as the runtime shards them: a block's matrices
-    and column-parallel biases / TP, everything else whole -- the embedding and the head are replicated over
-    TP ranks (what `train --dry-run` counts as params_tp_replicated). The GPU plan counts the same
-    (memory.stage_params), so there is one rule."""
+    and column-parallel biases / TP, the embedding and the head / TP (vocab-parallel: V/TP rows each), everything
+    else whole (the norms and row-parallel biases: what `train --dry-run` counts as params_tp_replicated). The GPU
+    plan counts the same (memory.stage_params, stages.rank_param_count), so there is one rule."""
     return stage_params(shape, st, stage)
 
 

@@ -16,10 +16,11 @@ Models", section 5 and figure 1), bytes per parameter held by one rank, Psi para
     offload_param (ZeRO 3): the weights' partition lives in CPU memory; GPUs hold only gathered layers.
 
 Weights per rank come from the exact counts in params.py, as the runtime holds them (stages.rank_param_count):
-a stage's block matrices / TP, the block norms, the embedding (padded vocabulary) on the first stage, the final
-norm and the head on the last whole on every TP rank (our TP layers do not split the vocabulary), and with
-tied embeddings and PP > 1 a second copy of the embedding on the last stage (Megatron/DeepSpeed keep both and
-all-reduce their gradients). The layers per stage are DeepSpeed's cut with parallel.partition_method
+a stage's block matrices / TP, the block norms whole, the embedding (padded vocabulary) on the first stage and the
+head on the last / TP (our TP layers split them over the vocabulary as Megatron-LM's VocabParallelEmbedding and
+ColumnParallelLinear(parallel_output=True) do, Shoeybi et al. 2019, section 3), the final norm whole, and with
+tied embeddings and PP > 1 a second copy of the embedding (its same V/TP rows) on the last stage
+(Megatron/DeepSpeed keep both and all-reduce their gradients). The layers per stage are DeepSpeed's cut with parallel.partition_method
 (launcher/plan/stages.py, the cut the runtime builds; BLOOM-176B: embedding + 5 blocks, 6, ..., 6, 5 blocks +
 embedding).
 
@@ -27,7 +28,8 @@ Activations (launcher/plan/activations.py: every term derived from the tensors t
 backward, held to a saved_tensors_hooks measurement by tests/plan/test_activations.py; Korthikanti et al.
 2022's Megatron-GPT count, 34 s b h + 5 a s^2 b per block, is what they depart from, and why, is written
 there). Per stage and rank: the stage's saved bytes for one micro-batch (its blocks, plus the embedding on the
-first stage and the final norm, head and fp32 log-softmax on the last) x the micro-batches in flight; with
+first stage and the final norm, head and the loss's fp32 log-softmax, or under TP its softmax over this rank's V/TP
+columns, on the last) x the micro-batches in flight; with
 activation checkpointing the checkpointed blocks (all, or the first model.checkpoint_blocks of each stage) keep
 only their inputs (selective: and their matmuls' and attention's outputs) and, where every block of the stage is
 checkpointed, one block's full set is live while it is recomputed (the working set); the last stage adds the
@@ -246,7 +248,7 @@ class StageMemory:
     grads: float
     optimizer: float
     activations: float   # saved tensors x in-flight micro-batches + recompute working set + loss-backward transient
-    logits: float        # of which the loss end: fp32 log-softmax + targets + the logits' gradient at backward
+    logits: float        # of which the loss end: fp32 (log-)softmax + targets + the logits' gradient at backward
     overhead: float
 
     @property
@@ -297,20 +299,21 @@ def _stage_memory(shape: ModelShape, st: Strategy, stage: int, working_set: floa
     working = working_set if ckpt and ckpt == blocks else 0.0
     acts, logits = kept + working, 0.0
     if last:
-        # The head's vocabulary is not split by our TP (replicated head), so neither are its logits.
+        # Under TP each rank's logits are its V/TP columns of the vocabulary (vocab-parallel head and loss,
+        # activations.loss_bytes_per_token), and so are the loss's saved softmax and the logits' gradient.
         predicted = (s - 1) * b if st.pipeline_layers and u == 1 else s * b / u   # CP's loss: no shift (activations.py)
-        loss_backward = act.loss_backward_bytes(m, s, b, st.dtype, u)
+        loss_backward = act.loss_backward_bytes(m, s, b, st.dtype, u, st.tensor_degree)
         # Two moments (the last stage holds one micro-batch): the start of the backward, everything saved plus the
         # logits' gradient; and the recompute of the last block, by when the backward has freed the head's saved
         # tensors (its fp32 log-softmax) and the logits' gradient. One block's working set does not come on top of
         # the loss end's transient (recipe=tiny at micro-batch 8, all 4 blocks checkpointed: live peak 42.8 MiB,
         # the same 10 MiB below no checkpointing per block checkpointed; bench/steptime/memory_timeline.py).
         head = act.head_bytes(m, s, b, st.dtype, u, st.pipeline_layers and u == 1,
-                              st.tensor_degree if st.sequence_parallel else 1)
+                              st.tensor_degree if st.sequence_parallel else 1, st.tensor_degree)
         backward_start, last_recompute = kept + loss_backward, kept - head + working
         acts = max(backward_start, last_recompute)
         if backward_start >= last_recompute:
-            logits = predicted * (4 * st.padded_vocab_size + act.INDEX_BYTES) + loss_backward
+            logits = predicted * act.loss_bytes_per_token(m, st.tensor_degree) + loss_backward
     return StageMemory(stage=stage, params=states["params"], grads=states["grads"], optimizer=states["optimizer"],
                        activations=acts, logits=logits, overhead=_overhead(shape, st, n, process_bytes)[0])
 

@@ -247,8 +247,8 @@ def _performance_rows(s: dict) -> list[tuple[str, str, str]]:
     step = s["step_time_s"]
     stage = s["memory_peak_stage"]
     return [
-        ("memory: params", _gb(m["params"]), f"stage {stage}'s weights on one rank (block matrices / TP; embedding, "
-         f"head, norms whole): {s['memory_how']['params']}"),
+        ("memory: params", _gb(m["params"]), f"stage {stage}'s weights on one rank (block matrices / TP; norms whole; "
+         f"embedding and head split over the vocabulary): {s['memory_how']['params']}"),
         ("memory: grads", _gb(m["grads"]), s["memory_how"]["grads"]),
         ("memory: optimizer", _gb(m["optimizer"]), s["memory_how"]["optimizer"]),
         ("memory: activations", _gb(m["activations"]),

@@ -129,18 +129,30 @@ def stage_param_counts(shape, padded_vocab_size: int, pipeline_degree: int, meth
 BLOCK_TP_REPLICATED_PER_HIDDEN = {**{arch: 2 for arch in LLAMA_FAMILY}, "bloom": 6, "gpt": 6}
 
 
+def stage_vocab_matrices(shape, pipeline_degree: int, stage: int) -> int:
+    """How many padded-vocabulary x hidden matrices stage `stage` holds: the embedding on the first stage, the
+    untied head (or, with PP > 1, the tied embedding's copy) on the last; one on a 1-stage run with tied embeddings,
+    where the head is the embedding tensor itself."""
+    first, last = stage == 0, stage == pipeline_degree - 1
+    return int(first) + int(last and (not shape.tied_embeddings or pipeline_degree > 1))
+
+
 @lru_cache(maxsize=16384)
 def rank_param_count(shape, padded_vocab_size: int, pipeline_degree: int, method: str, tensor_degree: int,
                      stage: int) -> float:
     """Parameters one TP rank of stage `stage` holds, as the runtime shards them: its blocks' matrices and
-    column-parallel biases / TP, everything else whole on every TP rank. Our TP (launcher/parallel/tensor.py,
-    with stages and at pipeline_degree = 1) shards the blocks only; the embedding, the head (or the tied embedding's copy) and the norms are
-    replicated, not vocab-parallel as in Megatron. So BLOOM-176B's end stages hold 6.68B per TP4 rank, not the
-    published 3.98B (stage_param_counts / 4): planning the Megatron figure would promise memory the run lacks.
+    column-parallel biases / TP, the vocabulary matrices (embedding, head or the tied embedding's copy) / TP,
+    everything else (norms, row-parallel biases, BLOOM's embedding LayerNorm, GPT-2's learned positions) whole on
+    every TP rank. Our TP (launcher/parallel/tensor.py, with stages and at pipeline_degree = 1) splits the ends
+    over the vocabulary as Megatron-LM does (Shoeybi et al. 2019, section 3; core/tensor_parallel/layers.py
+    VocabParallelEmbedding and ColumnParallelLinear(parallel_output=True)): rank r of t holds rows
+    [r V/t, (r+1) V/t) of the padded vocabulary V (launcher/config/layout.py pads V to a multiple of t). So
+    BLOOM-176B's end stages hold 3.98B per TP4 rank, the published figure (the replicated ends held 6.68B).
     `launcher train --dry-run` counts the same from the modules it builds (tests/unit/test_stages.py)."""
     rep = BLOCK_TP_REPLICATED_PER_HIDDEN[shape.arch] * shape.hidden_size
     blocks = stage_blocks(shape, padded_vocab_size, pipeline_degree, method)[stage]
-    sharded = blocks * (shape.params.per_layer - rep)
+    sharded = blocks * (shape.params.per_layer - rep) \
+        + stage_vocab_matrices(shape, pipeline_degree, stage) * padded_vocab_size * shape.hidden_size
     return stage_param_counts(shape, padded_vocab_size, pipeline_degree, method)[stage] - sharded + sharded / tensor_degree
 
 

@@ -29,8 +29,12 @@ One micro-batch on one rank (n = b s / sp tokens outside attention; t = TP, sp =
                             = 1 alike, launcher/parallel/tensor_model.py): per block 2 all-reduces of n h w
                             forward (g after each row-parallel linear) and 2 backward (f before each
                             column-parallel group) (Shoeybi et al. 2019, fig. 3), + 2 with full recompute. The
-                            embedding, final norm, head and loss are replicated, not vocab-sharded: every TP
-                            rank runs the full-vocabulary head GEMM and loss, with no TP collective there.
+                            ends are vocab-parallel (Shoeybi et al. 2019, section 3; Megatron-LM's
+                            VocabParallelEmbedding, ColumnParallelLinear(parallel_output=True) head and
+                            vocab_parallel_cross_entropy): a rank looks up its V/t rows and all-reduces the
+                            embedding (n h w forward), runs the head GEMMs on V/t columns with Megatron's f in
+                            front (all-reduce of its input gradient, n h w, backward), and the loss on its fp32
+                            (n, V/t) logits with three all-reduces of one fp32 value a token forward.
                             all-reduce of B bytes over r ranks: latency + 2 (r - 1)/r B / bus bandwidth (ring;
                             NCCL-tests' busbw). A TP or data-parallel collective costs what NCCL's own model
                             says for the group's ranks, nodes and message (profile.NcclTuning, the built-in
@@ -43,8 +47,9 @@ One micro-batch on one rank (n = b s / sp tokens outside attention; t = TP, sp =
                             and a reduce-scatter of the same tensor: the same ring bytes at twice the
                             latency; the norms and residual adds run on n / t tokens, and each norm
                             parameter's gradient is all-reduced over the TP group every micro-batch (one call
-                            a parameter, as launcher/parallel/tensor.py's hooks issue them); at the ends one
-                            all-gather for the head and one for the embedding's gradient. On 2 CPU ranks
+                            a parameter, as launcher/parallel/tensor.py's hooks issue them); at the ends the
+                            embedding's output is reduce-scattered to the sequence (its gradient all-gathered)
+                            and the head's input all-gathered (its gradient reduce-scattered). On 2 CPU ranks
                             (gloo, ~0.7 ms a call) those extra calls are a third of a recipe=tiny TP2 step.
     Ulysses SP              4 all-to-alls (q, k, v, output) forward and 4 backward per block, (sp-1)/sp of
                             each tensor crosses the link (Jacobs et al. 2023, section 3.1); under grouped-query
@@ -455,15 +460,24 @@ def end_costs(shape: ModelShape, st: Strategy, prof: Profile, links: dict) -> tu
     sp, b, s = st.sequence_split, st.micro_batch_size, st.seq_length
     h, w = shape.hidden_size, weight_bytes(st.dtype)
     n = b * s / sp
-    # Our TP (launcher/parallel/tensor.py, at every pipeline_degree) shards the blocks only: the embedding, final
-    # norm and head are replicated on every TP rank, which computes the full-vocabulary head and loss itself (no
-    # TP collective; the same cost as at TP 1).
-    v = st.padded_vocab_size
+    # Our TP (launcher/parallel/tensor.py, at every pipeline_degree) splits the embedding, head and loss over the
+    # vocabulary (Shoeybi et al. 2019, section 3; Megatron-LM's VocabParallelEmbedding, ColumnParallelLinear with
+    # parallel_output=True and vocab_parallel_cross_entropy): each TP rank holds v = V/t rows of the padded
+    # vocabulary (layout.py pads V to a multiple of t), the final norm is whole.
+    t = st.tensor_degree
+    v = st.padded_vocab_size / t
+    x = n * h * w                                # bytes of one hidden-state tensor of this rank's tokens
     rate = gemm_rate(prof, st.dtype)
     nb, nk = _norm_bytes(n * h, shape.arch, w)   # one norm over this rank's tokens (BLOOM's embedding LayerNorm, ln_f)
     first = Cost()
-    # lookup: read the rows, write the hidden states; backward: zero the dense (V, h) gradient, index_add n rows
-    first.memory += memory_s(2 * n * h * w, 1, prof) + memory_s(v * h * w + 3 * n * h * w, 2, prof)
+    # lookup: read the rows, write the hidden states; backward: zero the dense (V/t, h) gradient, index_add n rows
+    first.memory += memory_s(2 * x, 1, prof) + memory_s(v * h * w + 3 * x, 2, prof)
+    if t > 1:
+        # VocabParallelEmbedding's index arithmetic on the int64 ids, 5 kernels: ids < start (read 8, write 1),
+        # ids >= end (9), their | (3), ids - start (16), masked_fill_ of the out-of-range ids to 0 (17) = 54 bytes a
+        # token; then masked_fill_ zeroes the looked-up rows of ids on other ranks (read and write x), and its
+        # backward zeroes their gradient alike.
+        first.memory += memory_s(54 * n + 2 * x, 6, prof) + memory_s(2 * x, 1, prof)
     if shape.arch == "gpt":
         # learned positions (GPT-2 wpe): this rank's s / sp position rows looked up and added to every sample's
         # token embeddings; backward sums the gradient over the batch and scatters it into the zeroed wpe gradient
@@ -476,22 +490,40 @@ def end_costs(shape: ModelShape, st: Strategy, prof: Profile, links: dict) -> tu
         first.memory += memory_s(3 * nb, 3 * nk, prof) + memory_s(b * s * s * (w + 1), 1, prof)
     last = Cost()
     last.memory += memory_s(3 * nb, 3 * nk, prof)              # final norm, forward + backward
-    if st.tensor_degree > 1 and st.sequence_parallel:
-        # Megatron SP at the ends (launcher/parallel/pipeline.py): the embedding's output is split over the TP ranks
-        # (no forward collective; the backward all-gathers its gradient), and the final norm's output is
-        # all-gathered for the head (its backward splits); the final norm's gradient is all-reduced like the blocks'.
-        t = st.tensor_degree
-        ag = gather_s(n * h * w, t, links["tp"])
-        first.tp += ag
-        last.tp += ag + _sp_norm_params(shape) // 2 * all_reduce_s(h * w, t, links["tp"])
+    if t > 1:
+        if st.sequence_parallel:
+            # Megatron SP at the ends (launcher/parallel/pipeline.py): the partial embeddings are reduce-scattered to
+            # the ranks' s/t tokens (forward; the backward all-gathers the gradient), and the final norm's output is
+            # all-gathered for the head (forward; the backward reduce-scatters the ranks' partial input gradients);
+            # the final norm's gradient is all-reduced like the blocks'.
+            ag = gather_s(x, t, links["tp"])
+            first.tp += 2 * ag
+            last.tp += 2 * ag + _sp_norm_params(shape) // 2 * all_reduce_s(h * w, t, links["tp"])
+        else:
+            # the partial embeddings summed over TP (Megatron's g, forward) and the head's input gradient summed
+            # (Megatron's f in front of the column-parallel head, backward)
+            ar = all_reduce_s(x, t, links["tp"])
+            first.tp += ar
+            last.tp += ar
     last.gemm += gemm_s(n, v, h, w, prof, rate) + gemm_s(n, h, v, w, prof, rate) + gemm_s(h, v, n, w, prof, rate)
-    # cross-entropy on fp32 logits: log_softmax reads them and writes the log-probabilities, nll_loss gathers one
-    # a token; backward, nll_loss_backward writes the dense fp32 gradient, log_softmax's backward reads it and the
-    # log-probabilities and writes the logits' gradient. Outside fp32 transformers casts the logits up first and
-    # the backward casts their gradient down (counted off the runtime's operators, bench/steptime/elementwise_bytes.py)
     logits = n * v
     cast, ck = _fp32_casts(logits, w, 1)
-    last.memory += memory_s(logits * 2 * F32 + cast, 2 + ck, prof) + memory_s(logits * 4 * F32 + cast, 3 + ck, prof)
+    if t > 1:
+        # vocab_parallel_cross_entropy on the fp32 (n, V/t) logits (Megatron-LM core/tensor_parallel/cross_entropy.py;
+        # launcher/parallel/tensor.py): forward the row max (read 4), x - max (read 4, write 4), exp_ (4, 4), the
+        # row sum (4) and div_ by it (4, 4): 5 kernels, 32 bytes an element, the target's gather negligible; three
+        # all-reduces of one fp32 value a token (the max, the target's logit, the sum). Backward: the softmax times
+        # the scaled upstream gradient (read 4, write 4; 2 kernels with the scale), the target columns' subtraction
+        # negligible. The casts to fp32 and back as without TP.
+        last.memory += memory_s(logits * 8 * F32 + cast, 5 + ck, prof) + memory_s(logits * 2 * F32 + cast, 2 + ck, prof)
+        last.tp += 3 * all_reduce_s(n * F32, t, links["tp"])
+    else:
+        # cross-entropy on fp32 logits: log_softmax reads them and writes the log-probabilities, nll_loss gathers
+        # one a token; backward, nll_loss_backward writes the dense fp32 gradient, log_softmax's backward reads it
+        # and the log-probabilities and writes the logits' gradient. Outside fp32 transformers casts the logits up
+        # first and the backward casts their gradient down (counted off the runtime's operators,
+        # bench/steptime/elementwise_bytes.py)
+        last.memory += memory_s(logits * 2 * F32 + cast, 2 + ck, prof) + memory_s(logits * 4 * F32 + cast, 3 + ck, prof)
     # The model's own per-micro-batch Python beyond its blocks (embedding, masks and rotary tables, final norm, head,
     # loss; profile.framework), measured whole: half to each end stage (one stage without a pipeline).
     model = prof.framework(shape.arch, st.dtype)[2]
@@ -842,10 +874,11 @@ def _fetched_modules(shape: ModelShape, st: Strategy, blocks: int, stage: int, p
     than stage3_param_persistence_threshold (memory.PARAM_PERSISTENCE_THRESHOLD); smaller ones stay whole on every
     rank (DeepSpeed parameter_offload.py, persistent parameters) and are never fetched. Per block LLaMA's q, k, v,
     o, gate, up, down, GPT's and BLOOM's qkv, dense, fc, proj (norms and biases are far below the threshold);
-    the embedding on the first stage, the head on the last (untied: the tiny recipe and most large models)."""
+    the embedding on the first stage, the head on the last (untied: the tiny recipe and most large models), V/TP
+    rows of each under TP (vocab-parallel)."""
     t, h = st.tensor_degree, shape.hidden_size
     big = sum(x / t > PARAM_PERSISTENCE_THRESHOLD for x in _block_matrices(shape))
-    vocab = st.padded_vocab_size * h > PARAM_PERSISTENCE_THRESHOLD
+    vocab = st.padded_vocab_size * h / t > PARAM_PERSISTENCE_THRESHOLD
     return blocks * big + vocab * ((stage == 0) + (stage == p - 1))
 
 

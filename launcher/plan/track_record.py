@@ -4,9 +4,9 @@
 should see how that prediction has fared. bench/published/compare.py holds the model to every published run it
 can express (bench/published/runs.yaml, with sources) and writes one line per run to track_record.json beside
 this file: the run's GPU, ZeRO stage, TP, PP, sequence length and attention kernel, and the model's error
-(predicted / measured tokens per second - 1; + means the model was too fast), charging the launcher's runtime and,
-beside it, charging the run's own element-wise and attention kernels and, for Megatron's TP, its vocabulary-
-parallel embedding, head and loss (compare.py's second view). tests/plan/test_track_record.py
+(predicted / measured tokens per second - 1; + means the model was too fast), charging the launcher's runtime (with TP, its
+vocabulary-parallel embedding, head and loss, as Megatron's) and, beside it, charging the run's own element-wise
+and attention kernels (compare.py's second view). tests/plan/test_track_record.py
 regenerates it and fails when it is stale, so the record always describes the model as it is.
 
 `similar` picks the published runs most like a layout (of a model within 2x of a published run's width), by what shapes the model's error most: the same ZeRO

@@ -73,10 +73,13 @@ def test_search_proposes_tp_sp_only_where_train_runs_it():
 def test_sp_charges_its_extra_collectives_where_latency_dominates():
     """On a link whose latency dominates (a calibrated CPU profile: gloo, ~0.7 ms a call) Megatron SP's extra
     calls are what a step pays: per block and micro-batch 4 all-gathers + 4 reduce-scatters where TP alone runs
-    4 all-reduces, one all-reduce per norm parameter (2 a LLaMA block), and at the ends an all-gather for the head,
-    one for the embedding's gradient and the final norm's all-reduce (launcher/parallel/tensor.py,
-    pipeline.py). A profiled recipe=tiny TP2 step makes 36 all-gathers, 32 reduce-scatters and 18 512-byte
-    all-reduces in its 2 micro-batches (bench/steptime/results.md, TP2-SP)."""
+    4 all-reduces, one all-reduce per norm parameter (2 a LLaMA block), and at the vocab-parallel ends a
+    reduce-scatter of the embedding's output (its gradient all-gathered back), an all-gather of the head's input (its
+    gradient reduce-scattered) and the final norm's all-reduce; TP alone all-reduces the embedding's output and the
+    head input's gradient there instead. Both pay the loss's 3 all-reduces of one fp32 value a token
+    (launcher/parallel/tensor.py, pipeline.py). A profiled recipe=tiny TP2 step with the replicated ends made 36
+    all-gathers, 32 reduce-scatters and 18 512-byte all-reduces in its 2 micro-batches (bench/steptime/results.md,
+    TP2-SP); the vocab-parallel ends make that 36, 36 and 24 (18 of them 512-byte)."""
     from dataclasses import replace
 
     from launcher.plan.profile import Link
@@ -93,5 +96,5 @@ def test_sp_charges_its_extra_collectives_where_latency_dominates():
         out[sp] = estimate_step_time(shape, st, hw, layout.tokens_per_step).tp_comm_s
     blocks, micro = c.model.num_hidden_layers, layout.grad_accum_steps
     assert (blocks, micro) == (4, 2)
-    assert out[False] == pytest.approx(micro * blocks * 4 * lat)
-    assert out[True] == pytest.approx(micro * (blocks * (8 + 2) + 3) * lat)
+    assert out[False] == pytest.approx(micro * (blocks * 4 + 2 + 3) * lat)
+    assert out[True] == pytest.approx(micro * (blocks * (8 + 2) + 4 + 1 + 3) * lat)

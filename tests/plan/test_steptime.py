@@ -112,34 +112,38 @@ def test_1f1b_with_uneven_stages():
     assert t.bubble_s == pytest.approx(t0, rel=1e-9)   # (sum_s T_s + (m-1) T_max) - m T_max = T0
 
 
-def test_tensor_parallel_at_one_stage_all_reduces_and_replicated_head():
+def test_tensor_parallel_at_one_stage_all_reduces_and_vocab_parallel_ends():
     # TP2 without a pipeline runs our TP layers on the plain engine (launcher/parallel/tensor_model.py), one
     # micro-batch of 4 blocks: per block 2 all-reduces of n h w bytes forward (g after o_proj, down_proj) and 2
-    # backward (f before q/k/v and gate/up); the head is replicated, so no collective there ...
+    # backward (f before q/k/v and gate/up); the vocab-parallel ends add the embedding's all-reduce (forward), the
+    # head's input-gradient all-reduce (backward), both n h w, and the loss's 3 all-reduces of n fp32 values.
     lat, bus = 1e-4, 1.0
     _, shape, st = setup("cluster.gpus_per_node=2", "parallel.tensor_degree=2", "batch.global_batch_size=8",
                          "parallel.zero_stage=0")
     assert st.pipeline_degree == 1 and st.grad_accum_steps == 1
     n, w = 8 * st.seq_length, 4
     ar = lat + 2 * (1 / 2) * n * 128 * w / (bus * 1e9)
+    ar_loss = lat + 2 * (1 / 2) * n * 4 / (bus * 1e9)
     t = steptime.estimate_step_time(shape, st, hardware(ideal(intra=Link(lat, bus))))
-    assert t.tp_comm_s == pytest.approx(4 * 4 * ar, rel=1e-9)
-    # ... and every rank computes the whole head: the blocks' GEMMs halved, the head's (3 GEMMs of n x h x V) not.
+    assert t.tp_comm_s == pytest.approx(4 * 4 * ar + 2 * ar + 3 * ar_loss, rel=1e-9)
+    # ... and each rank computes its V/2 columns of the head: the blocks' GEMMs and the head's 3 (n x h x V) halved.
     h, f, v = 128, 352, 2048
-    assert t.gemm_s == pytest.approx((4 * _block_gemm_flops(h, f, n) / 2 + 3 * 2 * n * h * v) / P, rel=1e-9)
+    assert t.gemm_s == pytest.approx((4 * _block_gemm_flops(h, f, n) / 2 + 3 * 2 * n * h * v / 2) / P, rel=1e-9)
 
 
 def test_tensor_parallel_all_reduces_pipeline_grid():
     # TP2 x PP2 (launcher/parallel/tensor.py, Megatron's f and g): 2 all-reduces forward + 2 backward per block; the
-    # head is replicated, so nothing else. One micro-batch, 2 blocks per stage: the slowest (last) stage's 2 blocks.
+    # vocab-parallel head adds its input gradient's all-reduce (n h w, backward) and the loss's 3 all-reduces of n
+    # fp32 values. One micro-batch, 2 blocks per stage: the slowest (last) stage's 2 blocks and head.
     lat, bus = 1e-4, 1.0
     _, shape, st = setup("cluster.gpus_per_node=4", "parallel.tensor_degree=2", "parallel.pipeline_degree=2",
                          "parallel.partition_method=type:DecoderBlock", "batch.global_batch_size=8", "parallel.zero_stage=0")
     n, w = 8 * st.seq_length, 4
     ar = lat + 2 * (1 / 2) * n * 128 * w / (bus * 1e9)
     t = steptime.estimate_step_time(shape, st, hardware(ideal(intra=Link(lat, bus))))
+    ar_loss = lat + 2 * (1 / 2) * n * 4 / (bus * 1e9)
     assert st.grad_accum_steps == 1
-    assert t.tp_comm_s == pytest.approx(2 * 4 * ar, rel=1e-9)
+    assert t.tp_comm_s == pytest.approx(2 * 4 * ar + ar + 3 * ar_loss, rel=1e-9)
 
 
 def test_nccl_cost_model_latency_grows_with_the_ring():
@@ -256,13 +260,13 @@ def test_oversubscribed_cpu_node_stretches_compute():
 
 def test_oversubscribed_pipeline_is_bound_by_the_nodes_work():
     # TP2 x PP2 on 4 ranks and 2 cores, 2 micro-batches, only GEMMs cost. Stage compute alone: C0 = 2 blocks,
-    # C1 = 2 blocks + head (TP-sharded blocks, replicated head). Critical path at full speed: C0 + C1 + C1.
+    # C1 = 2 blocks + head (TP-sharded blocks, the head's V/2 columns). Critical path at full speed: C0 + C1 + C1.
     # The node's work: 2 ranks per stage x 2 micro-batches x (C0 + C1), over 2 cores: 2 (C0 + C1), the larger.
     _, shape, st = setup("cluster.gpus_per_node=4", "parallel.tensor_degree=2", "parallel.pipeline_degree=2",
                          "parallel.partition_method=type:DecoderBlock", "parallel.zero_stage=0")
     n = 8 * st.seq_length
     c0 = 2 * _block_gemm_flops(128, 352, n) / 2 / P
-    c1 = c0 + 3 * 2 * n * 128 * 2048 / P
+    c1 = c0 + 3 * 2 * n * 128 * 2048 / 2 / P
     assert st.grad_accum_steps == 2
     t = steptime.estimate_step_time(shape, st, hardware(ideal(compute_slots=2), "cpu"))
     assert t.step_time_s == pytest.approx(2 * (c0 + c1), rel=1e-6)
@@ -940,11 +944,15 @@ def test_a_group_smaller_than_the_node_takes_its_own_measured_link(tmp_path):
                          "parallel.partition_method=type:DecoderBlock", "batch.global_batch_size=8", "parallel.zero_stage=0")
     n, w = 8 * st.seq_length, 4
     ar = lat + 2 * (1 / 2) * n * 128 * w / (bus * 1e9)
+    ar_loss = lat + 2 * (1 / 2) * n * 4 / (bus * 1e9)     # the vocab-parallel loss's all-reduces, 3 of n fp32 values
     slow = Link(50 * lat, bus / 50)
     prof = ideal(intra=slow, intra_groups={2: Link(lat, bus)})
-    assert steptime.estimate_step_time(shape, st, hardware(prof)).tp_comm_s == pytest.approx(2 * 4 * ar, rel=1e-9)
+    # the slowest (last) stage: 2 blocks x 4 all-reduces, the head input's gradient all-reduce and the loss's 3
+    assert steptime.estimate_step_time(shape, st, hardware(prof)).tp_comm_s == pytest.approx(
+        (2 * 4 + 1) * ar + 3 * ar_loss, rel=1e-9)
     no_pair = steptime.estimate_step_time(shape, st, hardware(ideal(intra=slow, intra_groups={4: Link(lat, bus)})))
-    assert no_pair.tp_comm_s == pytest.approx(2 * 4 * (50 * lat + 50 * (ar - lat)), rel=1e-9)
+    assert no_pair.tp_comm_s == pytest.approx((2 * 4 + 1) * (50 * lat + 50 * (ar - lat))
+                                              + 3 * (50 * lat + 50 * (ar_loss - lat)), rel=1e-9)
     # The file round-trips it.
     path = tmp_path / "p.yaml"
     path.write_text(yaml.safe_dump(profile_to_dict(prof)))

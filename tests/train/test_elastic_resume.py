@@ -109,7 +109,8 @@ def test_conversion_is_kept_in_the_resuming_run_and_marked_done(runs):
 
 def test_row_parallel_weights_are_merged_and_split_on_dim_1(runs):
     """The mechanism behind the TP1 -> TP2 trap: the universal form records o_proj/down_proj as row-parallel
-    (cat_dim 1), so the loader cuts their columns, not their rows; replicated tensors carry no cat_dim."""
+    (cat_dim 1), so the loader cuts their columns, not their rows; the embedding and head are cut over the
+    vocabulary (rows, like a column-parallel weight); replicated tensors (norms) carry no cat_dim."""
     import torch
 
     (converted,) = (runs["tp2pp2-from-tp1"] / "universal").glob("step_*")
@@ -117,7 +118,8 @@ def test_row_parallel_weights_are_merged_and_split_on_dim_1(runs):
     meta = {p.name: torch.load(p / "fp32.pt", weights_only=False).get("cat_dim") for p in zero.iterdir() if p.is_dir()}
     assert meta["1.layer.self_attn.o_proj.weight"] == 1 and meta["2.layer.mlp.down_proj.weight"] == 1
     assert meta["1.layer.self_attn.q_proj.weight"] == 0 and meta["2.layer.mlp.up_proj.weight"] == 0
-    assert meta["0.weight"] is None and meta["3.norm.weight"] is None and meta["1.layer.input_layernorm.weight"] is None
+    assert meta["0.weight"] == 0 and meta["4.weight"] == 0   # the embedding and the head: vocabulary rows
+    assert meta["3.norm.weight"] is None and meta["1.layer.input_layernorm.weight"] is None
 
 
 @pytest.mark.parametrize("extra, key, says", [

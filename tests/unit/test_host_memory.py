@@ -5,6 +5,7 @@ LLaMA-7B by hand (h 4096, L 32, heads 32, FFN 11008, V 32000, untied):
     block   = 4 h^2 + 3 h FFN + 2 h = 67,108,864 + 135,266,304 + 8,192 = 202,383,360
     total   = 2 V h + 32 block + h = 262,144,000 + 6,476,267,520 + 4,096 = 6,738,415,616
     TP-replicated per block: its two RMSNorm weights, 2 h = 8,192
+    embedding (and the untied head) per TP2 rank: V/2 rows, 16,000 x 4,096 = 65,536,000 (vocab-parallel)
 """
 
 from __future__ import annotations
@@ -37,19 +38,20 @@ def test_catalog_host_memory_is_the_dgx_datasheets():
 
 
 def test_pipeline_tp_terms_by_hand():
-    """PP 2 x TP 2 x DP 2, ZeRO 1, bf16: 16 blocks per stage, the embedding and head whole on every TP rank."""
+    """PP 2 x TP 2 x DP 2, ZeRO 1, bf16: 16 blocks per stage, the embedding and head split over the vocabulary
+    (V/2 rows a TP rank), the final norm whole."""
     _, _, h = _summary(H100_NODE + ["parallel.tensor_degree=2", "parallel.pipeline_degree=2"])
     block_per_tp_rank = (202_383_360 - 8_192) // 2 + 8_192                     # 101,195,776
-    stage0 = 131_072_000 + 16 * block_per_tp_rank                              # embedding + 16 blocks = 1,750,204,416
-    stage1 = 16 * block_per_tp_rank + 4_096 + 131_072_000                      # 16 blocks + norm + head = 1,750,208,512
+    stage0 = 65_536_000 + 16 * block_per_tp_rank                               # embedding/2 + 16 blocks = 1,684,668,416
+    stage1 = 16 * block_per_tp_rank + 4_096 + 65_536_000                       # 16 blocks + norm + head/2 = 1,684,672,512
     row_block = 256 * max(4096, 11008 // 2) * 4                                # one seeded 256-row block in fp32
     assert h["build_path"] == "pipeline"
     # ranks 0-3 are stage 0 (TP x DP = 4 per stage), ranks 4-7 stage 1: all on node 0.
-    assert h["build_bytes_per_rank"] == [7_006_453_760] * 4 + [7_006_470_144] * 4
-    assert stage0 * 4 + row_block == 7_006_453_760 and stage1 * 4 + row_block == 7_006_470_144
-    assert h["build_bytes"] == 4 * 7_006_453_760 + 4 * 7_006_470_144
+    assert h["build_bytes_per_rank"] == [6_744_309_760] * 4 + [6_744_326_144] * 4
+    assert stage0 * 4 + row_block == 6_744_309_760 and stage1 * 4 + row_block == 6_744_326_144
+    assert h["build_bytes"] == 4 * 6_744_309_760 + 4 * 6_744_326_144
     # checkpoint: ZeRO 1's fp32 master partition = params / DP x 4 B, staged by torch.save
-    assert h["checkpoint_bytes"] == 4 * (stage0 // 2 * 4) + 4 * (stage1 // 2 * 4) == 28_003_303_424
+    assert h["checkpoint_bytes"] == 4 * (stage0 // 2 * 4) + 4 * (stage1 // 2 * 4) == 26_954_727_424
     assert h["offload_bytes"] == 0
     # data loader, 8 ranks: one micro-batch 1 x 2048 x 8 B + a blend block 2^18 x 16 B each; no per-sample
     # array (the sample order is a keyed permutation: 2,048,000,000 tokens cost nothing here)
@@ -59,14 +61,14 @@ def test_pipeline_tp_terms_by_hand():
 
 def test_tp_without_stages_builds_its_shards_by_hand():
     """TP 2 x DP 4 at pipeline_degree 1 runs our TP layers (launcher/parallel/tensor_model.py): each rank builds its
-    TP shards of the 32 blocks and the embedding, final norm and head whole (replicated), not the whole model
-    (DeepSpeed AutoTP, which this replaced, built 6,738,415,616 x 4 B = 26.95 GB per rank)."""
+    TP shards of the 32 blocks, V/2 rows of the embedding and of the head (vocab-parallel) and the final norm whole,
+    not the whole model (DeepSpeed AutoTP, which this replaced, built 6,738,415,616 x 4 B = 26.95 GB per rank)."""
     _, _, h = _summary(H100_NODE + ["parallel.tensor_degree=2"])
     block_per_tp_rank = (202_383_360 - 8_192) // 2 + 8_192                     # 101,195,776
-    own = 131_072_000 + 32 * block_per_tp_rank + 4_096 + 131_072_000            # 3,500,412,928
+    own = 65_536_000 + 32 * block_per_tp_rank + 4_096 + 65_536_000              # 3,369,340,928
     row_block = 256 * max(4096, 11008 // 2) * 4                                # one seeded 256-row block in fp32
     assert h["build_path"] == "pipeline"
-    assert h["build_bytes_per_rank"] == [own * 4 + row_block] * 8 == [14_007_287_808] * 8
+    assert h["build_bytes_per_rank"] == [own * 4 + row_block] * 8 == [13_482_999_808] * 8
 
 
 def test_zero3_offload_terms_by_hand_and_refusal():

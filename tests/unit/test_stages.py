@@ -53,7 +53,8 @@ def test_dry_run_stage_params_equal_the_plan(recipe):
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_planned_params_per_rank_are_what_the_runtime_holds(recipe):
     """The memory planner's parameters per GPU (memory.stage_params) equal, for every stage, the parameters the
-    ledger's TP ranks of that stage hold (the embedding and head replicated over TP, not Megatron's vocab split)."""
+    ledger's TP ranks of that stage hold (the embedding and head split over the vocabulary, V/TP rows a rank, as
+    Megatron's VocabParallelEmbedding and parallel_output head; the norms whole)."""
     from launcher.plan.inputs import model_shape, strategy
     from launcher.plan.memory import stage_params
     from launcher.runtime.dryrun import rank_ledger
@@ -73,8 +74,11 @@ def test_planned_params_per_rank_are_what_the_runtime_holds(recipe):
 def test_bloom_176b_published_partition():
     """BigScience 2022 (arXiv:2211.05100, 3.4.2) / the tr11 logs: 12 stages, first = embedding + 5 blocks, middle 6 blocks,
     last = 5 blocks + the tied embedding; 3.98B and 3.70B parameters per TP4 rank of the end / middle stages
-    (Megatron's vocab-parallel embedding: the stage divided by 4). Our TP keeps the embedding whole on every TP rank,
-    so the plan's memory counts 6.68B on the end stages (test_planned_params_per_rank_are_what_the_runtime_holds)."""
+    (Megatron's vocab-parallel embedding: the stage divided by 4). Our TP splits the embedding over the vocabulary
+    too, keeping only the norms and row-parallel biases whole: by hand, the first stage's TP4 rank holds
+    250,880 x 14,336 / 4 (embedding rows) + 2 x 14,336 (its LayerNorm) + 5 x ((B - 6 h) / 4 + 6 h) with
+    B = 12 h^2 + 13 h = 2,466,437,120 a block, h = 14,336: 899,153,920 + 28,672 + 3,083,368,960 = 3,982,551,552
+    (the replicated embedding made it 6.68B)."""
     from launcher.runtime.dryrun import rank_ledger
 
     cfg = compose(["recipe=bloom-176b"])
@@ -87,7 +91,7 @@ def test_bloom_176b_published_partition():
     assert first == ["transformer.word_embeddings", "transformer.word_embeddings_layernorm"] + [f"transformer.h.{i}" for i in range(5)]
     assert last == [f"transformer.h.{i}" for i in range(65, 70)] + ["transformer.ln_f", "transformer.word_embeddings"]
     assert all(len(records[(s, 0)]["layers"]) == 6 for s in range(1, 11))
-    assert round(records[(0, 0)]["params"] / 1e9, 2) == 6.68 and round(records[(1, 0)]["params"] / 1e9, 2) == 3.70
+    assert records[(0, 0)]["params"] == 3_982_551_552 and round(records[(1, 0)]["params"] / 1e9, 2) == 3.70
 
 
 @pytest.mark.parametrize("recipe", ["bloom-176b", "llama2-70b"])
@@ -114,9 +118,10 @@ def test_dry_run_cli_json(recipe):
 
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_memory_plan_counts_what_each_rank_holds(recipe):
-    """The GPU memory plan's parameters per rank (memory.stage_params: TP-sharded block matrices, replicated
-    embedding, head and norms) equal what the dry run builds on every rank of every stage (issue 11: BLOOM-176B's
-    end stages hold 6.68B per TP rank, not the 3.98B that dividing the stage by TP gave)."""
+    """The GPU memory plan's parameters per rank (memory.stage_params: TP-sharded block matrices, embedding and
+    head split over the vocabulary, norms whole) equal what the dry run builds on every rank of every stage (issue 11:
+    with the replicated ends BLOOM-176B's end stages held 6.68B per TP rank, not the 3.98B that dividing the stage by
+    TP gave; the vocab-parallel ends hold 3.98B)."""
     from launcher.plan.inputs import model_shape, strategy
     from launcher.plan.memory import stage_params
     from launcher.runtime.dryrun import rank_ledger
