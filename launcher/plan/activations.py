@@ -63,9 +63,9 @@ ColumnParallelLinear(parallel_output=True); core/tensor_parallel/cross_entropy.p
                          TP: 4V/t + 9 per predicted token: vocab_parallel_cross_entropy saves the fp32 softmax of
                          the rank's V/t columns, each token's target column on this rank (int64, -1 elsewhere or
                          ignored) and the bool valid mask (loss_bytes_per_token)
-    loss backward        transient, not saved: the fp32 gradient of the logits (4V per token, 4V/t under TP) and,
-                         in 16-bit, its cast back (w V, w V/t), alive together while the saved tensors above still
-                         are. Counted in the last stage's peak; the hook cannot see it (stated from autograd's
+    loss backward        transient, not saved: the fp32 gradient of the logits (4V per token; under TP none, as the
+                         backward writes it over the saved softmax) and, in 16-bit, its cast back (w V, w V/t),
+                         alive together while the saved tensors above still are. Counted in the last stage's peak; the hook cannot see it (stated from autograd's
                          backward, not measured).
 
 Activation checkpointing (model.activation_checkpointing with model.checkpoint_mode=full: whole blocks,
@@ -302,10 +302,12 @@ def head_bytes(m: ActivationShape, seq_length: int, micro_batch: int, dtype: str
 
 def loss_backward_bytes(m: ActivationShape, seq_length: int, micro_batch: int, dtype: str, ulysses: int = 1,
                         tp: int = 1) -> float:
-    """Transient gradient of the logits at the start of backward: fp32 (4V) plus its cast to a 16-bit dtype (wV),
-    of the rank's V/tp columns under TP (vocab-parallel head)."""
+    """Transient gradient of the logits at the start of backward: fp32 (4V) plus its cast to a 16-bit dtype (wV).
+    Under TP (vocab-parallel head) of the rank's V/tp columns, and the fp32 gradient is written over the saved
+    softmax (launcher/parallel/tensor.py _VocabParallelCrossEntropy.backward, in place): only the cast is new."""
     w = dtype_bytes(dtype)
-    return seq_length * micro_batch / ulysses * m.vocab_size / tp * (4 + (w if w != 4 else 0))
+    fp32 = 4 if tp == 1 else 0
+    return seq_length * micro_batch / ulysses * m.vocab_size / tp * (fp32 + (w if w != 4 else 0))
 
 
 def stage_saved_bytes(m: ActivationShape, blocks: int, seq_length: int, micro_batch: int, dtype: str,

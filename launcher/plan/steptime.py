@@ -510,12 +510,13 @@ def end_costs(shape: ModelShape, st: Strategy, prof: Profile, links: dict) -> tu
     cast, ck = _fp32_casts(logits, w, 1)
     if t > 1:
         # vocab_parallel_cross_entropy on the fp32 (n, V/t) logits (Megatron-LM core/tensor_parallel/cross_entropy.py;
-        # launcher/parallel/tensor.py): forward the row max (read 4), x - max (read 4, write 4), exp_ (4, 4), the
-        # row sum (4) and div_ by it (4, 4): 5 kernels, 32 bytes an element, the target's gather negligible; three
-        # all-reduces of one fp32 value a token (the max, the target's logit, the sum). Backward: the softmax times
-        # the scaled upstream gradient (read 4, write 4; 2 kernels with the scale), the target columns' subtraction
-        # negligible. The casts to fp32 and back as without TP.
-        last.memory += memory_s(logits * 8 * F32 + cast, 5 + ck, prof) + memory_s(logits * 2 * F32 + cast, 2 + ck, prof)
+        # launcher/parallel/tensor.py): forward the row max (read 4), x - max (read 4, write 4), exp (4, 4) and its
+        # row sum (4), then the softmax as exp(x - max - log sum) in place: sub_ (4, 4), exp_ (4, 4): 6 kernels, 40
+        # bytes an element, the target's gather negligible; three all-reduces of one fp32 value a token (the max,
+        # the target's logit, the sum). Backward: the softmax times the scaled upstream gradient in place (read 4,
+        # write 4; 2 kernels with the scale), the target columns' subtraction negligible. The casts to fp32 and
+        # back as without TP.
+        last.memory += memory_s(logits * 10 * F32 + cast, 6 + ck, prof) + memory_s(logits * 2 * F32 + cast, 2 + ck, prof)
         last.tp += 3 * all_reduce_s(n * F32, t, links["tp"])
     else:
         # cross-entropy on fp32 logits: log_softmax reads them and writes the log-probabilities, nll_loss gathers
