@@ -52,7 +52,7 @@ def hf_name(pipe_name: str, num_layers: int, tied: bool, arch: str = "llama") ->
 
 
 def local_shards(module, num_layers: int, tied: bool, tp_rank: int, arch: str = "llama") -> dict:
-    """This rank's parameters as {hf_name: (tp_rank, partition_dim or None, cpu tensor)}."""
+    """This rank's parameters as {hf_name: (tp_rank, the dim a TP shard is cut along or None, cpu tensor)}."""
     out = {}
     for name, p in module.named_parameters():
         if getattr(p, "ds_pipe_replicated", False):

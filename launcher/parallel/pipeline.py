@@ -125,10 +125,9 @@ def _vocab_rows(weight: nn.Parameter, tp) -> nn.Parameter:
     counts it on every TP rank, the export concatenates the ranks' rows)."""
     if tp is None:
         return nn.Parameter(weight.detach().clone())
-    from launcher.parallel.tensor import _mark_sharded
+    from launcher.parallel.tensor import shard_rows
 
-    rows = weight.shape[0] // tp.size   # layout.py pads the vocabulary to a multiple of tensor_degree
-    return _mark_sharded(nn.Parameter(weight.detach()[tp.rank * rows:(tp.rank + 1) * rows].clone()), 0, tp.rank, tp.size)
+    return shard_rows(weight, tp.rank, tp.size)   # layout.py pads the vocabulary to a multiple of tensor_degree
 
 
 def head_logits(hidden, weight, tp):

@@ -88,9 +88,17 @@ def _mark_sharded(p: nn.Parameter, dim: int, rank: int, size: int) -> nn.Paramet
     # DeepSpeed counts a parameter with this attribute on every TP rank when it computes the global
     # gradient norm, and a replicated one only on TP rank 0 (runtime/utils.py, zero/stage_1_and_2.py).
     p.tensor_model_parallel = True
-    p.partition_dim = dim  # Megatron's names, for the export merge
-    p.tp_shard = (dim, rank, size)  # which slice of the whole tensor: launcher/runtime/build.py fills it from that
+    # which slice of the whole tensor: launcher/runtime/build.py fills it from that, launcher/parallel/export.py
+    # concatenates the ranks' slices along its dim
+    p.tp_shard = (dim, rank, size)
     return p
+
+
+def shard_rows(tensor: torch.Tensor, rank: int, size: int) -> nn.Parameter:
+    """This rank's rows [rank n/size, (rank+1) n/size) of `tensor` as a marked TP shard (a column-parallel weight or
+    bias, a vocabulary-parallel embedding or head)."""
+    n = tensor.shape[0] // size
+    return _mark_sharded(nn.Parameter(tensor.detach()[rank * n:(rank + 1) * n].clone()), 0, rank, size)
 
 
 class ColumnParallelLinear(nn.Module):
@@ -102,14 +110,13 @@ class ColumnParallelLinear(nn.Module):
         out = full.out_features
         if out % size:
             raise ValueError(f"out_features {out} not divisible by tensor-parallel size {size}")
-        n = out // size
         self.group = group
         # Under SP the input arrives all-gathered by gather_input_over_sequence, whose backward reduce-scatters (sums)
         # the input gradient: f's all-reduce would sum it a second time. copy_input=False: f is applied once in
         # front of the sub-layer (copy_input_to_tensor_parallel), for all the column-parallel linears sharing its input.
         self.copy_input = copy_input and not sequence_parallel
-        self.weight = _mark_sharded(nn.Parameter(full.weight.detach()[rank * n:(rank + 1) * n].clone()), 0, rank, size)
-        self.bias = None if full.bias is None else _mark_sharded(nn.Parameter(full.bias.detach()[rank * n:(rank + 1) * n].clone()), 0, rank, size)
+        self.weight = shard_rows(full.weight, rank, size)
+        self.bias = None if full.bias is None else shard_rows(full.bias, rank, size)
 
     def forward(self, x):
         if self.copy_input:
@@ -235,19 +242,6 @@ def _reduce_scatter_sequence(x, group):
     return out
 
 
-class _ScatterToSequence(torch.autograd.Function):
-    """Replicated (b, s, h) -> this rank's (b, s/tp, h); the gradient is all-gathered back to the full length."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return _split_sequence(x, group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _gather_sequence(grad, ctx.group), None
-
-
 class _GatherFromSequence(torch.autograd.Function):
     """(b, s/tp, h) -> the whole (b, s, h). Backward: reduce-scatter when a TP region consumed it (each rank's
     gradient is a partial sum), split when a replicated layer did (every rank's gradient is already whole)."""
@@ -274,11 +268,6 @@ class _ReduceScatterToSequence(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         return _gather_sequence(grad, ctx.group), None
-
-
-def scatter_to_sequence(x, group):
-    """Enter the sequence-parallel region from a replicated tensor."""
-    return _ScatterToSequence.apply(x, group)
 
 
 def gather_from_sequence(x, group, partial_grads: bool = False):
