@@ -323,6 +323,28 @@ def causal_lm_loss(logits, labels, tp_group=None):
     return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100)
 
 
+class ReleasingLoss:
+    """The PipelineModule's loss_fn: `loss_fn(logits, labels)`, then the logits' storage released.
+
+    DeepSpeed's PipelineEngine keeps each micro-batch's outputs (on the last stage the logits, w V/t bytes a token) in
+    pipe_buffers['outputs'], and on the last stage its backward returns before clearing them (deepspeed 0.19.8
+    runtime/pipe/engine.py _exec_backward_pass), so with the 2 buffers it reserves there (TrainSchedule.
+    num_pipe_buffers) the logits of the current and the previous micro-batch stayed alive through every backward and
+    past the step: 2 x 2 x 8,192 x 128,256 bytes = 4.2 GB at Llama 3's vocabulary in bf16 at micro-batch 1.
+    Autograd never reads them back: the loss saves its fp32 (log-)softmax and the head its input and weight
+    (tests/plan/test_loss_end_memory.py reads the peak with and without the engine's reference). DeepSpeed frees a
+    non-last stage's partitioned outputs the same way (first_output.data = torch.zeros(1)). A class, not a closure,
+    so the module stays picklable as functools.partial was."""
+
+    def __init__(self, loss_fn):
+        self.loss_fn = loss_fn
+
+    def __call__(self, logits, labels):
+        loss = self.loss_fn(logits, labels)
+        logits.data = logits.new_empty(0)
+        return loss
+
+
 def _hf_namer(prefix: str):
     """Local parameter name inside a pipeline layer -> the whole transformers model's name.
     The Pipe wrappers keep the transformers module as `layer` or `norm`, or the tensor itself as `weight`."""
@@ -505,8 +527,8 @@ def build_pipeline_module(cfg, layout, seed: int):
     module = _stage_pipeline_module_class()(
         layers=specs,
         topology=topology,
-        loss_fn=(functools.partial(context_pipeline_loss, cp=cp, tp_group=tp_group) if cp > 1
-                 else functools.partial(causal_lm_loss, tp_group=tp_group)),
+        loss_fn=ReleasingLoss(functools.partial(context_pipeline_loss, cp=cp, tp_group=tp_group) if cp > 1
+                              else functools.partial(causal_lm_loss, tp_group=tp_group)),
         partition_method=cfg.parallel.partition_method,
         # One block per checkpoint; only decoder blocks are recomputed (the embedding and head are cheap).
         activation_checkpoint_interval=1 if cfg.model.activation_checkpointing else 0,

@@ -63,10 +63,22 @@ ColumnParallelLinear(parallel_output=True); core/tensor_parallel/cross_entropy.p
                          TP: 4V/t + 9 per predicted token: vocab_parallel_cross_entropy saves the fp32 softmax of
                          the rank's V/t columns, each token's target column on this rank (int64, -1 elsewhere or
                          ignored) and the bool valid mask (loss_bytes_per_token)
-    loss backward        transient, not saved: the fp32 gradient of the logits (4V per token; under TP none, as the
-                         backward writes it over the saved softmax) and, in 16-bit, its cast back (w V, w V/t),
-                         alive together while the saved tensors above still are. Counted in the last stage's peak; the hook cannot see it (stated from autograd's
-                         backward, not measured).
+    loss end's peak      transient, not saved: the highest moment of the head and loss above what they save
+                         (loss_end_transient_bytes), read off torch's memory timeline (the profiler's
+                         MemoryProfileTimeline, every tensor alive at each allocation) by
+                         tests/plan/test_loss_end_memory.py. P predicted tokens, N = s b / u logits rows:
+                         t = 1: the start of backward, 8V per predicted token: nll_loss_backward's fp32 gradient
+                         of the log-probabilities and log_softmax_backward's fp32 output, alive together beside the
+                         saved log-softmax (the 16-bit cast of the gradient comes after the first is freed, 4V + wV).
+                         TP: the loss's forward, w N V/t + 8 P V/t: the logits, their fp32 copy (4; none in fp32
+                         without the shift, where .float() and the reshape are views), x - max (the softmax to be
+                         saved) and exp's temporary (4); the backward writes the gradient over the saved softmax
+                         and its cast or slice-backward's zero-padded copy adds w V/t, below the forward's moment.
+                         DeepSpeed's PipelineEngine (pipeline_degree > 1) keeps each micro-batch's outputs, the
+                         last stage's logits, in pipe_buffers['outputs'], and its last-stage backward returns before
+                         clearing them (deepspeed 0.19.8 runtime/pipe/engine.py _exec_backward_pass): our loss_fn
+                         releases their storage once the loss is computed (launcher/parallel/pipeline.py
+                         ReleasingLoss), so nothing of them outlives the loss's forward.
 
 Activation checkpointing (model.activation_checkpointing with model.checkpoint_mode=full: whole blocks,
 transformers' gradient_checkpointing (non-reentrant) or DeepSpeed's reentrant checkpoint in the PipelineModule,
@@ -100,9 +112,10 @@ runtime takes the position ids there):
 positions restart after each EOS and transformers builds a boolean (b, 1, s, s) causal within-document mask
 that every block's SDPA receives instead of is_causal. Measured on CPU (torch 2.13's flash-CPU kernel):
     per block            w s per token: the kernel keeps the mask converted to the training dtype (b x s x s x w
-                         per block: quadratic in s; one mask for all heads, so not divided by t); llama with grouped-query attention also 2 w (a - k) d / t:
-                         transformers repeats k and v to all heads when a mask is given (sdpa_attention_forward
-                         passes enable_gqa only without one; a view, no copy, when a rank holds one KV head)
+                         per block: quadratic in s; one mask for all heads, so not divided by t); llama with
+                         grouped-query attention also 2 w (a - k) d / t: transformers repeats k and v to all
+                         heads when a mask is given (sdpa_attention_forward passes enable_gqa only without one;
+                         a view, no copy, when a rank holds one KV head)
     per micro-batch      llama: rotary cos and sin per sample (positions differ between samples): 2 s d w b instead
                          of 2 s d w; gpt: its position ids per sample, 8 s b instead of 8 s; with checkpointing
                          the boolean mask itself, b s s bytes, held by every checkpointed block's closure
@@ -300,14 +313,19 @@ def head_bytes(m: ActivationShape, seq_length: int, micro_batch: int, dtype: str
     return tokens * norm + predicted * loss_bytes_per_token(m, tp)
 
 
-def loss_backward_bytes(m: ActivationShape, seq_length: int, micro_batch: int, dtype: str, ulysses: int = 1,
-                        tp: int = 1) -> float:
-    """Transient gradient of the logits at the start of backward: fp32 (4V) plus its cast to a 16-bit dtype (wV).
-    Under TP (vocab-parallel head) of the rank's V/tp columns, and the fp32 gradient is written over the saved
-    softmax (launcher/parallel/tensor.py _VocabParallelCrossEntropy.backward, in place): only the cast is new."""
+def loss_end_transient_bytes(m: ActivationShape, seq_length: int, micro_batch: int, dtype: str, ulysses: int = 1,
+                              tp: int = 1, shifted: bool = False) -> float:
+    """The loss end's highest moment above what it saves for backward (head_bytes), for one micro-batch on one rank
+    (module docstring, "loss end's peak"). `shifted`: the loss drops the last position (our layer list's
+    causal_lm_loss; transformers' loss shifts the labels instead, CP's loss has no shift)."""
     w = dtype_bytes(dtype)
-    fp32 = 4 if tp == 1 else 0
-    return seq_length * micro_batch / ulysses * m.vocab_size / tp * (fp32 + (w if w != 4 else 0))
+    rows = seq_length * micro_batch / ulysses                  # logits rows (N)
+    predicted = (seq_length - 1) * micro_batch if shifted else rows
+    v = m.vocab_size / tp
+    if tp == 1:
+        return 8 * predicted * v
+    copy = 0 if (w == 4 and not shifted) else 4
+    return w * rows * v + (copy + 4) * predicted * v
 
 
 def stage_saved_bytes(m: ActivationShape, blocks: int, seq_length: int, micro_batch: int, dtype: str,

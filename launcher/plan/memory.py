@@ -33,9 +33,11 @@ columns, on the last) x the micro-batches in flight; with
 activation checkpointing the checkpointed blocks (all, or the first model.checkpoint_blocks of each stage) keep
 only their inputs (selective: and their matmuls' and attention's outputs) and, where every block of the stage is
 checkpointed, one block's full set is live while it is recomputed (the working set); the last stage adds the
-transient gradient of the logits at the start of backward (fp32, plus its 16-bit cast), and its peak is the larger of that moment and the recompute of its last
-block, by when the head's saved tensors and that gradient are freed (the two do not add: the 1B LLaMA on one
-H200 with checkpointing, 21.14 GB measured, was planned 22.32 GB when they did, 21.55 GB now;
+loss end's transient (activations.loss_end_transient_bytes, measured on torch's memory timeline: without TP the
+two fp32 gradients of the log-probabilities at the start of backward, 8V a token; under TP the loss's forward,
+the logits, their fp32 copy and exp's temporary), and its peak is the larger of that moment and the recompute of
+its last block, by when the head's saved tensors and the logits' gradient are freed (the two do not add: the 1B
+LLaMA on one H200 with checkpointing, 21.14 GB measured, was planned 22.32 GB when they did, 21.55 GB after;
 bench/gpu/results.md).
 
 Under 1F1B (Narayanan et al. 2021, section 2.2.1) stage i holds the activations of min(PP - i, m)
@@ -247,8 +249,8 @@ class StageMemory:
     params: float
     grads: float
     optimizer: float
-    activations: float   # saved tensors x in-flight micro-batches + recompute working set + loss-backward transient
-    logits: float        # of which the loss end: fp32 (log-)softmax + targets + the logits' gradient at backward
+    activations: float   # saved tensors x in-flight micro-batches + recompute working set + loss end's transient
+    logits: float        # of which the loss end: its saved fp32 (log-)softmax and targets + its transient peak
     overhead: float
 
     @property
@@ -302,18 +304,20 @@ def _stage_memory(shape: ModelShape, st: Strategy, stage: int, working_set: floa
         # Under TP each rank's logits are its V/TP columns of the vocabulary (vocab-parallel head and loss,
         # activations.loss_bytes_per_token), and so are the loss's saved softmax and the logits' gradient.
         predicted = (s - 1) * b if st.pipeline_layers and u == 1 else s * b / u   # CP's loss: no shift (activations.py)
-        loss_backward = act.loss_backward_bytes(m, s, b, st.dtype, u, st.tensor_degree)
-        # Two moments (the last stage holds one micro-batch): the start of the backward, everything saved plus the
-        # logits' gradient; and the recompute of the last block, by when the backward has freed the head's saved
-        # tensors (its fp32 log-softmax) and the logits' gradient. One block's working set does not come on top of
-        # the loss end's transient (recipe=tiny at micro-batch 8, all 4 blocks checkpointed: live peak 42.8 MiB,
-        # the same 10 MiB below no checkpointing per block checkpointed; bench/steptime/memory_timeline.py).
-        head = act.head_bytes(m, s, b, st.dtype, u, st.pipeline_layers and u == 1,
-                              st.tensor_degree if st.sequence_parallel else 1, st.tensor_degree)
-        backward_start, last_recompute = kept + loss_backward, kept - head + working
-        acts = max(backward_start, last_recompute)
-        if backward_start >= last_recompute:
-            logits = predicted * act.loss_bytes_per_token(m, st.tensor_degree) + loss_backward
+        shifted = st.pipeline_layers and u == 1
+        transient = act.loss_end_transient_bytes(m, s, b, st.dtype, u, st.tensor_degree, shifted)
+        # Two moments (the last stage holds one micro-batch): the loss end's peak (t = 1 the start of the backward,
+        # TP the loss's forward), everything saved plus the transient; and the recompute of the last block, by when
+        # the backward has freed the head's saved tensors (its fp32 log-softmax) and the logits' gradient. One block's
+        # working set does not come on top of the loss end's transient (recipe=tiny at micro-batch 8, all 4 blocks
+        # checkpointed: live peak 42.8 MiB, the same 10 MiB below no checkpointing per block checkpointed;
+        # bench/steptime/memory_timeline.py).
+        head = act.head_bytes(m, s, b, st.dtype, u, shifted, st.tensor_degree if st.sequence_parallel else 1,
+                              st.tensor_degree)
+        loss_peak, last_recompute = kept + transient, kept - head + working
+        acts = max(loss_peak, last_recompute)
+        if loss_peak >= last_recompute:
+            logits = predicted * act.loss_bytes_per_token(m, st.tensor_degree) + transient
     return StageMemory(stage=stage, params=states["params"], grads=states["grads"], optimizer=states["optimizer"],
                        activations=acts, logits=logits, overhead=_overhead(shape, st, n, process_bytes)[0])
 

@@ -157,6 +157,11 @@ def run_pipe(cfg, layout, sgd):
         batches = [(mb, mb) for mb in my_micro_batches(step, layout, dp_rank)]
         losses.append(engine.train_batch(data_iter=iter(batches)).item())
         norms.append(grad_norm(engine))
+    # What the engine still references of the step's outputs (the last stage's logits: pipe_buffers['outputs'], which
+    # its last-stage backward never clears; launcher/parallel/pipeline.py ReleasingLoss releases their storage).
+    held = [t for o in engine.pipe_buffers["outputs"] for t in (o if isinstance(o, tuple) else (o,))
+            if torch.is_tensor(t)]
+    held_info = {"held_outputs": len(held), "held_output_bytes": sum(t.untyped_storage().nbytes() for t in held)}
     from launcher.parallel.export import gather_hf_state_dict
 
     # The pipeline's own loss on one fixed batch after training: the export must reproduce it.
@@ -181,6 +186,7 @@ def run_pipe(cfg, layout, sgd):
         "pipeline_eval_loss": info_eval,
         "block_tokens": sorted(block_tokens),
         "sequence_parallel_params": sum(p.numel() for p in module.parameters() if getattr(p, "sequence_parallel", False)),
+        **held_info,
     }
     return engine, losses, norms, info, exported
 

@@ -186,6 +186,26 @@ def test_pp2_matches_one_rank(ranks2):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("name", ["pp2", "pp2-bf16"])
+def test_pipeline_engine_keeps_no_logits_past_the_loss(ranks2, name):
+    """DeepSpeed's PipelineEngine references the last stage's logits of its last 2 micro-batches after the step
+    (pipe_buffers['outputs']; 4 micro-batches here); ReleasingLoss has released their storage, as the planner assumes
+    (launcher/plan/activations.py, "loss end's peak"). Unreleased they would be 2 x 2 x 32 x 256 x w bytes."""
+    last = max(ranks2[name]["per_rank"], key=lambda i: i["stage"])
+    assert last["held_outputs"] == 2
+    assert last["held_output_bytes"] == 0
+
+
+@pytest.mark.slow
+def test_tp2_pipeline_keeps_no_logits_past_the_loss(ranks4):
+    """The same under TP (each last-stage rank's V/t columns), on both TP ranks of the last stage."""
+    r = ranks4["tp2-pp2-z1-ac"]
+    stages = 1 + max(i["stage"] for i in r["per_rank"])
+    last = [i for i in r["per_rank"] if i["stage"] == stages - 1]
+    assert len(last) == 2 and all(i["held_outputs"] == 2 and i["held_output_bytes"] == 0 for i in last)
+
+
+@pytest.mark.slow
 def test_pp2_tied_type_partition_checkpointing_zero1(ranks2):
     r = ranks2["pp2-z1-tied-type-ac"]
     _assert_matches_one_rank(r)

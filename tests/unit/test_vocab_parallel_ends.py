@@ -49,12 +49,16 @@ def test_tp2_loss_saves_its_vocabulary_columns():
     assert act.head_bytes(m, 128, 8, "fp32", 1, pipeline=True, sp_tp=1, tp=2) == norm + loss == 5_747_640
     # the embedding end: the rank-local int64 ids and the bool out-of-range mask, 9 bytes a token
     assert act.embedding_bytes(m, 128, 8, "fp32", tp=2) == 1024 * 9
-    # the last stage's loss end at the start of backward: the saved loss, and nothing more in fp32: the backward writes
-    # the logits' gradient over the saved softmax (in 16-bit its cast down, w V/2 a token, would add)
+    # the last stage's loss end at its peak, the loss's forward (tests/plan/test_loss_end_memory.py measures it): the
+    # saved loss, and beside it the logits (4 B x 1,024 rows x 1,024 columns), their fp32 copy (the reshape of the
+    # shifted slice) and exp's temporary (4 B each x 1,016 x 1,024); the backward, which writes the logits' gradient
+    # over the saved softmax, stays below it
     hw = Hardware(name="test", peak_tflops=1.0, memory_bytes=1e12, intra_node_gbps=1.0, inter_node_gbps=1.0,
                   source="test", profile=None, device="cuda")
     last = estimate_memory(shape, st, hw).stages[-1]
-    assert last.stage == 1 and last.logits == loss == 4_170_680
+    transient = 4 * 1024 * 1024 + 8 * 1016 * 1024
+    assert transient == 12_517_376
+    assert last.stage == 1 and last.logits == loss + transient == 16_688_056
 
 
 def test_bloom_176b_end_stages_hold_the_published_share():
