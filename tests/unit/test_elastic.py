@@ -127,3 +127,23 @@ def test_a_one_stage_pipeline_sp_checkpoint_is_refused_with_the_export_fix(tmp_p
                                   "parallel.pipeline_degree=2", "parallel.sequence_parallel=true",
                                   "parallel.zero_stage=1"]))
     refuse_one_stage_pipeline_files(pp2, tag)   # with stages the per-layer files are what the pipeline engine reads
+
+
+def test_a_tensor_degree_that_pads_the_vocabulary_differently_is_refused():
+    """TP pads the vocabulary to a multiple of the tensor degree (launcher/config/layout.py): a PP2 checkpoint of a
+    321-token vocabulary holds 321 embedding rows, TP2 would build 322, another tensor shape the conversion does not
+    carry. With 320 tokens both layouts hold 320 rows and the same change converts."""
+    pp = ["parallel.pipeline_degree=2", "parallel.zero_stage=1"]
+    for vocab, refused in ((321, True), (320, False)):
+        saved = saved_for(["cluster.gpus_per_node=2", *pp, f"model.vocab_size={vocab}"])
+        cfg = compose(["recipe=tiny", *SMALL, "cluster.gpus_per_node=4", *pp, "parallel.tensor_degree=2",
+                       f"model.vocab_size={vocab}"])
+        layout = resolve_layout(cfg)
+        assert elastic.needs_conversion(saved, cfg, layout)
+        if not refused:
+            elastic.refuse_unconvertible(saved, cfg, layout, "step_00000002")
+            continue
+        with pytest.raises(ConfigError) as err:
+            elastic.refuse_unconvertible(saved, cfg, layout, "step_00000002")
+        assert err.value.key == "parallel.tensor_degree" and "321 rows then, 322 now" in err.value.rule
+        assert "(321) to 321 rows" in err.value.fix
