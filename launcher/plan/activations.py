@@ -79,6 +79,15 @@ ColumnParallelLinear(parallel_output=True); core/tensor_parallel/cross_entropy.p
                          clearing them (deepspeed 0.19.8 runtime/pipe/engine.py _exec_backward_pass): our loss_fn
                          releases their storage once the loss is computed (launcher/parallel/pipeline.py
                          ReleasingLoss), so nothing of them outlives the loss's forward.
+    pipeline buffers     (pipeline_degree > 1, per in-flight micro-batch) DeepSpeed's PipelineEngine keeps each
+                         micro-batch's stage output in pipe_buffers['outputs'] until its backward (a residual add:
+                         no op saves it), cut over the TP ranks (pipe_partitioned: w x / t; under Megatron SP the
+                         tensor holds s / t tokens already and is sent whole), and its stage input
+                         in pipe_buffers['inputs'] (the whole tensor, all-gathered under TP) until it has sent the
+                         input's gradient back; the input costs nothing more where the stage's first block saves
+                         it anyway (a checkpointed block's input; LayerNorm's input; RMSNorm's fp32 input in fp32),
+                         w x in 16-bit LLaMA-family blocks without recompute, whose RMSNorm keeps an fp32 copy
+                         (pipeline_buffer_bytes; x = h b s tokens of the tensor between stages)
 
 Activation checkpointing (model.activation_checkpointing with model.checkpoint_mode=full: whole blocks,
 transformers' gradient_checkpointing (non-reentrant) or DeepSpeed's reentrant checkpoint in the PipelineModule,
@@ -326,6 +335,18 @@ def loss_end_transient_bytes(m: ActivationShape, seq_length: int, micro_batch: i
         return 8 * predicted * v
     copy = 0 if (w == 4 and not shifted) else 4
     return w * rows * v + (copy + 4) * predicted * v
+
+
+def pipeline_buffer_bytes(m: ActivationShape, seq_length: int, micro_batch: int, dtype: str, tp: int = 1,
+                          split: int = 1, sp: bool = False, first: bool = False, last: bool = False,
+                          input_saved: bool = True) -> float:
+    """What DeepSpeed's PipelineEngine holds for one in-flight micro-batch of a stage beside the saved tensors
+    (module docstring, "pipeline buffers"): the stage's output until its backward, cut over TP, and its input where
+    the stage's first block does not save it. `split`: ranks sharing a sample's tokens (Ulysses x CP); `sp`: Megatron
+    SP (the tensor between stages holds s / t tokens)."""
+    x = dtype_bytes(dtype) * m.hidden_size * seq_length * micro_batch / split / (tp if sp else 1)
+    cut = tp if not sp else 1     # launcher/deepspeed_config.py: pipe_partitioned under TP without SP
+    return (0.0 if last else x / cut) + (0.0 if first or input_saved else x)
 
 
 def stage_saved_bytes(m: ActivationShape, blocks: int, seq_length: int, micro_batch: int, dtype: str,

@@ -74,7 +74,7 @@ from typing import Optional
 from launcher.plan import activations as act
 from launcher.plan.inputs import Hardware, ModelShape, Strategy
 from launcher.plan.params import param_group_numels
-from launcher.config.supported import PIPELINE_ARCHS
+from launcher.config.supported import LLAMA_FAMILY, PIPELINE_ARCHS
 from launcher.plan.stages import rank_param_counts, stage_blocks
 
 FRAMEWORK_OVERHEAD_BYTES = 2e9
@@ -296,6 +296,12 @@ def _stage_memory(shape: ModelShape, st: Strategy, stage: int, working_set: floa
                                   first=first, last=last, pipeline=st.pipeline_layers, sp=st.sequence_parallel,
                                   context=st.context_degree, document_mask=st.document_mask, checkpointed=ckpt)
     kept = saved * in_flight_micro_batches(st, stage)
+    if st.pipeline_degree > 1:
+        # DeepSpeed's PipelineEngine holds the stage's output and input per in-flight micro-batch (activations.py,
+        # "pipeline buffers"); a 16-bit LLaMA block saves an fp32 copy of its input, not the input itself.
+        input_saved = bool(ckpt) or shape.arch not in LLAMA_FAMILY or weight_bytes(st.dtype) == 4
+        kept += in_flight_micro_batches(st, stage) * act.pipeline_buffer_bytes(
+            m, s, b, st.dtype, st.tensor_degree, u, st.sequence_parallel, first, last, input_saved)
     # The recompute's working set peaks above the saved set only where every block is checkpointed: with the first
     # N of them, the backward has freed the later blocks' whole sets before it recomputes the N-th.
     working = working_set if ckpt and ckpt == blocks else 0.0

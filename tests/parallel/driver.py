@@ -140,6 +140,28 @@ def grad_norm(engine):
     return None if norm is None else float(norm)
 
 
+def watch_pipe_buffers(engine) -> dict:
+    """{"inputs": bytes, "outputs": bytes}: the most the PipelineEngine's pipe_buffers referenced at the start of any
+    backward pass (each storage once), the moment a stage holds its in-flight micro-batches. The engine dispatches its
+    instructions through the class's _INSTRUCTION_MAP; an instance copy puts the count in front of BackwardPass."""
+    from deepspeed.runtime.pipe.schedule import BackwardPass
+
+    peak = {"inputs": 0, "outputs": 0}
+    backward = type(engine)._INSTRUCTION_MAP[BackwardPass]
+
+    def counted(self, buffer_id):
+        for kind in peak:
+            storages = {}
+            for o in self.pipe_buffers[kind]:
+                for t in (o if isinstance(o, tuple) else (o,)):
+                    if torch.is_tensor(t):
+                        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            peak[kind] = max(peak[kind], sum(storages.values()))
+        return backward(self, buffer_id)
+    engine._INSTRUCTION_MAP = {**type(engine)._INSTRUCTION_MAP, BackwardPass: counted}
+    return peak
+
+
 def run_pipe(cfg, layout, sgd):
     from launcher.parallel.pipeline import BloomDecoderBlockPipe, DecoderBlockPipe, build_pipeline_module
     from launcher.parallel.tensor import ColumnParallelLinear, RowParallelLinear
@@ -152,6 +174,7 @@ def run_pipe(cfg, layout, sgd):
     for m in module.modules():
         if isinstance(m, (DecoderBlockPipe, BloomDecoderBlockPipe)):
             m.register_forward_hook(lambda _m, args, _out: block_tokens.add(args[0].shape[1]))
+    buffers = watch_pipe_buffers(engine)
     losses, norms = [], []
     for step in range(STEPS):
         batches = [(mb, mb) for mb in my_micro_batches(step, layout, dp_rank)]
@@ -187,6 +210,7 @@ def run_pipe(cfg, layout, sgd):
         "block_tokens": sorted(block_tokens),
         "sequence_parallel_params": sum(p.numel() for p in module.parameters() if getattr(p, "sequence_parallel", False)),
         **held_info,
+        "pipe_buffer_peak_bytes": buffers,
     }
     return engine, losses, norms, info, exported
 

@@ -196,6 +196,44 @@ def test_pipeline_engine_keeps_no_logits_past_the_loss(ranks2, name):
     assert last["held_output_bytes"] == 0
 
 
+SEQ, MICRO, GLOBAL = 32, 2, 8                 # the driver's BASE
+
+
+def _planned_buffers(info: dict, stages: int, dp: int, tp: int, dtype: str, sp: bool) -> dict:
+    """The planner's pipeline buffers (launcher/plan/activations.py pipeline_buffer_bytes) for a rank: the output and,
+    apart, the whole input (which the plan adds only where the stage's first block does not save it), times the
+    micro-batches in flight at the stage's first backward under 1F1B, min(PP - stage, m)."""
+    from launcher.plan import activations as act
+
+    m = act.ActivationShape(arch="llama", hidden_size=H, num_heads=4, num_kv_heads=4, intermediate_size=I, vocab_size=V)
+    stage, last = info["stage"], info["stage"] == stages - 1
+    micro_batches = GLOBAL // (MICRO * dp)
+    flight = min(stages - stage, micro_batches)
+    out = act.pipeline_buffer_bytes(m, SEQ, MICRO, dtype, tp, 1, sp, first=True, last=last)
+    inp = act.pipeline_buffer_bytes(m, SEQ, MICRO, dtype, tp, 1, sp, first=False, last=True, input_saved=False)
+    return {"outputs": flight * out, "inputs": flight * inp}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launch,name,tp,dtype,sp", [("ranks2", "pp2", 1, "fp32", False),
+                                                     ("ranks2", "pp2-bf16", 1, "bf16", False),
+                                                     ("ranks4", "tp2-pp2-tied", 2, "fp32", False),
+                                                     ("ranks4", "tp2-sp-pp2", 2, "fp32", True)])
+def test_pipeline_buffers_are_what_the_plan_counts(request, launch, name, tp, dtype, sp):
+    """What DeepSpeed's PipelineEngine references in pipe_buffers at the start of a backward (the driver's count, each
+    storage once) against the planner's figure: every stage but the last holds its output per in-flight micro-batch
+    (cut over TP without SP, s / t tokens whole with it), every stage but the first its whole input."""
+    r = request.getfixturevalue(launch)[name]
+    stages = 1 + max(i["stage"] for i in r["per_rank"])
+    for info in r["per_rank"]:
+        got = info["pipe_buffer_peak_bytes"]
+        want = _planned_buffers(info, stages, r["layout"]["data_degree"], tp, dtype, sp)
+        # within 2%: under TP the engine also keeps each partitioned output's shape (an int64 meta tensor, 144 bytes)
+        assert got["outputs"] == pytest.approx(want["outputs"], rel=0.02), (info["stage"], got, want)
+        if info["stage"] > 0:
+            assert got["inputs"] == pytest.approx(want["inputs"], rel=0.02), (info["stage"], got, want)
+
+
 @pytest.mark.slow
 def test_tp2_pipeline_keeps_no_logits_past_the_loss(ranks4):
     """The same under TP (each last-stage rank's V/t columns), on both TP ranks of the last stage."""
