@@ -317,10 +317,8 @@ def causal_lm_loss(logits, labels, tp_group=None):
     """Next-token cross entropy with transformers' shift (loss_utils.ForCausalLMLoss):
     position t predicts labels[t+1]; the mean is over the (batch x (seq-1)) predicted tokens,
     computed in fp32 like transformers does (logits.float()). `tp_group`: the logits are split over the vocabulary."""
-    logits, targets = logits[:, :-1], labels[:, 1:]
-    if tp_group is not None:
-        return token_loss_sum(logits, targets, tp_group) / (targets != -100).sum()
-    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100)
+    targets = labels[:, 1:]
+    return token_loss_sum(logits[:, :-1], targets, tp_group) / (targets != -100).sum()
 
 
 class ReleasingLoss:
@@ -333,8 +331,7 @@ class ReleasingLoss:
     past the step: 2 x 2 x 8,192 x 128,256 bytes = 4.2 GB at Llama 3's vocabulary in bf16 at micro-batch 1.
     Autograd never reads them back: the loss saves its fp32 (log-)softmax and the head its input and weight
     (tests/plan/test_loss_end_memory.py reads the peak with and without the engine's reference). DeepSpeed frees a
-    non-last stage's partitioned outputs the same way (first_output.data = torch.zeros(1)). A class, not a closure,
-    so the module stays picklable as functools.partial was."""
+    non-last stage's partitioned outputs the same way (first_output.data = torch.zeros(1))."""
 
     def __init__(self, loss_fn):
         self.loss_fn = loss_fn

@@ -318,8 +318,13 @@ def head_bytes(m: ActivationShape, seq_length: int, micro_batch: int, dtype: str
             norm = (4 * h + RMS_STATS_BYTES + w * h) / sp_tp + w * h
     else:
         norm = 2 * w * h + 2 * LN_STATS_BYTES
-    predicted = (seq_length - 1) * micro_batch if pipeline else tokens
-    return tokens * norm + predicted * loss_bytes_per_token(m, tp)
+    return tokens * norm + predicted_tokens(seq_length, micro_batch, ulysses, pipeline) * loss_bytes_per_token(m, tp)
+
+
+def predicted_tokens(seq_length: int, micro_batch: int, ulysses: int = 1, shifted: bool = False) -> float:
+    """Positions a rank's loss predicts in one micro-batch: our layer list's causal_lm_loss drops the last (`shifted`),
+    transformers' loss shifts the labels instead and CP's loss has no shift, so all s b / u count."""
+    return (seq_length - 1) * micro_batch if shifted else seq_length * micro_batch / ulysses
 
 
 def loss_end_transient_bytes(m: ActivationShape, seq_length: int, micro_batch: int, dtype: str, ulysses: int = 1,
@@ -329,12 +334,19 @@ def loss_end_transient_bytes(m: ActivationShape, seq_length: int, micro_batch: i
     causal_lm_loss; transformers' loss shifts the labels instead, CP's loss has no shift)."""
     w = dtype_bytes(dtype)
     rows = seq_length * micro_batch / ulysses                  # logits rows (N)
-    predicted = (seq_length - 1) * micro_batch if shifted else rows
+    predicted = predicted_tokens(seq_length, micro_batch, ulysses, shifted)
     v = m.vocab_size / tp
     if tp == 1:
         return 8 * predicted * v
     copy = 0 if (w == 4 and not shifted) else 4
     return w * rows * v + (copy + 4) * predicted * v
+
+
+def stage_input_saved(m: ActivationShape, dtype: str, checkpointed: bool) -> bool:
+    """Whether a stage's first block saves its input tensor itself (module docstring, "pipeline buffers"): a
+    checkpointed block keeps it, LayerNorm saves its input, LLaMA's RMSNorm its fp32 upcast (the input itself in
+    fp32, a copy in 16-bit)."""
+    return checkpointed or m.arch not in LLAMA_FAMILY or dtype_bytes(dtype) == 4
 
 
 def pipeline_buffer_bytes(m: ActivationShape, seq_length: int, micro_batch: int, dtype: str, tp: int = 1,

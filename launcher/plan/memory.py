@@ -74,7 +74,7 @@ from typing import Optional
 from launcher.plan import activations as act
 from launcher.plan.inputs import Hardware, ModelShape, Strategy
 from launcher.plan.params import param_group_numels
-from launcher.config.supported import LLAMA_FAMILY, PIPELINE_ARCHS
+from launcher.config.supported import PIPELINE_ARCHS
 from launcher.plan.stages import rank_param_counts, stage_blocks
 
 FRAMEWORK_OVERHEAD_BYTES = 2e9
@@ -295,13 +295,13 @@ def _stage_memory(shape: ModelShape, st: Strategy, stage: int, working_set: floa
     saved = act.stage_saved_bytes(m, blocks, s, b, st.dtype, st.recompute, st.tensor_degree, st.sequence_degree,
                                   first=first, last=last, pipeline=st.pipeline_layers, sp=st.sequence_parallel,
                                   context=st.context_degree, document_mask=st.document_mask, checkpointed=ckpt)
-    kept = saved * in_flight_micro_batches(st, stage)
+    flight = in_flight_micro_batches(st, stage)
+    kept = saved * flight
     if st.pipeline_degree > 1:
         # DeepSpeed's PipelineEngine holds the stage's output and input per in-flight micro-batch (activations.py,
-        # "pipeline buffers"); a 16-bit LLaMA block saves an fp32 copy of its input, not the input itself.
-        input_saved = bool(ckpt) or shape.arch not in LLAMA_FAMILY or weight_bytes(st.dtype) == 4
-        kept += in_flight_micro_batches(st, stage) * act.pipeline_buffer_bytes(
-            m, s, b, st.dtype, st.tensor_degree, u, st.sequence_parallel, first, last, input_saved)
+        # "pipeline buffers").
+        kept += flight * act.pipeline_buffer_bytes(m, s, b, st.dtype, st.tensor_degree, u, st.sequence_parallel,
+                                                   first, last, act.stage_input_saved(m, st.dtype, bool(ckpt)))
     # The recompute's working set peaks above the saved set only where every block is checkpointed: with the first
     # N of them, the backward has freed the later blocks' whole sets before it recomputes the N-th.
     working = working_set if ckpt and ckpt == blocks else 0.0
@@ -309,8 +309,8 @@ def _stage_memory(shape: ModelShape, st: Strategy, stage: int, working_set: floa
     if last:
         # Under TP each rank's logits are its V/TP columns of the vocabulary (vocab-parallel head and loss,
         # activations.loss_bytes_per_token), and so are the loss's saved softmax and the logits' gradient.
-        predicted = (s - 1) * b if st.pipeline_layers and u == 1 else s * b / u   # CP's loss: no shift (activations.py)
-        shifted = st.pipeline_layers and u == 1
+        shifted = st.pipeline_layers and u == 1      # our layer list's loss drops the last position; CP's has no shift
+        predicted = act.predicted_tokens(s, b, u, shifted)
         transient = act.loss_end_transient_bytes(m, s, b, st.dtype, u, st.tensor_degree, shifted)
         # Two moments (the last stage holds one micro-batch): the loss end's peak (t = 1 the start of the backward,
         # TP the loss's forward), everything saved plus the transient; and the recompute of the last block, by when
