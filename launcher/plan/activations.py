@@ -88,6 +88,12 @@ ColumnParallelLinear(parallel_output=True); core/tensor_parallel/cross_entropy.p
                          it anyway (a checkpointed block's input; LayerNorm's input; RMSNorm's fp32 input in fp32),
                          w x in 16-bit LLaMA-family blocks without recompute, whose RMSNorm keeps an fp32 copy
                          (pipeline_buffer_bytes; x = h b s tokens of the tensor between stages)
+    receive buffer       (pipeline_degree > 1, once per stage, not per micro-batch) the engine receives activations
+                         and gradients into buffers it keeps for the whole run: pipe_recv_buf (stages but the first)
+                         and grad_layer (stages but the last) are views of one _grad_layer_buf per tensor
+                         (_allocate_or_extend_buffers, deepspeed 0.19.8 runtime/pipe/engine.py), so a middle stage
+                         holds one tensor, not two: x / t as sent (partitioned, or s / t tokens under SP), plus
+                         the partition's int64 shape (72 bytes) (pipeline_receive_bytes)
 
 Activation checkpointing (model.activation_checkpointing with model.checkpoint_mode=full: whole blocks,
 transformers' gradient_checkpointing (non-reentrant) or DeepSpeed's reentrant checkpoint in the PipelineModule,
@@ -359,6 +365,13 @@ def pipeline_buffer_bytes(m: ActivationShape, seq_length: int, micro_batch: int,
     x = dtype_bytes(dtype) * m.hidden_size * seq_length * micro_batch / split / (tp if sp else 1)
     cut = tp if not sp else 1     # launcher/deepspeed_config.py: pipe_partitioned under TP without SP
     return (0.0 if last else x / cut) + (0.0 if first or input_saved else x)
+
+
+def pipeline_receive_bytes(m: ActivationShape, seq_length: int, micro_batch: int, dtype: str, tp: int = 1,
+                           split: int = 1, sp: bool = False) -> float:
+    """The PipelineEngine's receive buffer, one per stage for the whole run (module docstring, "receive buffer"):
+    the tensor between stages as it travels, the same bytes as one micro-batch's held output."""
+    return pipeline_buffer_bytes(m, seq_length, micro_batch, dtype, tp, split, sp, first=True, last=False)
 
 
 def stage_saved_bytes(m: ActivationShape, blocks: int, seq_length: int, micro_batch: int, dtype: str,

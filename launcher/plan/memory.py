@@ -41,7 +41,9 @@ LLaMA on one H200 with checkpointing, 21.14 GB measured, was planned 22.32 GB wh
 bench/gpu/results.md).
 
 Under 1F1B (Narayanan et al. 2021, section 2.2.1) stage i holds the activations of min(PP - i, m)
-micro-batches: the first stage holds PP of them (Korthikanti et al. 2022, section 4.2.3).
+micro-batches: the first stage holds PP of them (Korthikanti et al. 2022, section 4.2.3). DeepSpeed's
+PipelineEngine adds, per micro-batch in flight, the stage's output and (where the first block does not save it) its
+input, and, once a stage, the buffer it receives into (activations.py, "pipeline buffers", "receive buffer").
 
 Framework overhead (stated allowance, not measured): 2 GB for the CUDA context, cuBLAS/NCCL workspaces and
 allocator fragmentation, plus DeepSpeed's communication buffers: ZeRO 1/2 reduce bucket (our DeepSpeed
@@ -302,6 +304,8 @@ def _stage_memory(shape: ModelShape, st: Strategy, stage: int, working_set: floa
         # "pipeline buffers").
         kept += flight * act.pipeline_buffer_bytes(m, s, b, st.dtype, st.tensor_degree, u, st.sequence_parallel,
                                                    first, last, act.stage_input_saved(m, st.dtype, bool(ckpt)))
+        # ... and, once for the whole run, the buffer it receives activations and gradients into ("receive buffer").
+        kept += act.pipeline_receive_bytes(m, s, b, st.dtype, st.tensor_degree, u, st.sequence_parallel)
     # The recompute's working set peaks above the saved set only where every block is checkpointed: with the first
     # N of them, the backward has freed the later blocks' whole sets before it recomputes the N-th.
     working = working_set if ckpt and ckpt == blocks else 0.0

@@ -259,8 +259,8 @@ def _performance_rows(s: dict) -> list[tuple[str, str, str]]:
             f"{s['checkpoint_blocks']} a stage), the others keep their saved tensors"
             if s["recompute"] != "none" and s["checkpointed_blocks"] < s["num_blocks"] else "")
          + ", plan/activations.py) x blocks x in-flight micro-batches (1F1B: first stage holds PP)"
-         + (" + the pipeline engine's stage input and output per micro-batch in flight" if s["pipeline_degree"] > 1
-            else "") + " + embedding/head/fp32 loss"
+         + (" + the pipeline engine's stage input and output per micro-batch in flight and its receive buffer"
+            if s["pipeline_degree"] > 1 else "") + " + embedding/head/fp32 loss"
          + (", or one block's recomputed set while recomputed once those are freed, whichever is larger"
             if s["recompute"] != "none" and s["checkpointed_blocks"] == s["num_blocks"] else "")),
         ("memory: overhead", _gb(m["overhead"]), s["memory_how"]["overhead"]),

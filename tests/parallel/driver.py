@@ -162,6 +162,19 @@ def watch_pipe_buffers(engine) -> dict:
     return peak
 
 
+def receive_buffer_bytes(engine) -> int:
+    """Bytes of the buffers the PipelineEngine keeps across steps to receive into (each storage once): the activation
+    buffer (pipe_recv_buf), the gradient buffer (grad_layer), both views of its _grad_layer_buf, and the partitioned
+    input's shape (meta_buffer)."""
+    storages = {}
+    for name in ("pipe_recv_buf", "grad_layer", "_grad_layer_buf", "meta_buffer"):
+        held = getattr(engine, name, None)
+        for t in (held if isinstance(held, (tuple, list)) else (held,)):
+            if torch.is_tensor(t):
+                storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    return sum(storages.values())
+
+
 def run_pipe(cfg, layout, sgd):
     from launcher.parallel.pipeline import BloomDecoderBlockPipe, DecoderBlockPipe, build_pipeline_module
     from launcher.parallel.tensor import ColumnParallelLinear, RowParallelLinear
@@ -184,7 +197,8 @@ def run_pipe(cfg, layout, sgd):
     # its last-stage backward never clears; launcher/parallel/pipeline.py ReleasingLoss releases their storage).
     held = [t for o in engine.pipe_buffers["outputs"] for t in (o if isinstance(o, tuple) else (o,))
             if torch.is_tensor(t)]
-    held_info = {"held_outputs": len(held), "held_output_bytes": sum(t.untyped_storage().nbytes() for t in held)}
+    held_info = {"held_outputs": len(held), "held_output_bytes": sum(t.untyped_storage().nbytes() for t in held),
+                 "receive_buffer_bytes": receive_buffer_bytes(engine)}
     from launcher.parallel.export import gather_hf_state_dict
 
     # The pipeline's own loss on one fixed batch after training: the export must reproduce it.

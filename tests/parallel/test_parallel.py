@@ -78,6 +78,7 @@ LAUNCHES = {
     ],
     4: [
         f"pp2-dp2-tied:pipe:{PP},model.tie_word_embeddings=true,{SGD}",
+        f"pp4:pipe:parallel.pipeline_degree=4,{SGD}",
         f"pp2-dp2-z1:pipe:{PP},{Z1}",
         f"tp2-pp2-tied:pipe:{TP},{PP},model.tie_word_embeddings=true,{SGD}",
         f"tp2-pp2-z1-ac:pipe:{TP},{PP},{Z1},model.activation_checkpointing=true",
@@ -211,18 +212,22 @@ def _planned_buffers(info: dict, stages: int, dp: int, tp: int, dtype: str, sp: 
     flight = min(stages - stage, micro_batches)
     out = act.pipeline_buffer_bytes(m, SEQ, MICRO, dtype, tp, 1, sp, first=True, last=last)
     inp = act.pipeline_buffer_bytes(m, SEQ, MICRO, dtype, tp, 1, sp, first=False, last=True, input_saved=False)
-    return {"outputs": flight * out, "inputs": flight * inp}
+    return {"outputs": flight * out, "inputs": flight * inp,
+            "receive": act.pipeline_receive_bytes(m, SEQ, MICRO, dtype, tp, 1, sp)}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("launch,name,tp,dtype,sp", [("ranks2", "pp2", 1, "fp32", False),
                                                      ("ranks2", "pp2-bf16", 1, "bf16", False),
+                                                     ("ranks4", "pp4", 1, "fp32", False),
                                                      ("ranks4", "tp2-pp2-tied", 2, "fp32", False),
                                                      ("ranks4", "tp2-sp-pp2", 2, "fp32", True)])
 def test_pipeline_buffers_are_what_the_plan_counts(request, launch, name, tp, dtype, sp):
     """What DeepSpeed's PipelineEngine references in pipe_buffers at the start of a backward (the driver's count, each
     storage once) against the planner's figure: every stage but the last holds its output per in-flight micro-batch
-    (cut over TP without SP, s / t tokens whole with it), every stage but the first its whole input."""
+    (cut over TP without SP, s / t tokens whole with it), every stage but the first its whole input. And the buffer it
+    keeps for the run to receive into (after the steps): one tensor as sent on every stage, the middle stages of pp4
+    included, where activations and gradients share it."""
     r = request.getfixturevalue(launch)[name]
     stages = 1 + max(i["stage"] for i in r["per_rank"])
     for info in r["per_rank"]:
@@ -232,6 +237,16 @@ def test_pipeline_buffers_are_what_the_plan_counts(request, launch, name, tp, dt
         assert got["outputs"] == pytest.approx(want["outputs"], rel=0.02), (info["stage"], got, want)
         if info["stage"] > 0:
             assert got["inputs"] == pytest.approx(want["inputs"], rel=0.02), (info["stage"], got, want)
+        assert info["receive_buffer_bytes"] == pytest.approx(want["receive"], rel=0.02), (info["stage"], want)
+
+
+@pytest.mark.slow
+def test_pp4_matches_one_rank(ranks4):
+    """Four stages of one block each: the two middle stages receive and send both ways."""
+    r = ranks4["pp4"]
+    _assert_matches_one_rank(r)
+    _assert_export_reproduces_pipeline(r)
+    assert [i["blocks"] for i in sorted(r["per_rank"], key=lambda i: i["stage"])] == [1, 1, 1, 1]
 
 
 @pytest.mark.slow
