@@ -153,8 +153,9 @@ def micro_loss(engine, input_ids, sp_rank: int, sp: int, cp_rank: int = 0, cp: i
     """
     if cp > 1:
         from launcher.parallel.context import context_parallel_loss
+        from launcher.parallel.tensor_model import logits_vocab_group
 
-        return context_parallel_loss(engine, input_ids, cp_rank, cp), cp
+        return context_parallel_loss(engine, input_ids, cp_rank, cp, logits_vocab_group(engine.module)), cp
     if sp == 1:
         if document_eos is not None:
             from launcher.runtime.documents import document_position_ids

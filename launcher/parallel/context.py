@@ -209,12 +209,13 @@ def local_chunk(input_ids: torch.Tensor, cp_rank: int, cp: int):
     return input_ids[:, positions], positions.unsqueeze(0), targets[:, positions]
 
 
-def context_parallel_loss(model, input_ids: torch.Tensor, cp_rank: int, cp: int) -> torch.Tensor:
-    """This rank's share of the replica's mean next-token loss (the CP ranks' shares sum to it)."""
+def context_parallel_loss(model, input_ids: torch.Tensor, cp_rank: int, cp: int, vocab_group) -> torch.Tensor:
+    """This rank's share of the replica's mean next-token loss (the CP ranks' shares sum to it). `vocab_group`: the
+    TP group the model's logits are split over (CP x TP, launcher/parallel/tensor_model.py logits_vocab_group), None
+    when they are whole."""
     ids, positions, targets = local_chunk(input_ids, cp_rank, cp)
     from launcher.parallel.pipeline import token_loss_sum
 
     logits = model(input_ids=ids, position_ids=positions).logits
     predicted = input_ids.shape[0] * (input_ids.shape[1] - 1)
-    # Under CP x TP (launcher/parallel/tensor_model.py) the logits are this TP rank's columns of the vocabulary.
-    return token_loss_sum(logits, targets, getattr(model, "vocab_group", None)) / predicted
+    return token_loss_sum(logits, targets, vocab_group) / predicted

@@ -64,6 +64,12 @@ from torch import nn
 PREFIX = "pipe."
 
 
+def logits_vocab_group(model: nn.Module):
+    """The TP group `model`'s logits are split over (this rank's V/t columns of the vocabulary), None for a model
+    whose logits are whole (transformers' own). A loss computed outside the model (context.py's) needs it."""
+    return model.vocab_group if isinstance(model, TensorParallelCausalLM) else None
+
+
 class TensorParallelCausalLM(nn.Module):
     """A one-stage PipelineModule's layers as a causal LM: forward(input_ids, labels) -> CausalLMOutput(loss, logits),
     the logits this TP rank's columns of the vocabulary."""
@@ -72,7 +78,7 @@ class TensorParallelCausalLM(nn.Module):
         super().__init__()
         self.pipe = pipe
         self.context = context  # (cp rank, cp): the blocks attend by ring attention at the head-tail positions
-        # The TP group the logits are split over (pipeline.build_pipeline_module); context.py's loss reads it too.
+        # The TP group the logits are split over (pipeline.build_pipeline_module; logits_vocab_group).
         self.vocab_group = pipe.vocab_group
 
     def forward(self, input_ids, labels=None, position_ids=None):

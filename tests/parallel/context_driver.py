@@ -96,6 +96,7 @@ def run_ring_pipeline(cfg, layout, sgd):
 
 def run_ring(cfg, layout, sgd):
     from launcher.parallel.context import context_parallel_loss
+    from launcher.parallel.tensor_model import logits_vocab_group
     from launcher.plan.rankmap import rank_coord
     from launcher.runtime.state_bytes import MEASURE_STATE_AT_STEP, measure_model_state_bytes
 
@@ -114,7 +115,7 @@ def run_ring(cfg, layout, sgd):
         micro = []
         batches = base.my_micro_batches(step, layout, coord.dp)
         for j, mb in enumerate(batches):
-            loss = context_parallel_loss(engine, mb, coord.cp, cp)
+            loss = context_parallel_loss(engine, mb, coord.cp, cp, logits_vocab_group(engine.module))
             engine.backward(loss)
             if step == MEASURE_STATE_AT_STEP and j == len(batches) - 1:
                 state = measure_model_state_bytes(engine)  # what ZeRO partitioned over which ranks

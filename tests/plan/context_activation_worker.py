@@ -45,7 +45,7 @@ def measure(cp: int, dtype: str, ckpt: bool, layers: int) -> int:
             lambda m, a, out: held.update({o.untyped_storage().data_ptr(): o.untyped_storage().nbytes() for o in out}))
     ids = torch.randint(0, cfg.model.vocab_size, (MICRO, SEQ), generator=torch.Generator().manual_seed(0))
     if cp > 1:
-        forward = lambda: context_parallel_loss(model, ids, dist.get_rank(), cp)   # noqa: E731
+        forward = lambda: context_parallel_loss(model, ids, dist.get_rank(), cp, None)   # noqa: E731
     else:
         forward = lambda: model(input_ids=ids, labels=ids).loss   # noqa: E731
     loss, n = saved_bytes(forward, param_storages(model), held)
