@@ -327,6 +327,13 @@ def head_bytes(m: ActivationShape, seq_length: int, micro_batch: int, dtype: str
     return tokens * norm + predicted_tokens(seq_length, micro_batch, ulysses, pipeline) * loss_bytes_per_token(m, tp)
 
 
+def loss_shifted(pipeline: bool, split: int) -> bool:
+    """Whether the loss drops the logits' last position: our layer list's causal_lm_loss does (pipeline), except
+    under CP (`split` > 1: context_pipeline_loss on the local tokens, no shift); transformers' loss shifts the labels
+    instead."""
+    return pipeline and split == 1
+
+
 def predicted_tokens(seq_length: int, micro_batch: int, ulysses: int = 1, shifted: bool = False) -> float:
     """Positions a rank's loss predicts in one micro-batch: our layer list's causal_lm_loss drops the last (`shifted`),
     transformers' loss shifts the labels instead and CP's loss has no shift, so all s b / u count."""
@@ -405,7 +412,5 @@ def stage_saved_bytes(m: ActivationShape, blocks: int, seq_length: int, micro_ba
     if first:
         total += embedding_bytes(m, seq_length, micro_batch, dtype, split, document_mask, tp)
     if last:
-        # Our layer list's loss is causal_lm_loss (transformers' shift: s - 1 predicted positions), except under CP
-        # (TP x CP), whose loss is context_parallel_loss on the local tokens, as without TP (vocab-parallel under TP).
-        total += head_bytes(m, seq_length, micro_batch, dtype, split, pipeline and split == 1, sp_tp, tp)
+        total += head_bytes(m, seq_length, micro_batch, dtype, split, loss_shifted(pipeline, split), sp_tp, tp)
     return total

@@ -313,7 +313,7 @@ def _stage_memory(shape: ModelShape, st: Strategy, stage: int, working_set: floa
     if last:
         # Under TP each rank's logits are its V/TP columns of the vocabulary (vocab-parallel head and loss,
         # activations.loss_bytes_per_token), and so are the loss's saved softmax and the logits' gradient.
-        shifted = st.pipeline_layers and u == 1      # our layer list's loss drops the last position; CP's has no shift
+        shifted = act.loss_shifted(st.pipeline_layers, u)
         predicted = act.predicted_tokens(s, b, u, shifted)
         transient = act.loss_end_transient_bytes(m, s, b, st.dtype, u, st.tensor_degree, shifted)
         # Two moments (the last stage holds one micro-batch): the loss end's peak (t = 1 the start of the backward,
