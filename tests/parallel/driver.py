@@ -140,6 +140,16 @@ def grad_norm(engine):
     return None if norm is None else float(norm)
 
 
+def _tensors(held) -> list:
+    """The tensors of an engine buffer: a tensor, a tuple or list of them (None and non-tensors skipped)."""
+    return [t for t in (held if isinstance(held, (tuple, list)) else (held,)) if torch.is_tensor(t)]
+
+
+def _storage_bytes(tensors) -> int:
+    """Bytes of the storages behind `tensors`, each storage once (views of one buffer count once)."""
+    return sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}.values())
+
+
 def watch_pipe_buffers(engine) -> dict:
     """{"inputs": bytes, "outputs": bytes}: the most the PipelineEngine's pipe_buffers referenced at the start of any
     backward pass (each storage once), the moment a stage holds its in-flight micro-batches. The engine dispatches its
@@ -151,12 +161,8 @@ def watch_pipe_buffers(engine) -> dict:
 
     def counted(self, buffer_id):
         for kind in peak:
-            storages = {}
-            for o in self.pipe_buffers[kind]:
-                for t in (o if isinstance(o, tuple) else (o,)):
-                    if torch.is_tensor(t):
-                        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-            peak[kind] = max(peak[kind], sum(storages.values()))
+            held = _storage_bytes(t for o in self.pipe_buffers[kind] for t in _tensors(o))
+            peak[kind] = max(peak[kind], held)
         return backward(self, buffer_id)
     engine._INSTRUCTION_MAP = {**type(engine)._INSTRUCTION_MAP, BackwardPass: counted}
     return peak
@@ -166,13 +172,8 @@ def receive_buffer_bytes(engine) -> int:
     """Bytes of the buffers the PipelineEngine keeps across steps to receive into (each storage once): the activation
     buffer (pipe_recv_buf), the gradient buffer (grad_layer), both views of its _grad_layer_buf, and the partitioned
     input's shape (meta_buffer)."""
-    storages = {}
-    for name in ("pipe_recv_buf", "grad_layer", "_grad_layer_buf", "meta_buffer"):
-        held = getattr(engine, name, None)
-        for t in (held if isinstance(held, (tuple, list)) else (held,)):
-            if torch.is_tensor(t):
-                storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-    return sum(storages.values())
+    names = ("pipe_recv_buf", "grad_layer", "_grad_layer_buf", "meta_buffer")
+    return _storage_bytes(t for name in names for t in _tensors(getattr(engine, name, None)))
 
 
 def run_pipe(cfg, layout, sgd):
@@ -195,8 +196,7 @@ def run_pipe(cfg, layout, sgd):
         norms.append(grad_norm(engine))
     # What the engine still references of the step's outputs (the last stage's logits: pipe_buffers['outputs'], which
     # its last-stage backward never clears; launcher/parallel/pipeline.py ReleasingLoss releases their storage).
-    held = [t for o in engine.pipe_buffers["outputs"] for t in (o if isinstance(o, tuple) else (o,))
-            if torch.is_tensor(t)]
+    held = [t for o in engine.pipe_buffers["outputs"] for t in _tensors(o)]
     held_info = {"held_outputs": len(held), "held_output_bytes": sum(t.untyped_storage().nbytes() for t in held),
                  "receive_buffer_bytes": receive_buffer_bytes(engine)}
     from launcher.parallel.export import gather_hf_state_dict
