@@ -4,8 +4,9 @@ calibrate's rounds makes of them (diagnostic for bench/steptime; not a test).
     flock /tmp/heavy.lock .venv/bin/python bench/steptime/probe_rounds.py [--rounds 5]
 
 On 2 ranks at once, `--rounds` times in a row, calibrate's own probes (launcher/runtime/calibrate.py): the
-all-reduce and all-to-all after compute (4 KiB .. 16 MiB), fitted to latency + bytes / bandwidth as write_profile
-fits them, and the pair's release after 5-150 ms segments, pooled as the plan reads it. One line a timing, then
+all-reduce, all-to-all and Megatron SP's all-gather and reduce-scatter after compute (4 KiB .. 16 MiB), fitted to
+latency + bytes / bandwidth as write_profile fits them (the SP pair is not in a profile: results.md, "Megatron SP's
+collectives, priced apart"), and the pair's release after 5-150 ms segments, pooled as the plan reads it. One line a timing, then
 the fits of the median over the first COMPUTE_ROUNDS timings (what calibrate writes since 2026-12-01) and over
 all of them. Until then calibrate kept one timing of each: on a quiet box here (2026-12-01, 19:13 UTC) five
 timings fitted the all-to-all's latency at 0.21-0.53 ms and the all-reduce's at 0.75-1.51 ms, and pooled the
@@ -30,7 +31,7 @@ def rank_side(out: str, rounds: int) -> None:
     unit = C._segment_unit(dev, "cpu", sync, dist)
     timings = []
     for _ in range(rounds):
-        coll = C._after_compute(dev, "cpu", sync, agree, dist, node_group, all_to_all=True)
+        coll = C._after_compute(dev, "cpu", sync, agree, dist, node_group, all_to_all=True, sequence=True)
         timings.append({"collectives": coll, "release": C._release(dev, "cpu", sync, dist, [world], unit)})
     gather_to_rank0(out, timings)
 
@@ -40,9 +41,15 @@ def fits(coll: dict, release: dict) -> str:
 
     a2a_lat, a2a_bw = fit_alpha_beta(coll["all_to_all_after_compute"], 2, ring_factor=False)
     ar_lat, ar_bw = fit_alpha_beta(coll["all_reduce_after_compute"], 2)
+    ag_lat, ag_bw = fit_alpha_beta(coll["all_gather_after_compute"], 2, ring_factor=False)
+    rs_lat, rs_bw = fit_alpha_beta(coll["reduce_scatter_after_compute"], 2, ring_factor=False)
     pooled = pooled_release(release["2"], "cpu")[0][1]
+    tp = 512 << 10     # recipe=tiny TP2's hidden-state tensor: what each SP collective of its steps moves
+    at = (f"; at 512 KiB all-reduce {(ar_lat + tp / ar_bw / 1e9) * 1e3:.2f} ms, all-gather "
+          f"{(ag_lat + tp / 2 / ag_bw / 1e9) * 1e3:.2f}, reduce-scatter {(rs_lat + tp / 2 / rs_bw / 1e9) * 1e3:.2f}")
     return (f"all-to-all latency {a2a_lat * 1e3:.2f} ms, {a2a_bw:.2f} GB/s; all-reduce latency {ar_lat * 1e3:.2f} ms, "
-            f"{ar_bw:.2f} GB/s; release pooled {pooled * 1e3:.2f} ms")
+            f"{ar_bw:.2f} GB/s; SP all-gather {ag_lat * 1e3:.2f} ms, {ag_bw:.2f} GB/s; SP reduce-scatter "
+            f"{rs_lat * 1e3:.2f} ms, {rs_bw:.2f} GB/s; release pooled {pooled * 1e3:.2f} ms{at}")
 
 
 def main() -> None:

@@ -859,9 +859,10 @@ def _bare_all_reduce(dev, sync, agree, dist) -> list:
     return rows
 
 
-def _after_compute(dev, device: str, sync, agree, dist, group, all_to_all: bool = False) -> dict:
-    """{"all_reduce_after_compute": [[bytes, s], ...] (and "all_to_all_after_compute")}: each collective over
-    `group` right after ~1 ms of GEMMs on every rank, its cost the pair's mean time less the GEMMs' alone."""
+def _after_compute(dev, device: str, sync, agree, dist, group, all_to_all: bool = False, sequence: bool = False) -> dict:
+    """{"all_reduce_after_compute": [[bytes, s], ...] (and "all_to_all_after_compute"; with `sequence`
+    "all_gather_after_compute" and "reduce_scatter_after_compute")}: each collective over `group` right after ~1 ms
+    of GEMMs on every rank, its cost the pair's mean time less the GEMMs' alone."""
     import torch
 
     chunk_a = torch.randn(256, 256, device=dev)
@@ -873,6 +874,19 @@ def _after_compute(dev, device: str, sync, agree, dist, group, all_to_all: bool 
     kinds = [("all_reduce_after_compute", lambda buf, res: lambda: dist.all_reduce(buf, group=group))]
     if all_to_all:
         kinds.append(("all_to_all_after_compute", lambda buf, res: lambda: dist.all_to_all_single(res, buf, group=group)))
+    if sequence:
+        # Megatron SP's all-gather and reduce-scatter by the runtime's own functions (list forms, the copies around
+        # them) on a (2, s, 64) tensor split over s: measured by bench/steptime/probe_rounds.py, not by calibrate's
+        # ranks. The plan prices both at (r-1)/r of the all-reduce's link; on gloo the reduce-scatter costs ~3x the
+        # all-gather, yet charging each its own link moved TP2-SP's plan further from its measured steps
+        # (bench/steptime/results.md, "Megatron SP's collectives, priced apart").
+        from launcher.parallel.tensor import _gather_sequence, _reduce_scatter_sequence
+
+        ranks = dist.get_world_size(group)
+        kinds += [("all_gather_after_compute", lambda buf, res: (lambda x: lambda: _gather_sequence(x, group))(
+                       buf.view(2, -1, 64).chunk(ranks, dim=1)[0].contiguous())),
+                  ("reduce_scatter_after_compute", lambda buf, res: (lambda x: lambda: _reduce_scatter_sequence(
+                      x, group))(buf.view(2, -1, 64)))]
     out: dict = {}
     for name, make in kinds:
         out[name] = []
