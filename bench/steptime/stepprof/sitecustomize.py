@@ -75,11 +75,18 @@ if os.environ.get("STEPPROF_OUT") and os.environ.get("LOCAL_RANK") is not None:
         # the ranks of a host): breakdown.py pairs the ranks' calls to split each wait from the transfer.
         import torch.distributed as dist
 
+        def nbytes(x):
+            if isinstance(x, (list, tuple)):
+                return sum(nbytes(y) for y in x)
+            return x.numel() * x.element_size() if hasattr(x, "numel") else 0
+
         def collective(name, t0, t1, args):
-            t = args[0] if args else None
-            colls.append([name, t0, t1, t.numel() * t.element_size() if hasattr(t, "numel") else 0])
+            # the whole tensor each moves: all_gather's output list, reduce_scatter's input list (Megatron SP's
+            # list forms, launcher/parallel/tensor.py), the first tensor of the others
+            t = args[1] if name == "reduce_scatter" and len(args) > 1 else (args[0] if args else None)
+            colls.append([name, t0, t1, nbytes(t)])
         for _name in ("all_to_all_single", "all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor",
-                      "broadcast", "send", "recv"):
+                      "all_gather", "reduce_scatter", "broadcast", "send", "recv"):
             if hasattr(dist, _name):
                 timed(dist, _name, collective)
 
