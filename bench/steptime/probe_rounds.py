@@ -5,8 +5,8 @@ calibrate's rounds makes of them (diagnostic for bench/steptime; not a test).
 
 On 2 ranks at once, `--rounds` times in a row, calibrate's own probes (launcher/runtime/calibrate.py): the
 all-reduce, all-to-all and Megatron SP's all-gather and reduce-scatter after compute (4 KiB .. 16 MiB), fitted to
-latency + bytes / bandwidth as write_profile fits them (the SP pair is not in a profile: results.md, "Megatron SP's
-collectives, priced apart"), and the pair's release after 5-150 ms segments, pooled as the plan reads it. One line a timing, then
+latency + bytes / bandwidth as write_profile fits them (the SP pair is not in a profile: xeon-amx-2026-12-05c/
+README.md), and the pair's release after 5-150 ms segments, pooled as the plan reads it. One line a timing, then
 the fits of the median over the first COMPUTE_ROUNDS timings (what calibrate writes since 2026-12-01) and over
 all of them. Until then calibrate kept one timing of each: on a quiet box here (2026-12-01, 19:13 UTC) five
 timings fitted the all-to-all's latency at 0.21-0.53 ms and the all-reduce's at 0.75-1.51 ms, and pooled the

@@ -879,7 +879,7 @@ def _after_compute(dev, device: str, sync, agree, dist, group, all_to_all: bool 
         # them) on a (2, s, 64) tensor split over s: measured by bench/steptime/probe_rounds.py, not by calibrate's
         # ranks. The plan prices both at (r-1)/r of the all-reduce's link; on gloo the reduce-scatter costs ~3x the
         # all-gather, yet charging each its own link moved TP2-SP's plan further from its measured steps
-        # (bench/steptime/results.md, "Megatron SP's collectives, priced apart").
+        # (bench/steptime/xeon-amx-2026-12-05c/README.md).
         from launcher.parallel.tensor import _gather_sequence, _reduce_scatter_sequence
 
         ranks = dist.get_world_size(group)
