@@ -91,6 +91,9 @@ def zero_optimization_base(stage: int, device: str) -> dict:
         # it only adds buffer copies.
         "overlap_comm": device == "cuda",
         "reduce_scatter": True,
+        # ZeRO 1/2: each gradient bucket is all-reduced whole (DeepSpeed's default, spelled out because the
+        # planner prices that all-reduce: launcher/plan/steptime.py, DP / ZeRO).
+        "use_multi_rank_bucket_allreduce": True,
         "reduce_bucket_size": REDUCE_BUCKET_SIZE,
         "allgather_bucket_size": 500_000_000,
     }

@@ -266,11 +266,23 @@ def summary(rows: list[dict], key: str = "error") -> dict:
             "worst_abs_error": max(errs)}
 
 
-# Written by hand after the runs of 2026-12-03 (Megatron's unfused attention; before it the Triton kernel's rates),
+# Written by hand after the runs of 2026-12-05 (ZeRO-1/2's all-reduce), 2026-12-03 (Megatron's unfused attention; before it the Triton kernel's rates),
 # 2026-12-02 (fms-fsdp added),
 # 2026-11-29 05:05 UTC, 2026-11-28 10:00 UTC,
 # 2026-11-26 21:10 UTC, 2026-11-26 18:00 UTC and 2026-11-25 05:10 UTC (re-read it when the table is regenerated).
-READING = """Reading (2026-12-05, later: one model shape and layout under two frameworks; nothing changed). MT-NLG
+READING = """Reading (2026-12-05, evening: ZeRO-1/2 gradients priced as the all-reduce DeepSpeed runs). DeepSpeed 0.19.8's
+ZeRO-1/2 reduce each gradient bucket with an all-reduce of the whole bucket (stage_1_and_2.py average_tensor, under
+use_multi_rank_bucket_allreduce, its default), 2 (r-1)/r of the bytes a rank on the ring, where the planner charged
+a reduce-scatter's (r-1)/r (recipe=tiny DP2 ZeRO-1 and ZeRO-2 on 2 CPU ranks: one 5,313,024-byte all_reduce a step,
+bench/steptime/breakdown.py with STEPPROF_COLL=1). The planner now charges the all-reduce (launcher/plan/steptime.py,
+DP / ZeRO). 19 rows move, all predicted slower, by 0.4-1.9 points: the 15 DGXC rows (ZeRO-1, DP up to 128; the
+12 8B rows -15.7 .. -21.0% -> -17.7 .. -22.8%, the 405B proxies -19.6 / -18.2 / -18.0% -> -20.2 / -18.9 / -19.5%),
+MT-NLG's three +37.8 / +39.4 / +43.6% -> +37.3 / +38.8 / +42.8%, BLOOM +16.4% -> +15.9%. Within 20% 75.2% -> 74.8% (one DGXC 405B proxy crosses, -19.6% -> -20.2%); within 10%,
+the median and the worst unchanged; the second view's median 8.1% -> 8.3%. The DGXC runs are NeMo's distributed
+optimizer, which reduce-scatters; the headline prices the launcher's runtime on their layouts, and that runtime
+moves twice the gradient bytes. The readings below quote these rows as they stood before.
+
+Reading (2026-12-05, later: one model shape and layout under two frameworks; nothing changed). MT-NLG
 (Smith et al. 2022) and Narayanan et al. 2021's table 2 PTD-P 529.6B train the same shape (105 layers, hidden 20480,
 128 heads, sequence 2048; vocabularies 50272 / 51200) on A100-80GB nodes at TP 8 x PP 35, both non-interleaved
 1F1B. Time per pipeline slot, the iteration time over the m + p - 1 slots of its schedule (m micro-batches a

@@ -85,9 +85,16 @@ One micro-batch on one rank (n = b s / sp tokens outside attention; t = TP, sp =
                             fill and drain cross every stage once, the steady state goes at the slowest stage
                             (Narayanan et al. 2021, section 2.2; with equal stages this is (m + p - 1) T, bubble
                             (p-1)/m).
-    DP / ZeRO (r = dp x sp) ZeRO 0/1: gradients all-reduced (0) or reduce-scattered (1) once per step after the
-                            last backward; ZeRO 2: reduce-scattered in every micro-batch's backward; ZeRO 1/2 then
-                            all-gather the updated weights; ZeRO 3: per micro-batch all-gather forward,
+    DP / ZeRO (r = dp x sp) ZeRO 0/1: gradients all-reduced once per step after the last backward; ZeRO 2:
+                            all-reduced in every micro-batch's backward. ZeRO 1/2 partition the optimizer
+                            state, yet DeepSpeed 0.19.8 reduces each gradient bucket with an all-reduce of the
+                            whole bucket and keeps its own partition's slice (stage_1_and_2.py average_tensor:
+                            with zero_optimization.use_multi_rank_bucket_allreduce, true by default and in
+                            deepspeed_config.py, every slice goes to allreduce_and_scatter -> allreduce_bucket),
+                            2 (r-1)/r x bytes a rank on the ring, not a reduce-scatter's (r-1)/r (DP2 ZeRO-1
+                            and ZeRO-2, recipe=tiny, 2 CPU ranks: one 5,313,024-byte all_reduce a step,
+                            bench/steptime/breakdown.py STEPPROF_COLL). ZeRO 1/2 then all-gather the updated
+                            weights; ZeRO 3: per micro-batch all-gather forward,
                             all-gather backward and reduce-scatter (all-reduce under SP, deepspeed_config.py
                             says why) (Rajbhandari et al. 2020, section 7), the gathers one per module with
                             weights, each paying the link latency. Under full recompute the backward gathers
@@ -762,11 +769,12 @@ def estimate_step_time(shape: ModelShape, st: Strategy, hw: Hardware, train_toke
         elif st.zero_stage == 0:
             exposed = buckets * all_reduce_s(grad_b / buckets, r, link)
         elif st.zero_stage == 1:
-            comm = buckets * gather_s(grad_b / buckets, r, link)
+            # ZeRO 1/2 reduce each gradient bucket with an all-reduce, not a reduce-scatter (module docstring)
+            comm = buckets * all_reduce_s(grad_b / buckets, r, link)
             hide = bwd_window if overlap and p == 1 else 0.0
             exposed = max(0.0, comm - hide) + gather_s(par_b, r, link)
         elif st.zero_stage == 2:
-            per_mb = buckets * gather_s(grad_b / buckets, r, link)
+            per_mb = buckets * all_reduce_s(grad_b / buckets, r, link)
             hide = bwd_window if overlap else 0.0
             exposed = m * max(0.0, per_mb - hide) + gather_s(par_b, r, link)
         else:

@@ -230,15 +230,25 @@ def test_zero0_all_reduce_pays_the_groups_nccl_latency():
     assert BUILTIN["h100-80gb"].nccl == NcclTuning() and BUILTIN["a100-80gb"].nccl == NcclTuning()
 
 
-def test_zero1_on_cpu_ranks_exposes_reduce_scatter_and_allgather():
-    # DP2 ZeRO-1 on CPU ranks (overlap_comm off): gradients reduce-scattered once per step, then the updated
-    # fp32 weights all-gathered: (L + 1/2 x 4 N / B) twice, N = every parameter.
+def test_zero1_on_cpu_ranks_exposes_gradient_allreduce_and_weight_allgather():
+    # DP2 ZeRO-1 on CPU ranks (overlap_comm off): DeepSpeed 0.19.8 all-reduces the whole gradient bucket once per
+    # step (stage_1_and_2.py average_tensor -> allreduce_and_scatter -> allreduce_bucket, under
+    # use_multi_rank_bucket_allreduce), ring bytes 2 x 1/2 x 4 N; then the updated fp32 weights are all-gathered,
+    # 1/2 x 4 N: (L + 4 N / B) + (L + 1/2 x 4 N / B), N = every parameter.
     lat, bus = 1e-3, 1.0
     _, shape, st = setup("parallel.zero_stage=1")
     N = count_params(compose(["recipe=tiny"]).model).total
     t = steptime.estimate_step_time(shape, st, hardware(ideal(intra=Link(lat, bus)), device="cpu"))
     assert st.data_degree == 2
-    assert t.dp_comm_exposed_s == pytest.approx(2 * (lat + 0.5 * 4 * N / (bus * 1e9)), rel=1e-9)
+    assert t.dp_comm_exposed_s == pytest.approx(2 * lat + 1.5 * 4 * N / (bus * 1e9), rel=1e-9)
+
+
+def test_zero1_and_2_deepspeed_config_all_reduces_gradient_buckets():
+    # The planner prices ZeRO 1/2's gradient reduction as an all-reduce because the engine config asks for it.
+    from launcher.deepspeed_config import zero_optimization_base
+
+    for stage in (1, 2):
+        assert zero_optimization_base(stage, "cpu")["use_multi_rank_bucket_allreduce"] is True
 
 
 def test_zero2_on_gpu_hides_reduce_scatter_behind_backward():
