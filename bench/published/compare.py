@@ -270,17 +270,23 @@ def summary(rows: list[dict], key: str = "error") -> dict:
 # 2026-12-02 (fms-fsdp added),
 # 2026-11-29 05:05 UTC, 2026-11-28 10:00 UTC,
 # 2026-11-26 21:10 UTC, 2026-11-26 18:00 UTC and 2026-11-25 05:10 UTC (re-read it when the table is regenerated).
-READING = """Reading (2026-12-05, evening: ZeRO-1/2 gradients priced as the all-reduce DeepSpeed runs). DeepSpeed 0.19.8's
-ZeRO-1/2 reduce each gradient bucket with an all-reduce of the whole bucket (stage_1_and_2.py average_tensor, under
-use_multi_rank_bucket_allreduce, its default), 2 (r-1)/r of the bytes a rank on the ring, where the planner charged
-a reduce-scatter's (r-1)/r (recipe=tiny DP2 ZeRO-1 and ZeRO-2 on 2 CPU ranks: one 5,313,024-byte all_reduce a step,
-bench/steptime/breakdown.py with STEPPROF_COLL=1). The planner now charges the all-reduce (launcher/plan/steptime.py,
-DP / ZeRO). 19 rows move, all predicted slower, by 0.4-1.9 points: the 15 DGXC rows (ZeRO-1, DP up to 128; the
-12 8B rows -15.7 .. -21.0% -> -17.7 .. -22.8%, the 405B proxies -19.6 / -18.2 / -18.0% -> -20.2 / -18.9 / -19.5%),
-MT-NLG's three +37.8 / +39.4 / +43.6% -> +37.3 / +38.8 / +42.8%, BLOOM +16.4% -> +15.9%. Within 20% 75.2% -> 74.8% (one DGXC 405B proxy crosses, -19.6% -> -20.2%); within 10%,
-the median and the worst unchanged; the second view's median 8.1% -> 8.3%. The DGXC runs are NeMo's distributed
-optimizer, which reduce-scatters; the headline prices the launcher's runtime on their layouts, and that runtime
-moves twice the gradient bytes. The readings below quote these rows as they stood before.
+READING = """Reading (2026-12-05, evening: data-parallel gradients priced as DeepSpeed moves them; the headline loses
+ground, the runtime is now told right). Three fixes, each measured on 2-4 CPU ranks with recipe=tiny (sizes and
+dtypes of every collective, bench/steptime/results.md) and read in DeepSpeed 0.19.8's code: (1) ZeRO-1/2 reduce
+each gradient bucket with an all-reduce of the whole bucket (stage_1_and_2.py average_tensor under
+use_multi_rank_bucket_allreduce, its default), 2 (r-1)/r of the bytes a rank, where the planner charged a
+reduce-scatter's (r-1)/r; (2) gradients cross the wire in the model's dtype whatever the accumulation dtype, and in
+fp32 whenever sequence_parallel_size > 1 (Ulysses or CP: engine.py seq_parallel_communication_data_type), where the
+planner charged fp32 for fp32 accumulation and the model's dtype under CP; (3) bf16 at ZeRO-0 under the pipeline
+engine (BF16_Optimizer) partitions its master weights and all-gathers the bf16 weights after each step, which the
+planner left out. 26 rows move: the 15 DGXC rows (ZeRO-1, CP 2 on the 8B and the 405B proxies) by -2.1 to -5.5
+points (the 8B rows -15.7 .. -21.0% -> -21.2 .. -26.1%), NeMo AutoModel's 70B (ZeRO-3 with CP 2: fp32 all-reduce in
+place of a bf16 reduce-scatter, 4x the bytes) -64.5% -> -75.8%, MT-NLG's three and BLOOM 0.5-0.8 points closer,
+the six PTD-P table-2 rows 0-0.8 points closer. Within 20% 75.2% -> 71.0%, worst 64.5% -> 75.8%; within 10% and
+the median unchanged; the second view 59.9% -> 58.4% within 10%. Those runs reduce as NeMo and Megatron do (a
+bf16 reduce-scatter in their distributed optimizers); the headline prices the launcher's runtime on their layouts,
+and under CP that runtime moves 2-4x their gradient bytes. That gap is the runtime's, not the model's: a
+`launcher plan` of those layouts now shows it. The readings below quote these rows as they stood before.
 
 Reading (2026-12-05, later: one model shape and layout under two frameworks; nothing changed). MT-NLG
 (Smith et al. 2022) and Narayanan et al. 2021's table 2 PTD-P 529.6B train the same shape (105 layers, hidden 20480,

@@ -197,7 +197,7 @@ from launcher.plan.flops import flops_per_token, recompute_flops_per_token
 from launcher.plan.inputs import Hardware, ModelShape, Strategy
 from launcher.plan.memory import (PARAM_PERSISTENCE_THRESHOLD, REDUCE_BUCKET_ELEMENTS, blocks_in_stage,
                                   blocks_per_stage, checkpointed_in_stage, checkpointed_layers, checkpointed_of,
-                                  params_per_stage, weight_bytes)
+                                  params_per_stage, uses_bf16_optimizer, weight_bytes)
 from launcher.plan.profile import Link, Profile, interpolate
 
 F32 = 4
@@ -757,9 +757,19 @@ def estimate_step_time(shape: ModelShape, st: Strategy, hw: Hardware, train_toke
     r = st.zero_partition_degree    # DeepSpeed's data-parallel group under Ulysses (CP) is dp x sp (dp x cp)
     overlap = _overlap_comm(hw)
     dp_exposed, opt = [], []
+    # Gradients cross the wire in DeepSpeed's communication dtype: the model's, whatever the accumulation dtype
+    # (engine.py communication_data_type; its and stage_1_and_2.py's allreduce_bucket cast to it), and fp32 under
+    # Ulysses or CP (engine.py: sequence_parallel_size > 1 -> seq_parallel_communication_data_type, fp32 by default).
+    # recipe=tiny bf16 on 2 CPU ranks: ZeRO-1/2 all_reduce and ZeRO-3 reduce_scatter_tensor in bf16 with or
+    # without precision.grad_accum_dtype=fp32 (PP2 x DP2 under the BF16_Optimizer too), fp32 under SP2 (ZeRO-1/2/3).
+    wire = F32 if sp > 1 else w
+    # DeepSpeed's BF16_Optimizer (memory.uses_bf16_optimizer) partitions the fp32 master weights and Adam over DP
+    # at ZeRO-0 too, and all-gathers the updated bf16 weights after its step (PP2 x DP2 bf16 ZeRO-0: one
+    # all_gather_into_tensor of the stage's bf16 weights a step).
+    bf16_opt = uses_bf16_optimizer(st.dtype, st.zero_stage, st.grad_accum_fp32, p)
     for stage, x in enumerate(stages):
         params = stage_n[stage]
-        grad_b = params * (F32 if st.grad_accum_fp32 else w)
+        grad_b = params * wire
         par_b = params * w
         buckets = max(1, math.ceil(params / REDUCE_BUCKET_ELEMENTS))
         bwd_window = (bb.total * blocks[stage]) * k
@@ -767,7 +777,7 @@ def estimate_step_time(shape: ModelShape, st: Strategy, hw: Hardware, train_toke
         if r <= 1:
             exposed = 0.0
         elif st.zero_stage == 0:
-            exposed = buckets * all_reduce_s(grad_b / buckets, r, link)
+            exposed = buckets * all_reduce_s(grad_b / buckets, r, link) + (gather_s(par_b, r, link) if bf16_opt else 0.0)
         elif st.zero_stage == 1:
             # ZeRO 1/2 reduce each gradient bucket with an all-reduce, not a reduce-scatter (module docstring)
             comm = buckets * all_reduce_s(grad_b / buckets, r, link)
@@ -791,8 +801,8 @@ def estimate_step_time(shape: ModelShape, st: Strategy, hw: Hardware, train_toke
             hide = x["compute"] if overlap else 0.0
             exposed = m * max(0.0, per_mb - hide)
         dp_exposed.append(exposed)
-        shard = params / (r if st.zero_stage >= 1 else 1)
-        tensors = 1 if st.zero_stage in (1, 2) else 9 * max(1, blocks[stage]) + 3
+        shard = params / (r if st.zero_stage >= 1 or bf16_opt else 1)
+        tensors = 1 if st.zero_stage in (1, 2) or bf16_opt else 9 * max(1, blocks[stage]) + 3
         opt.append(_optimizer_s(shard, st, prof, tensors) * stretch)
     # The step's one synchronisation where no micro-batch has one (ZeRO 0/1 data parallelism alone): the gradient
     # reduce waits for the ZeRO group's slowest rank over the whole step's compute.

@@ -243,6 +243,46 @@ def test_zero1_on_cpu_ranks_exposes_gradient_allreduce_and_weight_allgather():
     assert t.dp_comm_exposed_s == pytest.approx(2 * lat + 1.5 * 4 * N / (bus * 1e9), rel=1e-9)
 
 
+def test_gradients_cross_the_wire_in_the_model_dtype_and_in_fp32_under_sequence_parallelism():
+    # DeepSpeed casts gradients to its communication dtype before reducing them: the model's (bf16) whatever the
+    # accumulation dtype, fp32 when sequence_parallel_size > 1 (Ulysses or CP). Measured on 2 CPU ranks, recipe=tiny
+    # bf16 (2026-12-05): ZeRO-1 all_reduce 1,328,256 bf16 elements with and without grad_accum_dtype=fp32, float32
+    # under parallel.sequence_degree=2 and parallel.context_degree=2. DP2 ZeRO-1 on CPU ranks (nothing overlapped):
+    # the gradient all-reduce (L + 2 x 1/2 x bytes / B) and the bf16 weights' all-gather (L + 1/2 x 2 N / B).
+    lat, bus = 1e-3, 1.0
+    N = count_params(compose(["recipe=tiny"]).model).total
+    hw = hardware(ideal(intra=Link(lat, bus)), device="cpu")
+    for accum in ("bf16", "fp32"):
+        _, shape, st = setup("parallel.zero_stage=1", "precision=bf16", f"precision.grad_accum_dtype={accum}")
+        t = steptime.estimate_step_time(shape, st, hw)
+        assert t.dp_comm_exposed_s == pytest.approx(2 * lat + (2 * N + 0.5 * 2 * N) / (bus * 1e9), rel=1e-9)
+    # SP2: one replica, its 2 sequence ranks reduce over DeepSpeed's sequence-data-parallel group (r = dp x sp = 2)
+    _, shape, st = setup("parallel.sequence_degree=2", "parallel.zero_stage=1", "precision=bf16")
+    assert st.data_degree == 1 and st.zero_partition_degree == 2
+    t = steptime.estimate_step_time(shape, st, hw)
+    assert t.dp_comm_exposed_s == pytest.approx(2 * lat + (4 * N + 0.5 * 2 * N) / (bus * 1e9), rel=1e-9)
+
+
+def test_bf16_optimizer_at_zero0_gathers_the_weights_it_partitions():
+    # bf16 + ZeRO-0 under the pipeline engine runs DeepSpeed's BF16_Optimizer, which partitions the fp32 master
+    # weights over DP and all-gathers the updated bf16 weights after its step (PP2 x DP2 on 4 CPU ranks: one
+    # all_gather_into_tensor of 331,776 bf16 elements a rank, half a stage's weights, 2026-12-05). Per stage with n
+    # weights: the gradient all-reduce (L + 2 x 1/2 x 2 n / B) and the all-gather (L + 1/2 x 2 n / B).
+    from launcher.plan.memory import params_per_stage
+
+    lat, bus = 1e-3, 1.0
+    _, shape, st = setup("cluster.gpus_per_node=4", "parallel.pipeline_degree=2", "parallel.zero_stage=0",
+                         "precision=bf16")
+    assert st.data_degree == 2
+    t = steptime.estimate_step_time(shape, st, hardware(ideal(intra=Link(lat, bus)), device="cpu"))
+    n = max(params_per_stage(shape, st))
+    assert t.dp_comm_exposed_s == pytest.approx(2 * lat + (2 * n + 0.5 * 2 * n) / (bus * 1e9), rel=1e-9)
+    fp32 = setup("cluster.gpus_per_node=4", "parallel.pipeline_degree=2", "parallel.zero_stage=0")
+    t = steptime.estimate_step_time(fp32[1], fp32[2], hardware(ideal(intra=Link(lat, bus)), device="cpu"))
+    assert t.dp_comm_exposed_s == pytest.approx(lat + 4 * max(params_per_stage(fp32[1], fp32[2])) / (bus * 1e9),
+                                                 rel=1e-9)
+
+
 def test_zero1_and_2_deepspeed_config_all_reduces_gradient_buckets():
     # The planner prices ZeRO 1/2's gradient reduction as an all-reduce because the engine config asks for it.
     from launcher.deepspeed_config import zero_optimization_base
