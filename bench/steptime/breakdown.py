@@ -41,18 +41,20 @@ def main() -> None:
             summ = next((r for r in recs if r.get("kind") == "summary"), {})
             steps = [round(r["step_time_s"] * 1e3) for r in recs if r.get("kind") == "train"]
             print(f"== {name}  load {os.getloadavg()}  steps(ms) {steps}  predicted {summ.get('predicted_step_time_s', 0)*1e3:.0f} ms")
+            walls = []
             for r in range(ranks):
                 ph = json.loads((out / f"rank{r}-phases.json").read_text())
+                walls.append(ph["wall"])
                 st = json.loads(next(out.glob(f"rank{r}-step*.json")).read_text())
                 print(f"rank {r}: threads {st['threads']} phases(ms) " + " ".join((f"{k}={v:.0f}" if k == "minflt" else f"{k}={v*1e3:.1f}") for k, v in ph.items())
                       + f" | profiled step {st['wall_s']*1e3:.0f} ms, all-op self sum {sum(o['self_s'] for o in st['ops'])*1e3:.0f}")
                 for o in st["ops"][:int(os.environ.get('STEPPROF_TOP', 18))]:
                     print(f"   {o['op'][:110]:110s} n={o['count']:5d} self={o['self_s']*1e3:7.2f} ms")
             if os.environ.get("STEPPROF_COLL"):
-                kinds = collectives(out, ranks, int(os.environ.get("STEPPROF_STEPS", 4)))
+                timed = int(os.environ.get("STEPPROF_STEPS", 4))
+                kinds = collectives(out, ranks, timed)
                 if kinds:
-                    walls = [json.loads((out / f"rank{r}-phases.json").read_text())["wall"] for r in range(ranks)]
-                    by_term(kinds, sum(walls) / ranks, int(os.environ.get("STEPPROF_STEPS", 4)),
+                    by_term(kinds, sum(walls) / ranks, timed,
                             ["recipe=tiny", f"cluster.gpus_per_node={ranks}", f"cluster.profile={profile}", *extra])
 
 
