@@ -266,7 +266,8 @@ def summary(rows: list[dict], key: str = "error") -> dict:
             "worst_abs_error": max(errs)}
 
 
-# Written by hand after the runs of 2026-12-05 (ZeRO-1/2's all-reduce), 2026-12-03 (Megatron's unfused attention; before it the Triton kernel's rates),
+# Written by hand after the runs of 2026-12-05 (ZeRO-1/2's all-reduce, the gradients' wire dtype),
+# 2026-12-03 (Megatron's unfused attention; before it the Triton kernel's rates),
 # 2026-12-02 (fms-fsdp added),
 # 2026-11-29 05:05 UTC, 2026-11-28 10:00 UTC,
 # 2026-11-26 21:10 UTC, 2026-11-26 18:00 UTC and 2026-11-25 05:10 UTC (re-read it when the table is regenerated).

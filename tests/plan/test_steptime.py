@@ -291,8 +291,8 @@ def test_zero1_and_2_deepspeed_config_all_reduces_gradient_buckets():
         assert zero_optimization_base(stage, "cpu")["use_multi_rank_bucket_allreduce"] is True
 
 
-def test_zero2_on_gpu_hides_reduce_scatter_behind_backward():
-    # overlap_comm (GPU): the per-micro-batch reduce-scatter hides behind that micro-batch's backward; a fast
+def test_zero2_on_gpu_hides_gradient_allreduce_behind_backward():
+    # overlap_comm (GPU): the per-micro-batch gradient all-reduce hides behind that micro-batch's backward; a fast
     # link leaves only the final all-gather of the fp32 weights: L + 1/2 x 4 N / B.
     lat, bus = 1e-6, 1e6
     _, shape, st = setup("parallel.zero_stage=2")
