@@ -94,6 +94,10 @@ A profile says how fast one accelerator (or one CPU rank) runs each kind of oper
                             slowest-minus-mean time of a segment of the same compute on every rank, as a fraction
                             of the segment, by segment length ([[seconds, fraction], ...]), measured by `launcher
                             calibrate` on groups of consecutive ranks; {} where not measured (the built-ins)
+    straggler_unshared[g], release_unshared[g]  optional, CPU ranks on a node with more ranks than compute slots:
+                            the same two measured with only the first compute_slots ranks busy, the rest idle,
+                            as a pipeline's fill and drain leave one stage computing (steptime._shared_pipeline
+                            charges them where a stage computed unshared; {} elsewhere: the tables above)
 
 The built-in GPU profiles cite every constant below. `launcher calibrate` writes the same fields,
 measured, to a YAML file (PROFILE_VERSION); `cluster.profile=PATH` selects it.
@@ -226,6 +230,9 @@ class Profile:
     # {group size: [[segment seconds, seconds], ...]}: a synchronisation's cost once its group's last rank arrived,
     # by the compute before it (calibrate's _release); {} where not measured (the built-ins)
     release: dict = field(default_factory=dict)
+    # the same two measured with only compute_slots ranks busy (module docstring); {} where not measured
+    straggler_unshared: dict = field(default_factory=dict)
+    release_unshared: dict = field(default_factory=dict)
     framework_s: dict = field(default_factory=dict)
     host_s: dict = field(default_factory=dict)
     # {arch: {dtype: [forward, backward]}}: what a selectively checkpointed block (model.checkpoint_mode=selective)
@@ -253,17 +260,20 @@ class Profile:
         """The intra-node link of a group of `ranks` ranks: its own measurement where calibrate took one, else intra."""
         return self.intra_groups.get(ranks, self.intra)
 
-    def straggler_fraction(self, ranks: int, segment_s: float) -> float:
+    def straggler_fraction(self, ranks: int, segment_s: float, unshared: bool = False) -> float:
         """The expected wait of a group of `ranks` ranks for its slowest one at a synchronisation, as a fraction
         of the `segment_s` seconds of compute before it: the measured group size nearest below (a larger group
         waits at least that long; above the largest measured, an under-charge), interpolated by segment length
-        (log-linear, clamped at the ends); 0 for one rank or a profile without the measurement."""
-        return _by_group(self.straggler, ranks, segment_s)
+        (log-linear, clamped at the ends); 0 for one rank or a profile without the measurement. `unshared`: as
+        measured with only the compute slots' ranks busy, where the profile has that table."""
+        return _by_group(self.straggler_unshared if unshared and self.straggler_unshared else self.straggler,
+                         ranks, segment_s)
 
-    def release_s(self, ranks: int, segment_s: float) -> float:
+    def release_s(self, ranks: int, segment_s: float, unshared: bool = False) -> float:
         """What a synchronisation of `ranks` ranks costs once the last arrived, after `segment_s` seconds of compute
         (profile.release, read as straggler_fraction reads its table); 0 where not measured."""
-        return _by_group(self.release, ranks, segment_s)
+        return _by_group(self.release_unshared if unshared and self.release_unshared else self.release,
+                         ranks, segment_s)
 
     def gemm_table_for(self, dtype: str) -> Optional[list]:
         return _table(self.gemm_table, dtype)
@@ -674,6 +684,10 @@ def load_profile(path: str) -> Profile:
             straggler={int(g): [[float(t), float(f)] for t, f in rows]
                        for g, rows in (doc.get("straggler") or {}).items()},
             release={int(g): [[float(t), float(c)] for t, c in rows] for g, rows in (doc.get("release") or {}).items()},
+            straggler_unshared={int(g): [[float(t), float(f)] for t, f in rows]
+                                for g, rows in (doc.get("straggler_unshared") or {}).items()},
+            release_unshared={int(g): [[float(t), float(c)] for t, c in rows]
+                              for g, rows in (doc.get("release_unshared") or {}).items()},
             **{name: _arch_table(doc.get(name)) for name in ARCH_TABLES},
             source=f"{p} ({doc.get('source', 'launcher calibrate')})")
     except (TypeError, ValueError, KeyError, AttributeError) as err:
@@ -682,12 +696,11 @@ def load_profile(path: str) -> Profile:
     prof = alone_rates(prof, measured.get("local_world", measured.get("world")))
     rates = [*prof.gemm_tflops.values(), *prof.attention_tflops.values(), prof.memory_gbps, prof.intra.bus_gbps,
              prof.inter.bus_gbps, *(link.bus_gbps for link in prof.intra_groups.values())]
-    if any(g < 2 or not rows or any(t <= 0 or f < 0 for t, f in rows) for g, rows in prof.straggler.items()):
-        raise ConfigError(key, path, "has a straggler table that is not [[segment seconds > 0, fraction >= 0], ...] "
-                          "per group size >= 2", fix)
-    if any(g < 2 or not rows or any(t <= 0 or c < 0 for t, c in rows) for g, rows in prof.release.items()):
-        raise ConfigError(key, path, "has a release table that is not [[segment seconds > 0, seconds >= 0], ...] "
-                          "per group size >= 2", fix)
+    for name, what in (("straggler", "fraction"), ("release", "seconds"), ("straggler_unshared", "fraction"),
+                       ("release_unshared", "seconds")):
+        if any(g < 2 or not rows or any(t <= 0 or v < 0 for t, v in rows) for g, rows in getattr(prof, name).items()):
+            raise ConfigError(key, path, f"has a {name} table that is not [[segment seconds > 0, {what} >= 0], ...] "
+                              "per group size >= 2", fix)
     for name, table in (("engine_element_s", prof.engine_element_s), ("engine_tensor_s", prof.engine_tensor_s),
                         ("engine_element_micro_s", prof.engine_element_micro_s),
                         ("engine_tensor_micro_s", prof.engine_tensor_micro_s)):

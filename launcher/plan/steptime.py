@@ -181,9 +181,10 @@ One micro-batch on one rank (n = b s / sp tokens outside attention; t = TP, sp =
                             written, the gradient read (and the norm's extra read), the low-precision weights
                             written: (4 + 4 + 4) x 2 + 4 + 4 (+ 2 for a 16-bit copy) bytes per parameter.
     CPU ranks               when a node runs more ranks than the profile's compute_slots (cores), compute
-                            stretches by ranks / slots while every rank computes; a pipeline's ranks idle in
-                            fill and drain, so its step is the larger of the critical path at full speed and
-                            the node's total compute over its slots (_compute_stretch).
+                            stretches by ranks / slots while every rank computes (_compute_stretch); a
+                            pipeline's ranks idle in fill and drain, so its 1F1B schedule is played out with
+                            the cores shared, each stage's compute stretched by what it met and its waits at the
+                            straggler and release measured that way (_shared_pipeline).
 """
 
 from __future__ import annotations
@@ -729,12 +730,17 @@ def estimate_step_time(shape: ModelShape, st: Strategy, hw: Hardware, train_toke
         every, rest = (rest, [0.0] * p) if st.zero_stage >= 2 else ([0.0] * p, rest)
     hooks = [hk + e for hk, e in zip(hooks, every)]
     engine_step = [r + once for r, once in zip(rest, hooks_step)]
-    k = _compute_stretch(costs, hooks, m, p, ranks_here, prof, stretch, p2p)
+    # A pipeline whose node runs more ranks than compute slots: its 1F1B schedule played out with the cores shared
+    # (_shared_pipeline), each stage's compute stretched by what it met; otherwise one stretch for every stage.
+    shared = (_shared_pipeline(shape, st, prof, bf, bb, recomputed, first, last, hooks, p2p, ranks_here, blocks, ckpts)
+              if stretch > 1.0 and p > 1 else None)
+    k = _compute_stretch(costs, hooks, m, p, ranks_here, prof, stretch, p2p) if shared is None else None
 
     stages = []
     for stage, c in enumerate(costs):
         neighbours = (stage > 0) + (stage < p - 1)
-        compute = c.compute * k
+        k_stage = k if shared is None else shared["stretch"][stage]
+        compute = c.compute * k_stage
         # The host floor (GPU): the host issues a micro-batch's kernels ahead of the device, so its Python is hidden
         # until it takes longer than the kernels; then the device waits for it (bench/gpu/results.md: the ~1B LLaMA
         # on one H200 at micro-batch 1 took 0.61 s a step where its kernels need 0.33).
@@ -744,14 +750,17 @@ def estimate_step_time(shape: ModelShape, st: Strategy, hw: Hardware, train_toke
         busy = compute + host_wait + hooks[stage]     # what a rank of the stage computes between its synchronisations
         # counted only where there is a fraction to charge (the built-ins have none: --search's hot path)
         syncs, group = _syncs_per_micro_batch(shape, st, stage) if prof.straggler or prof.release else (0, 1)
-        wait = (prof.straggler_fraction(group, busy / syncs) * busy
-                + syncs * _release_beyond_latency(prof, group, busy / syncs, st)) if syncs else 0.0
+        if shared is not None:
+            wait = shared["wait"][stage] / m
+        else:
+            wait = (prof.straggler_fraction(group, busy / syncs) * busy
+                    + syncs * _release_beyond_latency(prof, group, busy / syncs, st)) if syncs else 0.0
         stages.append({"cost": c, "compute": compute, "host_wait": host_wait, "pp": 2 * neighbours * p2p, "wait": wait,
-                       "syncs": syncs,
+                       "syncs": syncs, "k": k_stage,
                        "busy": busy, "time": busy + c.tp + c.sp + 2 * neighbours * p2p + wait,
-                       "recompute": recomputed.compute * ckpts[stage] * k})
+                       "recompute": recomputed.compute * ckpts[stage] * k_stage})
     slow = max(stages, key=lambda x: x["time"])
-    pipeline_s = sum(x["time"] for x in stages) + (m - 1) * slow["time"]
+    pipeline_s = sum(x["time"] for x in stages) + (m - 1) * slow["time"] if shared is None else shared["step"]
 
     # Data parallel traffic and the optimizer, per stage; the step waits for the slowest stage.
     r = st.zero_partition_degree    # DeepSpeed's data-parallel group under Ulysses (CP) is dp x sp (dp x cp)
@@ -772,7 +781,7 @@ def estimate_step_time(shape: ModelShape, st: Strategy, hw: Hardware, train_toke
         grad_b = params * wire
         par_b = params * w
         buckets = max(1, math.ceil(params / REDUCE_BUCKET_ELEMENTS))
-        bwd_window = (bb.total * blocks[stage]) * k
+        bwd_window = (bb.total * blocks[stage]) * x["k"]
         link = links["dp"]
         if r <= 1:
             exposed = 0.0
@@ -826,8 +835,8 @@ def estimate_step_time(shape: ModelShape, st: Strategy, hw: Hardware, train_toke
         tokens_per_s=tokens_per_s, flops_per_token=f_model, hardware_flops_per_token=f_hw,
         tflops_per_gpu=tflops, hardware_tflops_per_gpu=hw_tflops, mfu=tflops / hw.peak_tflops if hw.peak_tflops else 0.0,
         train_tokens=tokens, train_days=tokens / tokens_per_s / 86400 if tokens else 0.0,
-        gemm_s=m * c.gemm * k, attention_s=m * c.attention * k, memory_bound_s=m * c.memory * k,
-        framework_s=m * c.framework * k,
+        gemm_s=m * c.gemm * slow["k"], attention_s=m * c.attention * slow["k"], memory_bound_s=m * c.memory * slow["k"],
+        framework_s=m * c.framework * slow["k"],
         host_bound_s=m * slow["host_wait"],
         engine_s=m * hooks[stages.index(slow)] + engine_step[i_tail],
         straggler_s=m * slow["wait"] + end_wait[i_tail],
@@ -843,14 +852,16 @@ def _selective_recompute(shape: ModelShape, st: Strategy, prof: Profile, bf: Cos
                 host=host if host is not None else bf.host)
 
 
-def _release_beyond_latency(prof: Profile, ranks: int, segment_s: float, st: Strategy) -> float:
+def _release_beyond_latency(prof: Profile, ranks: int, segment_s: float, st: Strategy, unshared: bool = False) -> float:
     """What one synchronisation of `ranks` consecutive ranks costs after `segment_s` of compute (profile.release)
     beyond the latency its link already charges (fitted from collectives after ~1 ms of GEMMs): 0 without the
-    measurement."""
+    measurement. `unshared`: the release calibrate measured with only the compute slots' ranks busy
+    (profile.release_unshared), beyond the same link's latency (measured with every rank busy, so an under-charge
+    where the pair's own latency is lower unshared)."""
     if ranks <= 1 or not prof.release:
         return 0.0
     link = _span(prof, ranks, 1, st.gpus_per_node)[0]
-    return max(0.0, prof.release_s(ranks, segment_s) - link.latency_s)
+    return max(0.0, prof.release_s(ranks, segment_s, unshared) - link.latency_s)
 
 
 def _syncs_per_micro_batch(shape: ModelShape, st: Strategy, stage: int) -> tuple[int, int]:
@@ -994,6 +1005,109 @@ def _compute_stretch(costs: list, hooks: list, m: int, p: int, ranks: int, prof:
     if work <= critical:
         return 1.0
     return min(stretch, (work - sum(comm) - (m - 1) * comm[slow]) / (sum(comp) + (m - 1) * comp[slow]))
+
+
+def _shared_pipeline(shape: ModelShape, st: Strategy, prof: Profile, bf: Cost, bb: Cost, recomputed: Cost,
+                     first: Cost, last: Cost, hooks: list, p2p: float, ranks: int, blocks: list, ckpts: list) -> dict:
+    """A pipeline's step on a node with more ranks than compute slots: its 1F1B schedule played out with the cores
+    shared (processor sharing: while n ranks compute on c slots, each computes at min(1, c / n) of its speed alone).
+
+    In fill and drain one stage's ranks wait for their neighbour and leave it the cores; in the steady state every
+    stage computes and each rank gets its share. One stretch for the whole step (_compute_stretch, Graham's bound)
+    cannot hold both: recipe=tiny TP2 x PP2 on 4 ranks and 2 cores, 2 micro-batches, spent ~104 ms a micro-batch in
+    the steady slots and about half that in fill and drain, where the rank's pipeline sends and receives (its
+    waits) came to 53 ms a step against the 90 ms one stretch charged (bench/steptime/results.md, 2026-12-05 by-term
+    finding). Each stage's forward and backward of a micro-batch is its compute (stretched while it computes, as
+    the schedule finds the cores), then what does not take a core: its TP / SP collectives, ZeRO's per-micro-batch
+    hooks and engine work, the sends and receives to its neighbours (the plan's p2p), and its waits at those
+    synchronisations on the compute it met, half the micro-batch's synchronisations in each pass (TP's and
+    Ulysses' collectives are as many forward as backward): the profile's straggler fraction and release for the
+    part computed with the cores shared (calibrate measures them with every rank busy), and those measured with
+    only the slots' ranks busy (profile.straggler_unshared, release_unshared) for the part computed unshared. A
+    4-rank calibration read a TP pair's wait at 0.31 of a 5 ms segment with every rank busy and 0.04 with two
+    (bench/steptime/profile-4.yaml, profile.yaml); charged at every synchronisation it came to 64 ms of TP2 x PP2's
+    plan against ~25 ms of waits measured. The end stages' embedding and head, and ZeRO's hooks, split between
+    the passes as a block's compute does. In a step a block's compute and its collectives alternate; here each
+    pass computes first and then synchronises (bench/steptime/shared-pipeline-2026-12-05/README.md: the pipeline's
+    sends, receives and bubble plan 79 ms against 53 measured).
+
+    Returns {"step": seconds of the pipeline for m micro-batches, "stretch": [per stage: the compute's time over
+    its time alone], "wait": [per stage: its waits over the m micro-batches]}."""
+    p, m = st.pipeline_degree, st.grad_accum_steps
+    per_stage = ranks / p
+    slots = prof.compute_slots
+    fwd = bf.compute / (bf.compute + bb.compute) if bf.compute + bb.compute > 0 else 1 / 3
+    passes = []         # passes[stage] = {"F": (compute alone, fixed, syncs, group), "B": ...}
+    for stage in range(p):
+        end = (first if stage == 0 else Cost()) + (last if stage == p - 1 else Cost())
+        neighbours = (stage > 0) + (stage < p - 1)
+        f = bf * blocks[stage] + end * fwd
+        b = bb * blocks[stage] + recomputed * ckpts[stage] + end * (1 - fwd)
+        syncs, group = _syncs_per_micro_batch(shape, st, stage) if prof.straggler or prof.release else (0, 1)
+        passes.append({"F": (f.compute, f.tp + f.sp + hooks[stage] * fwd + neighbours * p2p, syncs / 2, group),
+                       "B": (b.compute, b.tp + b.sp + hooks[stage] * (1 - fwd) + neighbours * p2p, syncs / 2, group)})
+
+    def wait(elapsed: float, shared_s: float, syncs: float, group: int) -> float:
+        """The waits after `elapsed` seconds of compute, `shared_s` of them with the cores shared: each part at
+        the fraction and release measured that way (the unshared tables where the profile has them)."""
+        if not syncs or elapsed <= 0:
+            return 0.0
+        segment = elapsed / syncs
+        share = min(1.0, shared_s / elapsed)
+        return sum(part * (prof.straggler_fraction(group, segment, unshared) * elapsed
+                           + syncs * _release_beyond_latency(prof, group, segment, st, unshared))
+                   for part, unshared in ((share, False), (1.0 - share, True)) if part > 0)
+
+    def order(stage: int) -> list:     # 1F1B: warm-up forwards, one forward one backward, cool-down backwards
+        warm = min(p - stage - 1, m)
+        seq = [("F", j) for j in range(warm)]
+        for i in range(m - warm):
+            seq += [("F", warm + i), ("B", i)]
+        return seq + [("B", j) for j in range(m - warm, m)]
+
+    seqs = [order(stage) for stage in range(p)]
+    nxt, done = [0] * p, set()
+    shared_spent = [0.0] * p
+    running = [None] * p    # [phase "c" (compute: alone seconds left) or "x" (the rest: seconds left), left, op, elapsed]
+    alone, elapsed, waits = [0.0] * p, [0.0] * p, [0.0] * p
+    now = 0.0
+    while True:
+        for stage in range(p):
+            if running[stage] is None and nxt[stage] < len(seqs[stage]):
+                kind, j = seqs[stage][nxt[stage]]
+                ready = (stage == 0 or ("F", stage - 1, j) in done) if kind == "F" else \
+                        (stage == p - 1 or ("B", stage + 1, j) in done)
+                if ready:
+                    running[stage] = ["c", passes[stage][kind][0], (kind, j), 0.0]
+                    alone[stage] += passes[stage][kind][0]
+        live = [stage for stage in range(p) if running[stage] is not None]
+        if not live:
+            break
+        computing = sum(running[stage][0] == "c" for stage in live)
+        speed = min(1.0, slots / (computing * per_stage)) if computing else 1.0
+        dt = min(running[stage][1] / (speed if running[stage][0] == "c" else 1.0) for stage in live)
+        now += dt
+        for stage in live:
+            phase, left, (kind, j), spent = running[stage]
+            if phase == "c":
+                running[stage][1], running[stage][3] = left - dt * speed, spent + dt
+                shared_spent[stage] += dt if speed < 1.0 else 0.0
+            else:
+                running[stage][1] = left - dt
+            if running[stage][1] > 1e-15:
+                continue
+            if phase == "c":
+                _, fixed, syncs, group = passes[stage][kind]
+                w = wait(spent + dt, shared_spent[stage], syncs, group)
+                shared_spent[stage] = 0.0
+                elapsed[stage] += spent + dt
+                waits[stage] += w
+                running[stage] = ["x", fixed + w, (kind, j), 0.0]
+            else:
+                done.add((kind, stage, j))
+                running[stage] = None
+                nxt[stage] += 1
+    return {"step": now, "stretch": [e / a if a > 0 else 1.0 for e, a in zip(elapsed, alone)], "wait": waits}
 
 
 def _overlap_comm(hw: Hardware) -> bool:

@@ -17,7 +17,8 @@ memory bus and cores as they will in training, measures:
                        rate (GPU: 256 MiB, the median of 10)
     kernel overhead    a chain of tiny autograd ops, forward + backward, seconds per op (GPU: the device's gap
                        between kernels, 200 tiny kernels replayed from a CUDA graph; the host's chain kept beside)
-    (GPU: every compute rate with 20 calls queued between two synchronisations, as a step queues its kernels)
+    (GPU: every compute rate with 20 calls queued between two synchronisations, as a step queues its kernels;
+    more CPU ranks than cores: each GEMM and attention shape timed over 0.1 s with every rank busy, _window_s)
     collectives        all-reduce and all-to-all of 4 KiB .. 16 MiB over all ranks, each right after a ~1 ms
                        GEMM on every rank, as in a training step (its cost: the pair's mean time minus the
                        GEMM's alone, means since a step's total is count x mean). A collective that follows
@@ -35,7 +36,9 @@ memory bus and cores as they will in training, measures:
     release            the same segments, each group of 2, 4, ... consecutive ranks (and the node's) then
                        all-reducing 4 KiB within itself, every group at once: the mean time from its last
                        arrival to its exit, by segment length (profile.release; the plan charges what it
-                       exceeds the link's latency by)
+                       exceeds the link's latency by). On one node with more CPU ranks than cores, both again
+                       with only the first cores' worth of ranks busy, the rest idle (straggler_unshared,
+                       release_unshared: a pipeline's fill and drain, steptime._shared_pipeline)
     ZeRO-3 hooks       a DeepSpeed ZeRO-3 engine over 8 and 40 small Linear modules (bare, then each in a
                        wrapper module) against the same modules plain, forward + backward, at 1 and 3
                        micro-batches a step: seconds per module and per parameter tensor, every micro-batch
@@ -114,6 +117,9 @@ ATTN_EXTRA_HEAD_DIMS = {"cpu": (32, 128), "cuda": (64,)}
 ALLREDUCE_BYTES = (4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20)
 COMPUTE_ROUNDS = 3
 COPY_WINDOW_S = 0.25
+# GEMMs and attention on a node with more CPU ranks than cores, each timed over this window with every rank busy
+# (_window_s): ~10-2,000 calls of 0.05-10 ms, ~30 of the scheduler's switches between 4 ranks on 2 cores.
+SHARED_WINDOW_S = 0.1
 # Sweeps whose figures differ by more than this (max / min) make calibrate say the machine was busy: the profile takes
 # each item's median, which drops one disturbed sweep of three, not a disturbance that lasts through two of them.
 # On this 2-core VM, calibrations minutes apart read the 64 MiB copy at 10.6-43 GB/s while recipe=tiny's steps
@@ -127,12 +133,13 @@ GEMM_POOL_BYTES = 64 << 20
 # run over every rank); the rest then comes from cluster.profile (network_base).
 ALL, NETWORK = "all", "network"
 # The profile fields a network-only calibration measures; every other field is the base profile's.
-NETWORK_FIELDS = ("intra", "inter", "all_to_all", "intra_groups", "straggler", "release", "zero3_module_s",
-                  "zero3_param_s", "zero3_module_step_s", "zero3_param_step_s", "host_memory_gb", "process_bytes")
+NETWORK_FIELDS = ("intra", "inter", "all_to_all", "intra_groups", "straggler", "release", "straggler_unshared",
+                  "release_unshared", "zero3_module_s", "zero3_param_s", "zero3_module_step_s", "zero3_param_step_s", "host_memory_gb", "process_bytes")
 # The raw measurements a profile keeps that a network-only calibration measures again (and the run's own facts).
 NETWORK_MEASUREMENTS = ("all_reduce", "all_reduce_after_compute", "all_to_all_after_compute",
                         "all_reduce_groups_after_compute", "all_reduce_rail_after_compute",
-                        "all_reduce_world_after_compute", "straggler", "release", "zero3", "world", "local_world",
+                        "all_reduce_world_after_compute", "straggler", "release", "straggler_unshared",
+                        "release_unshared", "zero3", "world", "local_world",
                         "nodes", "backend", "device_name", "cores", "seconds", "phase_seconds", "probe_rounds", "scope",
                         "process_bytes_before_model")
 
@@ -360,7 +367,10 @@ def _network_fit(raw: dict) -> tuple[dict, str]:
                   zero3_module_step_s=raw.get("zero3_module_step_s", 0.0),
                   zero3_param_step_s=raw.get("zero3_param_step_s", 0.0),
                   straggler={int(g): rows for g, rows in raw["straggler"].items()},
-                  release={int(g): pooled_release(rows, device) for g, rows in raw.get("release", {}).items()})
+                  release={int(g): pooled_release(rows, device) for g, rows in raw.get("release", {}).items()},
+                  straggler_unshared={int(g): rows for g, rows in raw.get("straggler_unshared", {}).items()},
+                  release_unshared={int(g): pooled_release(rows, device)
+                                    for g, rows in raw.get("release_unshared", {}).items()})
     assert set(fields) == set(NETWORK_FIELDS)
     return fields, span
 
@@ -738,6 +748,10 @@ def _worker(raw_path: str, device: str, grad_clip: str, scope: str = "all") -> N
     node_group, rail_group = _node_groups(dist, world, local)
     unit = _segment_unit(dev, device, sync, dist) if world > 1 else None
     sweeps, collectives, stragglers, releases, zero3_rows, zero3_slopes = [], [], [], [], [], []
+    # One node of CPU ranks over its cores (4 ranks on 2 cores): the waits again with only `slots` ranks busy.
+    slots = max(1, out["cores"] // torch.get_num_threads())
+    unshared = device == "cpu" and nodes == 1 and local > slots >= 2 and local % slots == 0
+    stragglers_unshared, releases_unshared = [], []
     # COMPUTE_ROUNDS rounds, each of every probe that a step's time is read from (compute, the collectives after
     # compute, the stragglers and the release, ZeRO-3's hooks), each item the median over the rounds: a disturbance
     # of a few seconds lands in one round's compute or one round's collectives, not in the figure. All but the
@@ -773,6 +787,10 @@ def _worker(raw_path: str, device: str, grad_clip: str, scope: str = "all") -> N
         stragglers.append(_straggler(dev, device, sync, dist, unit))
         releases.append(_release(dev, device, sync, dist, [*_sub_node_sizes(local), local], unit)
                         if local > 1 else {})
+        if unshared:    # the same with only the cores' ranks busy, as a pipeline's fill and drain leave them
+            stragglers_unshared.append(_straggler(dev, device, sync, dist, unit, active=slots))
+            releases_unshared.append(_release(dev, device, sync, dist, [g for g in _sub_node_sizes(local) if g <= slots],
+                                              unit, active=slots))
         phases.done("stragglers and release", k)
         rows, slope = _zero3_hooks(dev, sync, agree, float(grad_clip))
         zero3_rows += rows
@@ -784,10 +802,14 @@ def _worker(raw_path: str, device: str, grad_clip: str, scope: str = "all") -> N
         out["attention_head_dim"] = ATTN_HEAD_DIM[device]
     out.update(median_rows(collectives))
     out["straggler"], out["release"] = median_rows(stragglers), median_rows(releases)
+    if unshared:
+        out["straggler_unshared"], out["release_unshared"] = median_rows(stragglers_unshared), median_rows(releases_unshared)
     out["zero3"] = zero3_rows
     out |= zero3_split(zero3_slopes)
     out["probe_rounds"] = {"collectives": collectives, "straggler": stragglers, "release": releases,
                            "zero3": zero3_slopes}
+    if unshared:
+        out["probe_rounds"] |= {"straggler_unshared": stragglers_unshared, "release_unshared": releases_unshared}
     if not network_only:
         out["engine"], engine = _engine_per_element(dev, device, dtypes, sync, agree, float(grad_clip))
         out |= engine
@@ -941,7 +963,7 @@ def median_rows(rounds: list) -> dict:
             for k, v in first.items()}
 
 
-def _straggler(dev, device: str, sync, dist, unit) -> dict:
+def _straggler(dev, device: str, sync, dist, unit, active: int | None = None) -> dict:
     """{group size: [[mean segment seconds, fraction], ...]}: the wait for the slowest rank at a synchronisation.
 
     Two CPU ranks here, each computing the same 150 ms of a step's work between two collectives, finish 12-24 ms
@@ -957,14 +979,18 @@ def _straggler(dev, device: str, sync, dist, unit) -> dict:
     4.0% and 8.2%, the same at 20-160 ms; in a recipe=tiny SP2 step the ranks waited 0.52 ms at each of 64
     all-to-alls a step, ~10% of the ~5 ms between them, bench/steptime/results.md). The same repeat count on every
     rank (from the target length and the slowest rank's unit time), so none leaves the loop early. `unit`:
-    _segment_unit's (unit, seconds)."""
+    _segment_unit's (unit, seconds). `active`: only ranks below it compute (the rest join each release and the
+    gather idle), and only groups among them count: a pipeline's fill and drain on shared cores
+    (profile.straggler_unshared)."""
     import torch
 
     world = dist.get_world_size()
     if world == 1:
         return {}           # one rank waits for nobody (a one-GPU calibrate)
     unit, unit_s = unit
-    sizes = sorted({g for g in (2, 4, 8, 16, 32, 64) if g <= world} | {world})
+    busy = active or world
+    computes = dist.get_rank() < busy
+    sizes = sorted({g for g in (2, 4, 8, 16, 32, 64) if g <= busy} | {busy})
     go = torch.zeros(1, device=dev)
     table: dict = {g: [] for g in sizes}
     for target in STRAGGLER_SEGMENTS_S[device]:
@@ -975,7 +1001,7 @@ def _straggler(dev, device: str, sync, dist, unit) -> dict:
             dist.all_reduce(go)
             sync()
             t0 = time.perf_counter()
-            for _ in range(units):
+            for _ in range(units if computes else 0):
                 unit()
             sync()
             t1 = time.perf_counter()
@@ -985,13 +1011,13 @@ def _straggler(dev, device: str, sync, dist, unit) -> dict:
         mine = torch.tensor([times, arrivals], dtype=torch.float64, device=dev)
         every = [torch.zeros_like(mine) for _ in range(world)]
         dist.all_gather(every, mine)
-        durations, arrivals = zip(*torch.stack(every).cpu().tolist())     # each [rank][repeat]
+        durations, arrivals = zip(*torch.stack(every).cpu().tolist()[:busy])     # each [rank][repeat]
         for g in sizes:
             table[g].append(wait_fraction(durations, arrivals, g))
     return {str(g): rows for g, rows in table.items()}
 
 
-def _release(dev, device: str, sync, dist, sizes: list, unit) -> dict:
+def _release(dev, device: str, sync, dist, sizes: list, unit, active: int | None = None) -> dict:
     """{group size: [[mean segment seconds, seconds], ...]}: what a synchronisation costs after its group's last
     rank arrives, by the compute before it.
 
@@ -1002,11 +1028,13 @@ def _release(dev, device: str, sync, dist, sizes: list, unit) -> dict:
     ranks (every group at once, as TP groups run) computes a block-like segment, stamps its arrival, all-reduces
     4 KiB within the group and stamps the exit; per segment length, the mean over repeats and groups of (mean exit
     - last arrival). The plan charges a synchronisation what this exceeds its link's fitted latency by. `unit`:
-    _segment_unit's (unit, seconds)."""
+    _segment_unit's (unit, seconds). `active`: only the groups of ranks below it run (the rest wait at the gather
+    idle): a pipeline's fill and drain on shared cores (profile.release_unshared)."""
     import torch
 
     world = dist.get_world_size()
     unit, unit_s = unit
+    busy = active or world
     tiny = torch.zeros(1024, device=dev)
     table: dict = {}
     for size in sizes:
@@ -1015,19 +1043,21 @@ def _release(dev, device: str, sync, dist, sizes: list, unit) -> dict:
         for target in STRAGGLER_SEGMENTS_S[device]:
             units = max(1, round(target / unit_s))
             repeats = probe_repeats(target)
-            stamps = []
+            stamps = [[0.0, 0.0]] * (repeats + 1)
             dist.barrier()
-            for i in range(repeats + 1):        # the first is a warm-up
-                for _ in range(units):
-                    unit()
-                sync()
-                arrived = time.perf_counter()
-                dist.all_reduce(tiny, group=mine)
-                sync()
-                stamps.append([arrived, time.perf_counter()])
+            if dist.get_rank() < busy:
+                stamps = []
+                for i in range(repeats + 1):        # the first is a warm-up
+                    for _ in range(units):
+                        unit()
+                    sync()
+                    arrived = time.perf_counter()
+                    dist.all_reduce(tiny, group=mine)
+                    sync()
+                    stamps.append([arrived, time.perf_counter()])
             every = [torch.zeros(repeats + 1, 2, dtype=torch.float64, device=dev) for _ in range(world)]
             dist.all_gather(every, torch.tensor(stamps, dtype=torch.float64, device=dev))
-            table[str(size)].append(release_seconds(torch.stack(every).cpu().tolist(), size))
+            table[str(size)].append(release_seconds(torch.stack(every).cpu().tolist()[:busy], size))
     return table
 
 
@@ -1140,9 +1170,43 @@ def _gemm_rates(dev, device: str, tdtype, sides, sync, dist, queued: int) -> lis
                      lambda x, w, g: torch.mm(g, w),         # input gradient
                      lambda x, w, g: torch.mm(g.t(), x)):    # weight gradient
             dist.barrier()
-            t = _median_time(lambda: gemm(*pool[next(turn) % len(pool)]), sync, 20, calls=queued)
+            call = lambda: gemm(*pool[next(turn) % len(pool)])    # noqa: E731
+            t = _window_s(call, dist) if shares_cores(device) else _median_time(call, sync, 20, calls=queued)
             rows.append([d, 2.0 * tokens * d * d / t])
     return rows
+
+
+def shares_cores(device: str) -> bool:
+    """Whether this node runs more CPU ranks than it has cores for (torchrun's LOCAL_WORLD_SIZE over the cores /
+    torch threads a rank): then a rank's share of a core is what a probe must time (_window_s)."""
+    if device != "cpu":
+        return False
+    import torch
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return int(os.environ.get("LOCAL_WORLD_SIZE", "1")) > max(1, cores // torch.get_num_threads())
+
+
+def _window_s(fn, dist) -> float:
+    """Seconds a call of `fn` takes while every rank calls its own back to back for SHARED_WINDOW_S, the slowest
+    rank's mean (as _shared_copy_s times the copy). With more ranks than cores the median of single calls reads a
+    rank's speed alone: a call of a few ms mostly runs between the scheduler's switches, and the median picks
+    those. 4 ranks on this 2-core VM read fp32 GEMMs of sides 32-128 at 0.77-1.38x what 2 ranks read in all 13
+    recorded passes with both, where the copy's window read 0.15-0.53x; profile.alone_rates then doubled them, and
+    TP2 x PP2's compute planned 59 ms against 104-108 spent (bench/steptime/results.md, 2026-12-05)."""
+    import torch
+
+    fn()
+    t0, n = time.perf_counter(), 0
+    while True:
+        fn()
+        n += 1
+        t = time.perf_counter() - t0
+        if t >= SHARED_WINDOW_S:
+            break
+    per = torch.tensor([t / n], dtype=torch.float64)
+    dist.all_reduce(per, op=dist.ReduceOp.MAX)
+    return float(per.item())
 
 
 def _copy_gbps(dev, device: str, sync, dist, queued: int) -> float:
@@ -1205,7 +1269,7 @@ def _attention_rates(dev, tdtype, hd: int, seqs, device: str, sync, dist, queued
         def step():
             F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(g)
         dist.barrier()
-        t = _median_time(step, sync, 10, calls=queued)
+        t = _window_s(step, dist) if shares_cores(device) else _median_time(step, sync, 10, calls=queued)
         rows.append([s, b * 4.0 * s * s * heads * hd / 2 * 3.5 / t])
     return rows
 

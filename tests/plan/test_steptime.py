@@ -324,6 +324,52 @@ def test_oversubscribed_pipeline_is_bound_by_the_nodes_work():
     assert alone.step_time_s == pytest.approx(c0 + 2 * c1, rel=1e-6)
 
 
+def test_oversubscribed_pipeline_waits_at_the_unshared_fraction_where_a_stage_computes_alone():
+    # TP2 x PP2 on 4 ranks and 2 cores, one micro-batch: the stages take turns (F0, F1, B1, B0), each stage's two
+    # ranks alone on the two cores, so every wait is at the fraction calibrate measured with only two ranks busy
+    # (straggler_unshared), not the one with all four busy. A flat table: the wait is that share of the compute
+    # before it, whatever the segment. Only GEMMs cost (C0 = 2 blocks, C1 = 2 blocks + head; TP-sharded).
+    _, shape, st = setup("cluster.gpus_per_node=4", "parallel.tensor_degree=2", "parallel.pipeline_degree=2",
+                         "parallel.partition_method=type:DecoderBlock", "parallel.zero_stage=0",
+                         "batch.global_batch_size=8")
+    assert st.grad_accum_steps == 1
+    n = 8 * st.seq_length
+    c0 = 2 * _block_gemm_flops(128, 352, n) / 2 / P
+    c1 = c0 + 3 * 2 * n * 128 * 2048 / 2 / P
+
+    def flat(f):
+        return {2: [[1e-4, f], [1.0, f]]}
+    split = steptime.estimate_step_time(shape, st, hardware(
+        ideal(compute_slots=2, straggler=flat(0.3), straggler_unshared=flat(0.05)), "cpu"))
+    assert split.step_time_s == pytest.approx(1.05 * (c0 + c1), rel=1e-6)
+    assert split.straggler_s == pytest.approx(0.05 * c1, rel=1e-6)     # the slower stage's
+    # Without the unshared table (a profile calibrated before it, or on as many ranks as cores) the one measured
+    # with every rank busy stands for both.
+    busy = steptime.estimate_step_time(shape, st, hardware(ideal(compute_slots=2, straggler=flat(0.3)), "cpu"))
+    assert busy.step_time_s == pytest.approx(1.3 * (c0 + c1), rel=1e-6)
+
+
+def test_oversubscribed_pipeline_stretches_only_where_the_stages_compute_together():
+    # PP2 on 2 ranks and 1 core, two micro-batches, only GEMMs cost: F_s = C_s / 3 and B_s = 2 C_s / 3 (a Linear's
+    # backward is two GEMMs of its forward's size; the head's likewise). Played out: stage 0's first forward alone
+    # (C0 / 3); its second and stage 1's first together at half speed until the former ends (2 C0 / 3 more), the
+    # latter's rest alone; stage 1's first backward alone; then stage 0's first backward and stage 1's second
+    # forward together, and so on. The core is never idle (a stage always computes), so the step is
+    # all the node's work on its one core, 2 (C0 + C1), against the 1F1B time at full speed, C0 + 2 C1, with
+    # nothing shared; the stretch each stage met lies between 1 and 2.
+    _, shape, st = setup("cluster.gpus_per_node=2", "parallel.pipeline_degree=2",
+                         "parallel.partition_method=type:DecoderBlock", "parallel.zero_stage=0")
+    assert st.grad_accum_steps == 2
+    n = 8 * st.seq_length
+    c0 = 2 * _block_gemm_flops(128, 352, n) / P
+    c1 = c0 + 3 * 2 * n * 128 * 2048 / P
+    t = steptime.estimate_step_time(shape, st, hardware(ideal(compute_slots=1), "cpu"))
+    assert t.step_time_s == pytest.approx(2 * (c0 + c1), rel=1e-6)
+    alone = steptime.estimate_step_time(shape, st, hardware(ideal(compute_slots=2), "cpu"))
+    assert alone.step_time_s == pytest.approx(c0 + 2 * c1, rel=1e-6)
+    assert 2 * c1 < t.gemm_s < 2 * 2 * c1
+
+
 def test_profile_file_round_trip_and_refusals(tmp_path):
     import yaml
 
@@ -333,6 +379,17 @@ def test_profile_file_round_trip_and_refusals(tmp_path):
     back = load_profile(str(path))
     assert back.gemm_tflops == prof.gemm_tflops and back.intra == prof.intra and back.compute_slots == 2
     assert back.nccl is None
+    # The waits calibrate measures with only the cores' ranks busy (4 ranks on 2 cores) come back as written.
+    waits = dict(straggler={2: [[0.005, 0.3]]}, straggler_unshared={2: [[0.005, 0.04]]}, release={2: [[0.005, 4e-3]]},
+                 release_unshared={2: [[0.005, 1e-3]]})
+    path.write_text(yaml.safe_dump(profile_to_dict(dataclasses.replace(prof, **waits))))
+    back = load_profile(str(path))
+    assert {k: getattr(back, k) for k in waits} == waits
+    assert back.straggler_fraction(2, 0.01, unshared=True) == 0.04 and back.straggler_fraction(2, 0.01) == 0.3
+    assert back.release_s(2, 0.01, unshared=True) == 1e-3 and prof.straggler_fraction(2, 0.01, unshared=True) == 0.0
+    path.write_text(yaml.safe_dump(profile_to_dict(dataclasses.replace(prof, straggler_unshared={2: [[0.005, -0.1]]}))))
+    with pytest.raises(ConfigError, match="straggler_unshared table"):
+        load_profile(str(path))
     path.write_text(yaml.safe_dump(profile_to_dict(dataclasses.replace(prof, nccl=NcclTuning(net_overhead_s=2e-6)))))
     assert load_profile(str(path)).nccl == NcclTuning(net_overhead_s=2e-6)
     doc = profile_to_dict(prof) | {"version": PROFILE_VERSION + 1}
