@@ -1187,22 +1187,24 @@ def shares_cores(device: str) -> bool:
     return int(os.environ.get("LOCAL_WORLD_SIZE", "1")) > max(1, cores // torch.get_num_threads())
 
 
-def _window_s(fn, dist) -> float:
+def _window_s(fn, dist, window_s: float = SHARED_WINDOW_S, warm: bool = True) -> float:
     """Seconds a call of `fn` takes while every rank calls its own back to back for SHARED_WINDOW_S, the slowest
     rank's mean (as _shared_copy_s times the copy). With more ranks than cores the median of single calls reads a
     rank's speed alone: a call of a few ms mostly runs between the scheduler's switches, and the median picks
     those. 4 ranks on this 2-core VM read fp32 GEMMs of sides 32-128 at 0.77-1.38x what 2 ranks read in all 13
     recorded passes with both, where the copy's window read 0.15-0.53x; profile.alone_rates then doubled them, and
-    TP2 x PP2's compute planned 59 ms against 104-108 spent (bench/steptime/results.md, 2026-12-05)."""
+    TP2 x PP2's compute planned 59 ms against 104-108 spent (bench/steptime/results.md, 2026-12-05). `warm`: one
+    call first, outside the window."""
     import torch
 
-    fn()
+    if warm:
+        fn()
     t0, n = time.perf_counter(), 0
     while True:
         fn()
         n += 1
         t = time.perf_counter() - t0
-        if t >= SHARED_WINDOW_S:
+        if t >= window_s:
             break
     per = torch.tensor([t / n], dtype=torch.float64)
     dist.all_reduce(per, op=dist.ReduceOp.MAX)
@@ -1281,19 +1283,8 @@ def _shared_copy_s(dst, src, dist) -> float:
     time includes its wait for a core, the share profile.alone_rates takes back out: 4 ranks on this 2-core VM read
     7.5-12.2 GB/s in ten calibrations, x 4 / 2 = 15-24 alone, where 2 ranks read 16.1-22.0 in most (and 30.0 and
     34.3 once each, the VM's own drift: in the 34.3 one the per-rank timing read 35.5-37.5 too) (2026-11-28,
-    bench/steptime/results.md)."""
-    import torch
-
-    t0, n = time.perf_counter(), 0
-    while True:
-        dst.copy_(src)
-        n += 1
-        t = time.perf_counter() - t0
-        if t >= COPY_WINDOW_S:
-            break
-    per = torch.tensor([t / n], dtype=torch.float64)
-    dist.all_reduce(per, op=dist.ReduceOp.MAX)
-    return float(per.item())
+    bench/steptime/results.md). The caller has touched dst's pages (_copy_gbps)."""
+    return _window_s(lambda: dst.copy_(src), dist, COPY_WINDOW_S, warm=False)
 
 
 def tiny_op_chain(dev, ops: int):

@@ -185,6 +185,47 @@ def test_calibrate_two_cpu_ranks_then_plan(tmp_path, capsys, monkeypatch):
     assert plan["memory_per_gpu_bytes"]["overhead"] == pytest.approx(prof.process_bytes + 4 * n)
 
 
+def test_calibrate_more_ranks_than_cores_measures_the_waits_unshared_too(tmp_path, capsys, monkeypatch):
+    # 4 CPU ranks: on a node with fewer cores (CI's and this machine's 2), calibrate times the straggler and release
+    # probes a second time with only the cores' ranks busy (a pipeline's fill and drain leave one stage computing),
+    # and the plan of TP2 x PP2 reads them where a stage computes alone (steptime._shared_pipeline).
+    import os
+
+    from launcher.cli import main
+    from launcher.plan.profile import load_profile
+    from launcher.runtime.calibrate import STRAGGLER_SEGMENTS_S, median_rows
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
+    out = tmp_path / "four.yaml"
+    assert main(["calibrate", "cluster=cpu", "cluster.gpus_per_node=4", "--out", str(out)]) == 0
+    raw = yaml.safe_load(out.read_text())["measurements"]
+    assert raw["local_world"] == 4 and raw["cores"] == len(os.sched_getaffinity(0))
+    prof = load_profile(str(out))
+    slots = prof.compute_slots          # cores / torch threads a rank
+    if not 2 <= slots < 4:
+        assert "straggler_unshared" not in raw and not prof.straggler_unshared     # every rank has its own core
+        return
+    rounds = raw["probe_rounds"]
+    assert len(rounds["straggler_unshared"]) == len(rounds["release_unshared"]) == COMPUTE_ROUNDS
+    # Groups of consecutive ranks among the busy ones only: a pair (TP2 x PP2's TP groups), one row per segment
+    # length, each the median of its rounds'.
+    assert set(raw["straggler_unshared"]) == set(raw["release_unshared"]) == {"2"}
+    assert raw["straggler_unshared"] == median_rows(rounds["straggler_unshared"])
+    rows = raw["straggler_unshared"]["2"]
+    assert len(rows) == len(STRAGGLER_SEGMENTS_S["cpu"]) and all(t > 0 and f >= 0 for t, f in rows)
+    assert prof.straggler_unshared == {2: rows}
+    assert prof.release_unshared == {2: pooled_release(raw["release_unshared"]["2"], "cpu")}
+    # The plan reads the unshared table where asked: at one of its segment lengths, that row.
+    t, f = sorted(rows)[1]
+    assert prof.straggler_fraction(2, t, unshared=True) == pytest.approx(f, rel=1e-12)
+    assert set(prof.straggler) == {2, 4}      # the tables with every rank busy stay beside them
+    capsys.readouterr()
+    assert main(["plan", "recipe=tiny", "cluster.gpus_per_node=4", f"cluster.profile={out}", "parallel.tensor_degree=2",
+                 "parallel.pipeline_degree=2", "parallel.zero_stage=1", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["step_time_s"] == pytest.approx(sum(plan["step_time_breakdown_s"].values()), rel=1e-9)
+
+
 def test_check_measures_this_machine_against_a_profile(tmp_path, capsys):
     # `launcher calibrate --check`: calibrate's GEMM probe at every side the profile's table measured (both dtypes)
     # and its copy window, beside the profile's rates for a rank of this many. Against a profile with a twentieth of
