@@ -134,7 +134,8 @@ GEMM_POOL_BYTES = 64 << 20
 ALL, NETWORK = "all", "network"
 # The profile fields a network-only calibration measures; every other field is the base profile's.
 NETWORK_FIELDS = ("intra", "inter", "all_to_all", "intra_groups", "straggler", "release", "straggler_unshared",
-                  "release_unshared", "zero3_module_s", "zero3_param_s", "zero3_module_step_s", "zero3_param_step_s", "host_memory_gb", "process_bytes")
+                  "release_unshared", "zero3_module_s", "zero3_param_s", "zero3_module_step_s", "zero3_param_step_s",
+                  "host_memory_gb", "process_bytes")
 # The raw measurements a profile keeps that a network-only calibration measures again (and the run's own facts).
 NETWORK_MEASUREMENTS = ("all_reduce", "all_reduce_after_compute", "all_to_all_after_compute",
                         "all_reduce_groups_after_compute", "all_reduce_rail_after_compute",
@@ -736,7 +737,7 @@ def _worker(raw_path: str, device: str, grad_clip: str, scope: str = "all") -> N
     sync, agree = _timer(device), _agreement(dist, dev)
     started = time.perf_counter()
     out: dict = {"world": world, "backend": backend, "torch": torch.__version__,
-                 "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1),
+                 "cores": _cores(),
                  **this_node_type(device)}
 
     # The compute rates, the median of COMPUTE_ROUNDS sweeps: one sweep's 20-run medians (milliseconds each on CPU)
@@ -749,7 +750,7 @@ def _worker(raw_path: str, device: str, grad_clip: str, scope: str = "all") -> N
     unit = _segment_unit(dev, device, sync, dist) if world > 1 else None
     sweeps, collectives, stragglers, releases, zero3_rows, zero3_slopes = [], [], [], [], [], []
     # One node of CPU ranks over its cores (4 ranks on 2 cores): the waits again with only `slots` ranks busy.
-    slots = max(1, out["cores"] // torch.get_num_threads())
+    slots = compute_slots()
     unshared = device == "cpu" and nodes == 1 and local > slots >= 2 and local % slots == 0
     stragglers_unshared, releases_unshared = [], []
     # COMPUTE_ROUNDS rounds, each of every probe that a step's time is read from (compute, the collectives after
@@ -1159,6 +1160,7 @@ def _gemm_rates(dev, device: str, tdtype, sides, sync, dist, queued: int) -> lis
     # plain model's forward + backward + AdamW is then 0.92-1.19x its plan, about calibrate's own spread from one
     # minute to the next (bench/steptime/results.md).
     tokens = GEMM_TOKENS[device]
+    shared = shares_cores(device)
     rows = []
     for d in sides:
         set_bytes = (2 * tokens * d + d * d) * torch.finfo(tdtype).bits // 8
@@ -1171,25 +1173,32 @@ def _gemm_rates(dev, device: str, tdtype, sides, sync, dist, queued: int) -> lis
                      lambda x, w, g: torch.mm(g.t(), x)):    # weight gradient
             dist.barrier()
             call = lambda: gemm(*pool[next(turn) % len(pool)])    # noqa: E731
-            t = _window_s(call, dist) if shares_cores(device) else _median_time(call, sync, 20, calls=queued)
+            t = _window_s(call, dist) if shared else _median_time(call, sync, 20, calls=queued)
             rows.append([d, 2.0 * tokens * d * d / t])
     return rows
 
 
-def shares_cores(device: str) -> bool:
-    """Whether this node runs more CPU ranks than it has cores for (torchrun's LOCAL_WORLD_SIZE over the cores /
-    torch threads a rank): then a rank's share of a core is what a probe must time (_window_s)."""
-    if device != "cpu":
-        return False
+def _cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def compute_slots() -> int:
+    """A node's compute slots for CPU ranks: its cores over the torch threads a rank runs (profile.compute_slots)."""
     import torch
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return int(os.environ.get("LOCAL_WORLD_SIZE", "1")) > max(1, cores // torch.get_num_threads())
+    return max(1, _cores() // torch.get_num_threads())
+
+
+def shares_cores(device: str) -> bool:
+    """Whether this node runs more CPU ranks than it has compute slots (torchrun's LOCAL_WORLD_SIZE over
+    compute_slots): then a rank's share of a core is what a probe must time (_window_s)."""
+    return device == "cpu" and int(os.environ.get("LOCAL_WORLD_SIZE", "1")) > compute_slots()
 
 
 def _window_s(fn, dist, window_s: float = SHARED_WINDOW_S, warm: bool = True) -> float:
-    """Seconds a call of `fn` takes while every rank calls its own back to back for SHARED_WINDOW_S, the slowest
-    rank's mean (as _shared_copy_s times the copy). With more ranks than cores the median of single calls reads a
+    """Seconds a call of `fn` takes while every rank calls its own back to back for `window_s`, the slowest rank's
+    mean (_shared_copy_s times the copy so, over COPY_WINDOW_S). With more ranks than cores the median of single calls reads a
     rank's speed alone: a call of a few ms mostly runs between the scheduler's switches, and the median picks
     those. 4 ranks on this 2-core VM read fp32 GEMMs of sides 32-128 at 0.77-1.38x what 2 ranks read in all 13
     recorded passes with both, where the copy's window read 0.15-0.53x; profile.alone_rates then doubled them, and
@@ -1262,6 +1271,7 @@ def _attention_rates(dev, tdtype, hd: int, seqs, device: str, sync, dist, queued
     import torch.nn.functional as F
 
     heads, batch = ATTN_WIDTH[device] // hd, 1 if device == "cpu" else 4
+    shared = shares_cores(device)
     rows = []
     for s in seqs:
         b = min(batch, max(1, 4 * 4096 // s))
@@ -1271,7 +1281,7 @@ def _attention_rates(dev, tdtype, hd: int, seqs, device: str, sync, dist, queued
         def step():
             F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(g)
         dist.barrier()
-        t = _window_s(step, dist) if shares_cores(device) else _median_time(step, sync, 10, calls=queued)
+        t = _window_s(step, dist) if shared else _median_time(step, sync, 10, calls=queued)
         rows.append([s, b * 4.0 * s * s * heads * hd / 2 * 3.5 / t])
     return rows
 

@@ -1,7 +1,7 @@
 """Diagnostic, not the benchmark: every recorded TP2 x PP2 pass re-planned under the candidate shared-pipeline model
 (shared_pipeline.patch, not in the launcher) and the stand-ins README.md describes.
 
-    git worktree add /tmp/wt-shared HEAD && git -C /tmp/wt-shared apply \\
+    git worktree add --detach /tmp/wt-shared 83612a8 && git -C /tmp/wt-shared apply \\
         $PWD/bench/steptime/shared-pipeline-2026-12-05/shared_pipeline.patch
     cd /tmp && PYTHONPATH=/tmp/wt-shared /work/main/.venv/bin/python \\
         /tmp/wt-shared/bench/steptime/shared-pipeline-2026-12-05/passes.py
