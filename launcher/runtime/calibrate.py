@@ -13,12 +13,13 @@ memory bus and cores as they will in training, measures:
     attention rate     causal SDPA forward + backward, head dim 64, sequence 64..1024 (GPU: head dim 128, to
                        4096, bf16 to 16384); same fit; and the table at head dims 32 and 128 (GPU: 64, bf16) beside
                        it (attention_table_by_head_dim), the heads x head dim kept
-    memory bandwidth   a 64 MiB copy (read + write), every rank copying for 0.25 s at once, the slowest rank's
+    memory bandwidth   a 64 MiB copy (read + write), every rank copying for 0.25 s at once, the ranks' mean
                        rate (GPU: 256 MiB, the median of 10)
     kernel overhead    a chain of tiny autograd ops, forward + backward, seconds per op (GPU: the device's gap
                        between kernels, 200 tiny kernels replayed from a CUDA graph; the host's chain kept beside)
     (GPU: every compute rate with 20 calls queued between two synchronisations, as a step queues its kernels;
-    more CPU ranks than cores: each GEMM and attention shape timed over 0.1 s with every rank busy, _window_s)
+    more CPU ranks than cores: each GEMM and attention shape timed over 0.1 s with every rank busy, the ranks'
+    mean rate, _window_s)
     collectives        all-reduce and all-to-all of 4 KiB .. 16 MiB over all ranks, each right after a ~1 ms
                        GEMM on every rank, as in a training step (its cost: the pair's mean time minus the
                        GEMM's alone, means since a step's total is count x mean). A collective that follows
@@ -1197,15 +1198,21 @@ def shares_cores(device: str) -> bool:
 
 
 def _window_s(fn, dist, window_s: float = SHARED_WINDOW_S, warm: bool = True) -> float:
-    """Seconds a call of `fn` takes while every rank calls its own back to back for `window_s`, the slowest rank's
-    mean (_shared_copy_s times the copy so, over COPY_WINDOW_S). With more ranks than cores the median of single calls reads a
-    rank's speed alone: a call of a few ms mostly runs between the scheduler's switches, and the median picks
-    those. 4 ranks on this 2-core VM read fp32 GEMMs of sides 32-128 at 0.77-1.38x what 2 ranks read in all 13
-    recorded passes with both, where the copy's window read 0.15-0.53x; profile.alone_rates then doubled them, and
-    TP2 x PP2's compute planned 59 ms against 104-108 spent (bench/steptime/results.md, 2026-12-05). `warm`: one
-    call first, outside the window."""
-    import torch
+    """Seconds a call of `fn` takes while every rank calls its own back to back for `window_s`: the inverse of the
+    ranks' mean rate (calls a second), i.e. the node's calls a second shared out evenly (_shared_copy_s times the
+    copy so, over COPY_WINDOW_S). With more ranks than cores the median of single calls reads a rank's speed alone: a
+    call of a few ms mostly runs between the scheduler's switches, and the median picks those. 4 ranks on this 2-core
+    VM read fp32 GEMMs of sides 32-128 at 0.77-1.38x what 2 ranks read in all 13 recorded passes with both;
+    profile.alone_rates then doubled them, and TP2 x PP2's compute planned 59 ms against 104-108 spent
+    (bench/steptime/results.md, 2026-12-05).
 
+    The mean, not the slowest rank: over a window the scheduler does not split 2 cores evenly between 4 ranks. In
+    twelve 0.25 s copy windows (2026-12-06, bench/steptime/results.md) the ranks' CPU shares summed to 1.97-2.08
+    cores but one rank got 0.14-0.84 of a core, and each rank's copy rate followed its share (12.9-16.2 GB/s a
+    CPU-second): the slowest rank read 2.0-6.7 GB/s, the ranks' mean 6.7-7.5. A training step's collectives make
+    the ranks that ran ahead wait, handing the cores to the one behind; that wait is the straggler term's
+    (_straggler), measured at synchronisations, so the rates are the even share. `warm`: one call first, outside
+    the window."""
     if warm:
         fn()
     t0, n = time.perf_counter(), 0
@@ -1215,9 +1222,11 @@ def _window_s(fn, dist, window_s: float = SHARED_WINDOW_S, warm: bool = True) ->
         t = time.perf_counter() - t0
         if t >= window_s:
             break
-    per = torch.tensor([t / n], dtype=torch.float64)
-    dist.all_reduce(per, op=dist.ReduceOp.MAX)
-    return float(per.item())
+    import torch
+
+    rate = torch.tensor([n / t], dtype=torch.float64)
+    dist.all_reduce(rate, op=dist.ReduceOp.SUM)
+    return dist.get_world_size() / float(rate.item())
 
 
 def _copy_gbps(dev, device: str, sync, dist, queued: int) -> float:
@@ -1289,7 +1298,7 @@ def _attention_rates(dev, tdtype, hd: int, seqs, device: str, sync, dist, queued
 def _shared_copy_s(dst, src, dist) -> float:
     """Seconds a 64 MiB copy takes while every rank copies too, as a step's ranks run their element-wise work at
     once: from the caller's barrier each rank copies for COPY_WINDOW_S (~40 copies here; the barrier's skew of a
-    few ms is a small part of it), and the slowest rank's time per copy counts. With more ranks than cores a rank's
+    few ms is a small part of it), and the ranks' mean rate counts (_window_s). With more ranks than cores a rank's
     time includes its wait for a core, the share profile.alone_rates takes back out: 4 ranks on this 2-core VM read
     7.5-12.2 GB/s in ten calibrations, x 4 / 2 = 15-24 alone, where 2 ranks read 16.1-22.0 in most (and 30.0 and
     34.3 once each, the VM's own drift: in the 34.3 one the per-rank timing read 35.5-37.5 too) (2026-11-28,
