@@ -8,7 +8,7 @@ This module imports neither torch nor deepspeed.
 
 from __future__ import annotations
 
-from launcher.config.layout import Layout
+from launcher.config.layout import Layout, reduce_dtype
 from launcher.plan.params import param_numels
 
 # We print our own metrics every step; DeepSpeed's own periodic print would only duplicate them.
@@ -54,6 +54,9 @@ def _precision(cfg, layout: Layout) -> dict:
         })
     if p.grad_accum_dtype is not None:
         out["data_types"] = {"grad_accum_dtype": p.grad_accum_dtype}
+    # Both keys, whatever the layout: DeepSpeed reads the second when sequence_parallel_size > 1, the first otherwise
+    # (engine.py), and would default the second to fp32 (config.layout.reduce_dtype says why not).
+    out["communication_data_type"] = out["seq_parallel_communication_data_type"] = reduce_dtype(cfg)
     return out
 
 

@@ -417,6 +417,33 @@ def _check_precision(cfg, device: str, dtype: str) -> None:
         raise ConfigError("precision.dtype", "fp16",
                           "fp16 training needs a GPU; DeepSpeed's CPU accelerator refuses it (cluster.gpu=cpu)",
                           "select precision=bf16 or precision=fp32 for CPU ranks")
+    reduce = cfg.precision.reduce_dtype
+    if reduce is not None and reduce not in ("fp32", dtype):
+        raise ConfigError("precision.reduce_dtype", reduce,
+                          f"gradients are reduced in fp32 or in the model's dtype (precision.dtype={dtype}); a third "
+                          "dtype would round them twice",
+                          f"set precision.reduce_dtype=fp32 or precision.reduce_dtype=null (the model's, {dtype})")
+
+
+def reduce_dtype(cfg) -> str:
+    """The dtype the launcher asks DeepSpeed to reduce gradients in: precision.reduce_dtype, else the model's. The
+    one answer for the DeepSpeed config it writes (deepspeed_config._precision) and the traffic the plan prices
+    (plan/inputs.py Strategy.wire_dtype). DeepSpeed's own default differs by layout: the model's dtype, but fp32
+    whenever sequence_parallel_size > 1 (Ulysses or CP; engine.py seq_parallel_communication_data_type), which made a
+    layout's gradients twice as many bytes, and rounded differently, for splitting its sequence. The model's dtype is
+    also Megatron-LM's default (grad_reduce_in_fp32 off) and NeMo's. DeepSpeed 0.19.8's ZeRO-1/2 ignore it under
+    Ulysses or CP (stage_1_and_2.py allreduce_bucket: fp32 whenever sequence_parallel_size > 1; _warn_fp32_reduce)."""
+    return cfg.precision.reduce_dtype or cfg.precision.dtype
+
+
+def _warn_fp32_reduce(cfg, sp: int, cp: int, zero: int, warnings: list[str]) -> None:
+    # Measured on 2 CPU ranks, recipe=tiny bf16 SP2 with the launcher's config (2026-12-06): ZeRO-0 and ZeRO-3
+    # all-reduce 1,328,256 bf16 elements, ZeRO-1 float32 (bench/steptime/results.md).
+    if sp * cp > 1 and zero in (1, 2) and reduce_dtype(cfg) != "fp32" and cfg.precision.reduce_dtype is not None:
+        warnings.append(f"precision.reduce_dtype={cfg.precision.reduce_dtype} is not what ZeRO-{zero} does under "
+                        f"{'Ulysses' if sp > 1 else 'CP'}: DeepSpeed 0.19.8's ZeRO-1/2 reduce gradients in fp32 whenever "
+                        "the sequence is split (stage_1_and_2.py allreduce_bucket), twice the bytes; ZeRO-0 and ZeRO-3 "
+                        "honour it")
 
 
 def _warn_bf16_pipeline_accumulation(cfg, pp: int, zero: int, dtype: str, warnings: list[str]) -> None:
@@ -514,6 +541,7 @@ def resolve_layout(cfg) -> Layout:
     _check_pipeline(cfg, pp, p.zero_stage, accum, warnings)
     _check_precision(cfg, device, cfg.precision.dtype)
     _warn_bf16_pipeline_accumulation(cfg, pp, p.zero_stage, cfg.precision.dtype, warnings)
+    _warn_fp32_reduce(cfg, sp, cp, p.zero_stage, warnings)
     _check_offload(cfg, p.zero_stage)
 
     gbs = cfg.batch.global_batch_size

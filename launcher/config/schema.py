@@ -172,6 +172,10 @@ class PrecisionConfig:
     """fp16: the loss scale never drops below this. Range: > 0, finite; <= 2**initial_scale_power."""
     grad_accum_dtype: Optional[str] = None
     """Dtype of gradient accumulation buffers (DeepSpeed data_types.grad_accum_dtype); null = DeepSpeed's default."""
+    reduce_dtype: Optional[str] = None
+    """Dtype gradients cross the wire in when data-parallel, Ulysses or CP ranks reduce them (DeepSpeed's
+    communication_data_type and seq_parallel_communication_data_type): `fp32` or the model's dtype; null = the
+    model's, with or without Ulysses / CP (docs/training.md). fp32 moves twice a bf16 reduction's bytes."""
 
 
 @dataclass

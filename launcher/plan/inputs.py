@@ -17,6 +17,7 @@ from typing import Optional
 
 from launcher.config import hardware
 from launcher.config.errors import ConfigError
+from launcher.config.layout import reduce_dtype
 from launcher.plan.params import ParamCount, count_params
 from launcher.plan.profile import BUILTIN, Profile, generic_profile, load_profile, scaled
 
@@ -158,6 +159,7 @@ class Strategy:
     sequence_parallel: bool = False        # parallel.sequence_parallel: Megatron SP over the TP ranks
     context_degree: int = 1     # ring-attention CP ranks (launcher/parallel/context.py)
     document_mask: bool = False            # data.document_mask: a (micro, 1, s, s) mask reaches every block (plan/activations.py)
+    reduce_dtype: Optional[str] = None     # gradients' dtype on the wire (config.layout.reduce_dtype); None = dtype
 
     @property
     def checkpointing(self) -> bool:
@@ -169,6 +171,17 @@ class Strategy:
         """Runs as our layer list (config.layout.Layout.pipeline_layers: stages, or any TP on the plain engine):
         blocks recompute rotary."""
         return self.pipeline_degree > 1 or self.tensor_degree > 1
+
+    @property
+    def comm_dtype(self) -> str:
+        """DeepSpeed's communication dtype, as the launcher sets it (config.layout.reduce_dtype): its reduce buckets'."""
+        return self.reduce_dtype or self.dtype
+
+    @property
+    def wire_dtype(self) -> str:
+        """The dtype gradients cross the wire in: the communication dtype, but fp32 under ZeRO-1/2 with Ulysses or CP,
+        where DeepSpeed 0.19.8 casts each bucket to fp32 whatever it is told (stage_1_and_2.py allreduce_bucket)."""
+        return "fp32" if self.sequence_split > 1 and self.zero_stage in (1, 2) else self.comm_dtype
 
     @property
     def world_size(self) -> int:
@@ -210,4 +223,5 @@ def strategy(cfg, layout, recompute: Optional[str] = None) -> Strategy:
         checkpoint_blocks=getattr(cfg.model, "checkpoint_blocks", None) if recompute != "none" else None,
         offload_optimizer=bool(cfg.parallel.offload_optimizer), offload_param=bool(cfg.parallel.offload_param),
         partition_method=cfg.parallel.partition_method, sequence_parallel=layout.sequence_parallel,
-        context_degree=layout.context_degree, document_mask=bool(getattr(cfg.data, "document_mask", False)))
+        context_degree=layout.context_degree, document_mask=bool(getattr(cfg.data, "document_mask", False)),
+        reduce_dtype=reduce_dtype(cfg))

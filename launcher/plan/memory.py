@@ -73,6 +73,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from launcher.config.layout import reduce_dtype
 from launcher.plan import activations as act
 from launcher.plan.inputs import Hardware, ModelShape, Strategy
 from launcher.plan.params import param_group_numels
@@ -362,6 +363,7 @@ def _overhead(shape: ModelShape, st: Strategy, n: float, process_bytes: Optional
     elif st.zero_stage in (1, 2):
         # CPU ranks: only the pages the stage's gradients fill are resident (module docstring)
         elements = REDUCE_BUCKET_ELEMENTS if process_bytes is None else min(REDUCE_BUCKET_ELEMENTS, n)
+        w = weight_bytes(st.comm_dtype)     # the bucket holds the gradients in the communication dtype (ipg_buckets)
         buffers = elements * w
     else:
         buffers = 0.0
@@ -544,6 +546,6 @@ def predict_model_state_bytes(cfg, layout, dp_rank: int = 0) -> dict:
         # stage3.py _create_fp16_sub_groups runs per parameter group; fp32 weights are their own master
         # (launcher/runtime/zero3.py).
         optimizer = ((master if w != 4 else 0) + adam) * sum(parts) + ADAM_STEP_BYTES * sum(zero3_sub_groups(g) for g in parts_g)
-        buffers = REDUCE_BUCKET_ELEMENTS * w
+        buffers = REDUCE_BUCKET_ELEMENTS * DTYPE_BYTES[reduce_dtype(cfg)]   # in the communication dtype
     return {"params": params, "grads": grads, "optimizer": optimizer, "buffers": buffers,
             "total": params + grads + optimizer}

@@ -766,12 +766,14 @@ def estimate_step_time(shape: ModelShape, st: Strategy, hw: Hardware, train_toke
     r = st.zero_partition_degree    # DeepSpeed's data-parallel group under Ulysses (CP) is dp x sp (dp x cp)
     overlap = _overlap_comm(hw)
     dp_exposed, opt = [], []
-    # Gradients cross the wire in DeepSpeed's communication dtype: the model's, whatever the accumulation dtype
-    # (engine.py communication_data_type; its and stage_1_and_2.py's allreduce_bucket cast to it), and fp32 under
-    # Ulysses or CP (engine.py: sequence_parallel_size > 1 -> seq_parallel_communication_data_type, fp32 by default).
-    # recipe=tiny bf16 on 2 CPU ranks: ZeRO-1/2 all_reduce and ZeRO-3 reduce_scatter_tensor in bf16 with or
-    # without precision.grad_accum_dtype=fp32 (PP2 x DP2 under the BF16_Optimizer too), fp32 under SP2 (ZeRO-1/2/3).
-    wire = F32 if sp > 1 else w
+    # Gradients cross the wire in DeepSpeed's communication dtype, whatever the accumulation dtype (engine.py
+    # communication_data_type; its and stage_1_and_2.py's allreduce_bucket cast to it), which the launcher sets to
+    # precision.reduce_dtype (config.layout.reduce_dtype: the model's unless set), Ulysses / CP or not, except where
+    # ZeRO-1/2 cast to fp32 under Ulysses / CP (Strategy.wire_dtype). recipe=tiny bf16 on 2 CPU ranks: ZeRO-1/2
+    # all_reduce and ZeRO-3 reduce_scatter_tensor in bf16 with or without precision.grad_accum_dtype=fp32 (PP2 x DP2
+    # under the BF16_Optimizer too) (2026-12-05); under SP2 ZeRO-0 and ZeRO-3 all_reduce in bf16 with the launcher's
+    # config (fp32 before it set seq_parallel_communication_data_type), ZeRO-1 in fp32 either way (2026-12-06).
+    wire = weight_bytes(st.wire_dtype)
     # DeepSpeed's BF16_Optimizer (memory.uses_bf16_optimizer) partitions the fp32 master weights and Adam over DP
     # at ZeRO-0 too, and all-gathers the updated bf16 weights after its step (PP2 x DP2 bf16 ZeRO-0: one
     # all_gather_into_tensor of the stage's bf16 weights a step).

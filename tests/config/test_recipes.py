@@ -120,6 +120,22 @@ def test_deepspeed_accepts_layout_variants(resolve, single_rank_process_group, o
     assert parsed.train_batch_size == layout.micro_batch_size * layout.grad_accum_steps * _deepspeed_world(layout)
 
 
+@pytest.mark.parametrize("reduce", ["null", "fp32"])
+def test_deepspeed_reduces_gradients_in_the_reduce_dtype_under_ulysses_too(resolve, single_rank_process_group, reduce):
+    """DeepSpeed reads seq_parallel_communication_data_type when sequence_parallel_size > 1 (fp32 when the key is
+    absent) and communication_data_type otherwise: the config the launcher writes gives both precision.reduce_dtype,
+    the model's bf16 unless set (config.layout.reduce_dtype)."""
+    import torch
+    from launcher.deepspeed_config import build_deepspeed_config
+
+    want = torch.float32 if reduce == "fp32" else torch.bfloat16
+    for sp in ("parallel.sequence_degree=2", "parallel.sequence_degree=1"):
+        cfg, layout = resolve(["recipe=tiny", "precision=bf16", sp, f"precision.reduce_dtype={reduce}"])
+        parsed = _parse(build_deepspeed_config(cfg, layout), layout)
+        assert parsed.seq_parallel_communication_data_type == want
+        assert parsed.communication_data_type == want
+
+
 def test_tensor_parallel_batch_counts_data_ranks(resolve):
     """TP at pipeline_degree = 1 runs our layers with their grid as the mpu, so DeepSpeed's batch assertion counts
     the data-parallel ranks only (deepspeed_batch_world). AutoTP, which counted every TP rank as a replica (train_batch_size

@@ -243,12 +243,14 @@ def test_zero1_on_cpu_ranks_exposes_gradient_allreduce_and_weight_allgather():
     assert t.dp_comm_exposed_s == pytest.approx(2 * lat + 1.5 * 4 * N / (bus * 1e9), rel=1e-9)
 
 
-def test_gradients_cross_the_wire_in_the_model_dtype_and_in_fp32_under_sequence_parallelism():
-    # DeepSpeed casts gradients to its communication dtype before reducing them: the model's (bf16) whatever the
-    # accumulation dtype, fp32 when sequence_parallel_size > 1 (Ulysses or CP). Measured on 2 CPU ranks, recipe=tiny
-    # bf16 (2026-12-05): ZeRO-1 all_reduce 1,328,256 bf16 elements with and without grad_accum_dtype=fp32, float32
-    # under parallel.sequence_degree=2 and parallel.context_degree=2. DP2 ZeRO-1 on CPU ranks (nothing overlapped):
-    # the gradient all-reduce (L + 2 x 1/2 x bytes / B) and the bf16 weights' all-gather (L + 1/2 x 2 N / B).
+def test_gradients_cross_the_wire_in_the_reduce_dtype_with_or_without_sequence_parallelism():
+    # DeepSpeed casts gradients to its communication dtype before reducing them, whatever the accumulation dtype;
+    # the launcher sets it to precision.reduce_dtype, the model's unless set, also under Ulysses or CP (where
+    # DeepSpeed's own default is fp32). Measured on 2 CPU ranks, recipe=tiny bf16: ZeRO-1 all_reduce 1,328,256 bf16
+    # elements with and without grad_accum_dtype=fp32 (2026-12-05); under parallel.sequence_degree=2 with the
+    # launcher's config ZeRO-0 and ZeRO-3 in bf16 (float32 before it set seq_parallel_communication_data_type),
+    # ZeRO-1 in float32 either way (2026-12-06, bench/steptime/results.md). DP2 ZeRO-1 on CPU ranks (nothing overlapped): the gradient all-reduce
+    # (L + 2 x 1/2 x bytes / B) and the bf16 weights' all-gather (L + 1/2 x 2 N / B).
     lat, bus = 1e-3, 1.0
     N = count_params(compose(["recipe=tiny"]).model).total
     hw = hardware(ideal(intra=Link(lat, bus)), device="cpu")
@@ -256,9 +258,20 @@ def test_gradients_cross_the_wire_in_the_model_dtype_and_in_fp32_under_sequence_
         _, shape, st = setup("parallel.zero_stage=1", "precision=bf16", f"precision.grad_accum_dtype={accum}")
         t = steptime.estimate_step_time(shape, st, hw)
         assert t.dp_comm_exposed_s == pytest.approx(2 * lat + (2 * N + 0.5 * 2 * N) / (bus * 1e9), rel=1e-9)
-    # SP2: one replica, its 2 sequence ranks reduce over DeepSpeed's sequence-data-parallel group (r = dp x sp = 2)
-    _, shape, st = setup("parallel.sequence_degree=2", "parallel.zero_stage=1", "precision=bf16")
-    assert st.data_degree == 1 and st.zero_partition_degree == 2
+    # SP2: one replica, its 2 sequence ranks reduce over DeepSpeed's sequence-data-parallel group (r = dp x sp = 2).
+    # ZeRO-0 all-reduces its one bucket in the reduce dtype (L + 2 x 1/2 x bytes / B); ZeRO-1 in fp32 whatever it is
+    # told (stage_1_and_2.py allreduce_bucket), then all-gathers the bf16 weights.
+    for reduce, grad_bytes in (("null", 2), ("fp32", 4)):
+        _, shape, st = setup("parallel.sequence_degree=2", "parallel.zero_stage=0", "precision=bf16",
+                             f"precision.reduce_dtype={reduce}")
+        assert st.data_degree == 1 and st.zero_partition_degree == 2
+        t = steptime.estimate_step_time(shape, st, hw)
+        assert t.dp_comm_exposed_s == pytest.approx(lat + grad_bytes * N / (bus * 1e9), rel=1e-9)
+        _, shape, st = setup("parallel.sequence_degree=2", "parallel.zero_stage=1", "precision=bf16",
+                             f"precision.reduce_dtype={reduce}")
+        t = steptime.estimate_step_time(shape, st, hw)
+        assert t.dp_comm_exposed_s == pytest.approx(2 * lat + (4 * N + 0.5 * 2 * N) / (bus * 1e9), rel=1e-9)
+    _, shape, st = setup("parallel.zero_stage=1", "precision=bf16", "precision.reduce_dtype=fp32")
     t = steptime.estimate_step_time(shape, st, hw)
     assert t.dp_comm_exposed_s == pytest.approx(2 * lat + (4 * N + 0.5 * 2 * N) / (bus * 1e9), rel=1e-9)
 

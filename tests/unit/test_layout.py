@@ -73,6 +73,18 @@ def test_bf16_pipeline_zero1_without_fp32_accumulation_is_warned(resolve, overri
     assert any("grad_accum_dtype=fp32" in w for w in layout.warnings) == warned
 
 
+@pytest.mark.parametrize("overrides,warned", [
+    (["parallel.sequence_degree=2", "parallel.zero_stage=1", "precision.reduce_dtype=bf16"], True),
+    (["parallel.sequence_degree=2", "parallel.zero_stage=2", "precision.reduce_dtype=bf16"], True),
+    (["parallel.sequence_degree=2", "parallel.zero_stage=1"], False),     # not asked for: DeepSpeed's fp32 as before
+    (["parallel.sequence_degree=2", "parallel.zero_stage=3", "precision.reduce_dtype=bf16"], False),  # honoured
+    (["parallel.zero_stage=1", "precision.reduce_dtype=bf16"], False),     # no Ulysses / CP
+])
+def test_a_reduce_dtype_zero12_ignores_under_ulysses_is_warned(resolve, overrides, warned):
+    _, layout = resolve(["recipe=llama-7b", *overrides])
+    assert any("precision.reduce_dtype=bf16 is not what" in w for w in layout.warnings) == warned
+
+
 # The invalid layouts live in the shared bad-config catalogue; here they run through resolve_layout directly.
 INVALID = [(e["args"], e["key"], e["says"]) for e in load_catalogue("layout")]
 
