@@ -10,7 +10,7 @@ bench/steptime/results.md): the shares summed to 1.97-2.08 cores, one rank got 0
 rate followed its share (12.9-16.2 GB/s a CPU-second), so the slowest rank read 2.0-6.7 GB/s and the ranks' mean
 6.7-7.5: calibrate._window_s takes the mean since.
 """
-import os, time, json, resource, torch, torch.distributed as dist
+import os, time, resource, torch, torch.distributed as dist
 from launcher.runtime import calibrate as C
 dev = C._start_rank("cpu")
 rank = dist.get_rank()
