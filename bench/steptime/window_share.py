@@ -43,7 +43,7 @@ for k in range(3):
     rows.append(("sweep", k, measure()))
     C._straggler(dev, "cpu", sync, dist, unit)
     C._release(dev, "cpu", sync, dist, [*C._sub_node_sizes(local), local], unit)
-    C._straggler(dev, "cpu", sync, dist, unit, active=2)
+    C._straggler(dev, "cpu", sync, dist, unit, active=C.compute_slots())
     rows.append(("after-waits", k, measure()))
     C._zero3_hooks(dev, sync, agree, 1.0)
     rows.append(("after-zero3", k, measure()))

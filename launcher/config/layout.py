@@ -432,14 +432,20 @@ def reduce_dtype(cfg) -> str:
     whenever sequence_parallel_size > 1 (Ulysses or CP; engine.py seq_parallel_communication_data_type), which made a
     layout's gradients twice as many bytes, and rounded differently, for splitting its sequence. The model's dtype is
     also Megatron-LM's default (grad_reduce_in_fp32 off) and NeMo's. DeepSpeed 0.19.8's ZeRO-1/2 ignore it under
-    Ulysses or CP (stage_1_and_2.py allreduce_bucket: fp32 whenever sequence_parallel_size > 1; _warn_fp32_reduce)."""
+    Ulysses or CP (zero12_reduces_in_fp32)."""
     return cfg.precision.reduce_dtype or cfg.precision.dtype
 
 
+def zero12_reduces_in_fp32(sequence_split: int, zero: int) -> bool:
+    """DeepSpeed 0.19.8's ZeRO-1/2 cast every gradient bucket to fp32 when the sequence is split (Ulysses x CP ranks
+    > 1), whatever communication_data_type says (stage_1_and_2.py allreduce_bucket). Measured on 2 CPU ranks,
+    recipe=tiny bf16 SP2 with the launcher's config (2026-12-06): ZeRO-0 and ZeRO-3 all-reduce 1,328,256 bf16
+    elements, ZeRO-1 float32 (bench/steptime/results.md)."""
+    return sequence_split > 1 and zero in (1, 2)
+
+
 def _warn_fp32_reduce(cfg, sp: int, cp: int, zero: int, warnings: list[str]) -> None:
-    # Measured on 2 CPU ranks, recipe=tiny bf16 SP2 with the launcher's config (2026-12-06): ZeRO-0 and ZeRO-3
-    # all-reduce 1,328,256 bf16 elements, ZeRO-1 float32 (bench/steptime/results.md).
-    if sp * cp > 1 and zero in (1, 2) and reduce_dtype(cfg) != "fp32" and cfg.precision.reduce_dtype is not None:
+    if zero12_reduces_in_fp32(sp * cp, zero) and cfg.precision.reduce_dtype not in (None, "fp32"):
         warnings.append(f"precision.reduce_dtype={cfg.precision.reduce_dtype} is not what ZeRO-{zero} does under "
                         f"{'Ulysses' if sp > 1 else 'CP'}: DeepSpeed 0.19.8's ZeRO-1/2 reduce gradients in fp32 whenever "
                         "the sequence is split (stage_1_and_2.py allreduce_bucket), twice the bytes; ZeRO-0 and ZeRO-3 "

@@ -17,7 +17,7 @@ from typing import Optional
 
 from launcher.config import hardware
 from launcher.config.errors import ConfigError
-from launcher.config.layout import reduce_dtype
+from launcher.config.layout import reduce_dtype, zero12_reduces_in_fp32
 from launcher.plan.params import ParamCount, count_params
 from launcher.plan.profile import BUILTIN, Profile, generic_profile, load_profile, scaled
 
@@ -181,7 +181,7 @@ class Strategy:
     def wire_dtype(self) -> str:
         """The dtype gradients cross the wire in: the communication dtype, but fp32 under ZeRO-1/2 with Ulysses or CP,
         where DeepSpeed 0.19.8 casts each bucket to fp32 whatever it is told (stage_1_and_2.py allreduce_bucket)."""
-        return "fp32" if self.sequence_split > 1 and self.zero_stage in (1, 2) else self.comm_dtype
+        return "fp32" if zero12_reduces_in_fp32(self.sequence_split, self.zero_stage) else self.comm_dtype
 
     @property
     def world_size(self) -> int:

@@ -7,12 +7,12 @@
 
 Wraps torch.distributed's all_reduce, reduce_scatter(_tensor) and all_gather_into_tensor on every torchrun rank
 and keeps {"<collective> <dtype> <elements>": calls} for tensors of more than 10,000 elements in
-$COLLDTYPE_OUT/rank<R>.json. 2026-12-06 (bench/steptime/results.md): under SP2 bf16 with the launcher's config
+$COLLDTYPE_OUT/rank<R>.json, rewritten at each counted call (a rank leaves by os._exit, past atexit). 2026-12-06 (bench/steptime/results.md): under SP2 bf16 with the launcher's config
 ZeRO-0 and ZeRO-3 all-reduce the 1,328,256 gradient elements in bf16, ZeRO-1 in float32.
 """
 import os
 if os.environ.get("COLLDTYPE_OUT") and os.environ.get("LOCAL_RANK") is not None:
-    import atexit, json
+    import json
     import torch.distributed as dist
     seen = {}
     for name in ("all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor", "reduce_scatter"):
@@ -25,4 +25,3 @@ if os.environ.get("COLLDTYPE_OUT") and os.environ.get("LOCAL_RANK") is not None:
                 open(f"{os.environ['COLLDTYPE_OUT']}/rank{os.environ['RANK']}.json", "w").write(json.dumps(seen))
             return _fn(*a, **k)
         setattr(dist, name, wrap)
-    atexit.register(lambda: open(f"{os.environ['COLLDTYPE_OUT']}/rank{os.environ['RANK']}.json", "w").write(json.dumps(seen)))
