@@ -266,12 +266,26 @@ def summary(rows: list[dict], key: str = "error") -> dict:
             "worst_abs_error": max(errs)}
 
 
-# Written by hand after the runs of 2026-12-05 (ZeRO-1/2's all-reduce, the gradients' wire dtype),
+# Written by hand after the runs of 2026-12-06 (precision.reduce_dtype under Ulysses / CP),
+# 2026-12-05 (ZeRO-1/2's all-reduce, the gradients' wire dtype),
 # 2026-12-03 (Megatron's unfused attention; before it the Triton kernel's rates),
 # 2026-12-02 (fms-fsdp added),
 # 2026-11-29 05:05 UTC, 2026-11-28 10:00 UTC,
 # 2026-11-26 21:10 UTC, 2026-11-26 18:00 UTC and 2026-11-25 05:10 UTC (re-read it when the table is regenerated).
-READING = """Reading (2026-12-05, evening: data-parallel gradients priced as DeepSpeed moves them; the headline loses
+READING = """Reading (2026-12-06: the launcher now tells DeepSpeed to reduce gradients in the model's dtype under Ulysses and
+CP too; one row moves). New key `precision.reduce_dtype` (null = the model's dtype, as DeepSpeed does without a split
+sequence and as Megatron-LM and NeMo do by default; or fp32), written to both `communication_data_type` and
+`seq_parallel_communication_data_type` (launcher/config/layout.py reduce_dtype; docs/training.md). Measured on 2
+CPU ranks, recipe=tiny bf16, parallel.sequence_degree=2, every large collective's dtype logged by a sitecustomize
+wrapper of torch.distributed: ZeRO-0 and ZeRO-3 all-reduce the 1,328,256 gradient elements in bf16 with the new
+config (float32 before), ZeRO-1 in float32 either way: DeepSpeed 0.19.8's stage_1_and_2.py allreduce_bucket casts
+to fp32 whenever sequence_parallel_size > 1, whatever the config says, so the planner keeps fp32 there
+(plan/inputs.py Strategy.wire_dtype) and `launcher plan` warns when precision.reduce_dtype asks otherwise. So the
+15 DGXC CP 2 rows (ZeRO-1 as the launcher runs them) do not move; NeMo AutoModel's 70B (ZeRO-3 with CP 2) moves back
+-75.8% -> -64.5%, the worst row of both views. All 262: within 10% 44.7%, within 20% 71.0%, median 11.5% unchanged;
+worst 75.8% -> 64.5%.
+
+Reading (2026-12-05, evening: data-parallel gradients priced as DeepSpeed moves them; the headline loses
 ground, the runtime is now told right). Three fixes, each measured on 2-4 CPU ranks with recipe=tiny (sizes and
 dtypes of every collective, bench/steptime/results.md) and read in DeepSpeed 0.19.8's code: (1) ZeRO-1/2 reduce
 each gradient bucket with an all-reduce of the whole bucket (stage_1_and_2.py average_tensor under

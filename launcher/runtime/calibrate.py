@@ -841,17 +841,25 @@ def _sub_node_sizes(local: int) -> list:
     return [g for g in (2, 4, 8, 16, 32) if g < local and local % g == 0]
 
 
+_GROUPS: dict = {}     # (world, size) -> this rank's group: made once a process (_consecutive_group)
+
+
 def _consecutive_group(dist, size: int):
     """This rank's group of `size` consecutive ranks (ranks // size); None (the default group) for the whole world.
-    new_group is collective: every rank creates every group, in the same order."""
+    new_group is collective: every rank creates every group, in the same order. Made once per size and kept: every
+    round of the probes asks again, and each new gloo group starts its own threads, never freed while the process
+    runs (4 CPU ranks, 2026-12-06: a rank's threads grew 4 -> 16 over three rounds, bench/steptime/window_share.py),
+    which then compete for the cores the later probes time."""
     world, rank = dist.get_world_size(), dist.get_rank()
     if size >= world:
         return None
-    mine = None
-    for first in range(0, world, size):
-        g = dist.new_group(list(range(first, first + size)))
-        mine = g if first <= rank < first + size else mine
-    return mine
+    if (world, size) not in _GROUPS:
+        mine = None
+        for first in range(0, world, size):
+            g = dist.new_group(list(range(first, first + size)))
+            mine = g if first <= rank < first + size else mine
+        _GROUPS[world, size] = mine
+    return _GROUPS[world, size]
 
 
 def _node_groups(dist, world: int, local: int):
