@@ -152,7 +152,8 @@ class NcclTuning:
 
     The link's bus bandwidth across nodes is one GPU's NIC (launcher/plan/profile.py, the links' comment):
     NCCL's graph gives a ring the node's NICs together (nChannels x per-NIC speed), which did not fit the
-    published runs (bench/published/results.md)."""
+    published runs (bench/published/results.md); a calibrated profile's measured groups several ranks a node
+    across nodes replace it (Profile.inter_for)."""
 
     net_overhead_s: float = 1e-6
 
@@ -225,6 +226,10 @@ class Profile:
     # ranks sharing 2 cores a 4-rank all-reduce waits for all four to be scheduled: 6.1 ms of latency against
     # ~1 ms for two (bench/steptime/profile-4.yaml), and TP2 x PP2's TP groups are two.
     intra_groups: dict = field(default_factory=dict)
+    # All-reduce across nodes for groups with several ranks on each node ({ranks a node: Link}), measured by
+    # calibrate on two or more nodes (all of each node's ranks together: all_reduce_world_after_compute); one rank a
+    # node is `inter`. Empty (the built-ins, one-node profiles): every group that spans nodes gets `inter` (inter_for).
+    inter_groups: dict = field(default_factory=dict)
     nccl: Optional[NcclTuning] = None
     straggler: dict = field(default_factory=dict)
     # {group size: [[segment seconds, seconds], ...]}: a synchronisation's cost once its group's last rank arrived,
@@ -259,6 +264,30 @@ class Profile:
     def intra_for(self, ranks: int) -> Link:
         """The intra-node link of a group of `ranks` ranks: its own measurement where calibrate took one, else intra."""
         return self.intra_groups.get(ranks, self.intra)
+
+    def inter_for(self, per_node: int) -> Link:
+        """The inter-node link of a collective group with `per_node` of its ranks on each of its nodes.
+
+        NCCL builds a ring across nodes over the NICs of the ranks it holds on each node (one channel a NIC: "on an
+        Nvidia DGX-A100 system we have 8x200Gbit/s IB cards and we measure 192GB/s AllReduce BusBW", NCCL
+        maintainers, NVIDIA/nccl#812), so such a group's bus bandwidth can grow with its ranks a node; the published
+        runs disagree on whether it did (bench/published/results.md: FSDP on H100 nodes carried more than one NIC a
+        GPU, DeepSpeed's 2021 ZeRO-3 about one). So only a measurement decides: where calibrate measured groups with
+        several ranks a node (inter_groups), that measurement, linear in the ranks a node between the measured sizes
+        (one rank a node: inter), the largest measured size's beyond them, the latency of the size at or below;
+        without one (the built-ins, one-node profiles), `inter`, one NIC, for every group."""
+        if per_node <= 1 or not self.inter_groups:
+            return self.inter
+        points = {1: self.inter, **self.inter_groups}
+        if per_node in points:
+            return points[per_node]
+        lo = max(k for k in points if k <= per_node)
+        above = [k for k in sorted(points) if k > per_node]
+        if not above:
+            return points[lo]
+        hi = above[0]
+        f = (per_node - lo) / (hi - lo)
+        return Link(points[lo].latency_s, points[lo].bus_gbps + f * (points[hi].bus_gbps - points[lo].bus_gbps))
 
     def straggler_fraction(self, ranks: int, segment_s: float, unshared: bool = False) -> float:
         """The expected wait of a group of `ranks` ranks for its slowest one at a synchronisation, as a fraction
@@ -432,7 +461,9 @@ _FA2_H100_HD64 = [[512, 141], [1024, 192], [2048, 232], [4096, 257], [8192, 273]
 # (A100), NDR 400 Gb/s ~ 45 GB/s (H100/H200), both ~ 90% of line rate (NVIDIA DGX SuperPOD reference
 # architecture, nccl-tests figures). The bus bandwidth across nodes is one GPU's NIC even where a group has
 # several GPUs on a node (NCCL's model and nccl-tests aggregate them: 192 GB/s all-reduce busbw on DGX A100,
-# NCCL maintainers in NVIDIA/nccl#812; that did not fit the published runs, bench/published/results.md).
+# NCCL maintainers in NVIDIA/nccl#812; that did not fit the published runs, bench/published/results.md); a
+# calibrated profile that measured a group with several GPUs a node across nodes charges that instead
+# (Profile.inter_for).
 # Latency of TP and data-parallel collectives: NCCL's own model for the group's ranks, nodes and message size
 # (NcclTuning), which grows with the ring (8 ranks: 32 us a Simple all-gather; 512 ranks on 64 nodes: 2.4 ms).
 # The fixed latencies below (~ 10 us inside a node, ~ 20 us across) are left for point-to-point sends and
@@ -566,7 +597,8 @@ def scaled(p: Profile, compute: float = 1.0, intra_gbps: Optional[float] = None,
         attention_table=_scaled_tables(p.attention_table, compute), gemm_table=_scaled_tables(p.gemm_table, compute),
         attention_table_by_head_dim={hd: _scaled_tables(by, compute) for hd, by in p.attention_table_by_head_dim.items()},
         intra=p.intra if intra_gbps is None else Link(p.intra.latency_s, intra_gbps * 0.8),
-        inter=p.inter if inter_gbps is None else Link(p.inter.latency_s, inter_gbps * 0.9))
+        inter=p.inter if inter_gbps is None else Link(p.inter.latency_s, inter_gbps * 0.9),
+        inter_groups=p.inter_groups if inter_gbps is None else {})     # the user's figure stands for every group
 
 
 # ---- YAML files written by `launcher calibrate`. -----------------------------------------------------------------
@@ -679,6 +711,8 @@ def load_profile(path: str) -> Profile:
                         if doc.get("all_to_all") else None),
             intra_groups={int(g): Link(float(v["latency_s"]), float(v["bus_gbps"]))
                           for g, v in (doc.get("intra_groups") or {}).items()},
+            inter_groups={int(g): Link(float(v["latency_s"]), float(v["bus_gbps"]))
+                          for g, v in (doc.get("inter_groups") or {}).items()},
             nccl=(NcclTuning(**{str(k): float(v) for k, v in doc["nccl"].items()})
                   if doc.get("nccl") is not None else None),
             straggler={int(g): [[float(t), float(f)] for t, f in rows]
@@ -695,7 +729,7 @@ def load_profile(path: str) -> Profile:
     measured = doc.get("measurements") or {}
     prof = alone_rates(prof, measured.get("local_world", measured.get("world")))
     rates = [*prof.gemm_tflops.values(), *prof.attention_tflops.values(), prof.memory_gbps, prof.intra.bus_gbps,
-             prof.inter.bus_gbps, *(link.bus_gbps for link in prof.intra_groups.values())]
+             prof.inter.bus_gbps, *(link.bus_gbps for link in (*prof.intra_groups.values(), *prof.inter_groups.values()))]
     for name, what in (("straggler", "fraction"), ("release", "seconds"), ("straggler_unshared", "fraction"),
                        ("release_unshared", "seconds")):
         if any(g < 2 or not rows or any(t <= 0 or v < 0 for t, v in rows) for g, rows in getattr(prof, name).items()):

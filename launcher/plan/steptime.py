@@ -668,9 +668,12 @@ def _span(prof: Profile, ranks: int, stride: int, gpus_per_node: int) -> tuple[L
 
 
 def _group_link(prof: Profile, ranks: int, stride: int, gpus_per_node: int) -> Link:
-    """A collective group's link (_span), with NCCL's cost model for its ranks and nodes where the profile has it
-    (profile.NcclTuning), else the link's fixed latency."""
+    """A collective group's link (_span; across nodes the one for its ranks a node, Profile.inter_for), with NCCL's
+    cost model for its ranks and nodes where the profile has it (profile.NcclTuning), else the link's fixed
+    latency."""
     link, nodes = _span(prof, ranks, stride, gpus_per_node)
+    if nodes > 1:
+        link = prof.inter_for(min(ranks, max(1, gpus_per_node // stride)))
     if prof.nccl is None or ranks <= 1:
         return link
     return GroupLink(link.latency_s, link.bus_gbps, gather_options=prof.nccl.options(False, ranks, nodes),

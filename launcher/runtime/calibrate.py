@@ -134,7 +134,7 @@ GEMM_POOL_BYTES = 64 << 20
 # run over every rank); the rest then comes from cluster.profile (network_base).
 ALL, NETWORK = "all", "network"
 # The profile fields a network-only calibration measures; every other field is the base profile's.
-NETWORK_FIELDS = ("intra", "inter", "all_to_all", "intra_groups", "straggler", "release", "straggler_unshared",
+NETWORK_FIELDS = ("intra", "inter", "inter_groups", "all_to_all", "intra_groups", "straggler", "release", "straggler_unshared",
                   "release_unshared", "zero3_module_s", "zero3_param_s", "zero3_module_step_s", "zero3_param_step_s",
                   "host_memory_gb", "process_bytes")
 # The raw measurements a profile keeps that a network-only calibration measures again (and the run's own facts).
@@ -352,9 +352,13 @@ def _network_fit(raw: dict) -> tuple[dict, str]:
     local, nodes = raw.get("local_world", raw["world"]), raw.get("nodes", 1)
     intra = Link(*fit_alpha_beta(raw["all_reduce_after_compute"], local))
     a2a = Link(*fit_alpha_beta(raw["all_to_all_after_compute"], local, ring_factor=False))
+    inter_groups = {}
     if nodes > 1:
-        # One rank a node with its peers on the other nodes: what the plan charges a group that spans nodes.
+        # One rank a node with its peers on the other nodes: what the plan charges a group that spans nodes with one
+        # rank on each; every rank of every node together: a group with `local` ranks a node (Profile.inter_for).
         inter = Link(*fit_alpha_beta(raw["all_reduce_rail_after_compute"], nodes))
+        if local > 1:
+            inter_groups = {local: Link(*fit_alpha_beta(raw["all_reduce_world_after_compute"], raw["world"]))}
         if local == 1:
             intra = a2a = inter    # no two ranks share a node here: nothing intra-node was measured
         span = f"{nodes} nodes x {local} {device} ranks"
@@ -363,7 +367,7 @@ def _network_fit(raw: dict) -> tuple[dict, str]:
         span = f"{raw['world']} {device} ranks"
     intra_groups = {int(g): Link(*fit_alpha_beta(points, int(g)))
                     for g, points in raw.get("all_reduce_groups_after_compute", {}).items()}
-    fields = dict(intra=intra, inter=inter, all_to_all=a2a, intra_groups=intra_groups,
+    fields = dict(intra=intra, inter=inter, inter_groups=inter_groups, all_to_all=a2a, intra_groups=intra_groups,
                   host_memory_gb=raw["host_memory_gb"], process_bytes=raw.get("process_bytes"),
                   zero3_module_s=raw["zero3_module_s"], zero3_param_s=raw["zero3_param_s"],
                   zero3_module_step_s=raw.get("zero3_module_step_s", 0.0),
@@ -462,7 +466,7 @@ def _write_network_profile(raw: dict, out: str, seconds: float, base: str) -> Pa
     for name, value in network.items():
         if isinstance(value, Link):
             value = asdict(value)
-        elif name == "intra_groups":
+        elif name in ("intra_groups", "inter_groups"):
             value = {g: asdict(link) for g, link in value.items()}
         doc[name] = value
     doc["source"] = (f"launcher calibrate --network-only on {raw['hostname']}, {span}, {raw['backend']}, "
@@ -542,7 +546,7 @@ def _measurements_note(nodes: int, local: int) -> str:
             "back to back, all ranks), *_after_compute (the fits' input): [bytes, seconds], over "
             "each node's ranks (intra, all_to_all), {size: ...} smaller groups in a node "
             "(intra_groups), one rank a node (rail: inter) and all ranks "
-            "across nodes (world: measured, not charged); zero3: seconds "
+            "across nodes (world: inter_groups at the ranks a node); zero3: seconds "
             "per step [unit, micro-batches a step, modules, zero-3 engine, plain]; straggler: "
             "{group size: [mean segment seconds, (slowest - mean) / mean]}; the collectives, "
             "straggler, release and zero3 figures: the median over probe_rounds (each round's "

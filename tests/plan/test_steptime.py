@@ -199,6 +199,34 @@ def test_group_links_by_rank_order_and_nodes():
     assert steptime._group_link(ideal(intra=intra, inter=inter), 64, 2, 8) == inter
 
 
+def test_a_group_across_nodes_takes_the_link_measured_for_its_ranks_a_node(tmp_path):
+    # calibrate on several nodes measures one rank a node (inter) and every rank of every node together
+    # (inter_groups at the node's ranks). A group that spans nodes is charged the measurement for its ranks a node:
+    # between the measured sizes the bandwidth linear in the ranks a node, the latency of the size below; above the
+    # largest measured, the largest's. Without the measurement every such group gets `inter` (one NIC).
+    import yaml
+
+    intra, inter, eight = Link(10e-6, 300.0), Link(20e-6, 40.0), Link(30e-6, 320.0)
+    prof = ideal(intra=intra, inter=inter, inter_groups={8: eight})
+    assert steptime._group_link(prof, 64, 1, 8) == eight                   # DP64 under TP1: 8 a node, 8 nodes
+    assert steptime._group_link(prof, 16, 8, 8) == inter                   # under TP8: one a node
+    # under TP2: 4 a node, 40 + (4 - 1) / (8 - 1) x (320 - 40) = 160 GB/s
+    assert steptime._group_link(prof, 64, 2, 8) == Link(20e-6, 160.0)
+    assert steptime._group_link(prof, 8, 1, 8) == intra                    # one node: the node's link
+    assert prof.inter_for(16) == eight                                     # more a node than measured
+    # the plan's data-parallel traffic follows: ZeRO-1 DP16 of recipe=tiny on 2 nodes of 8, 8 ranks a node
+    cfg, shape, st = setup("cluster.gpus_per_node=8", "cluster.nodes=2", "parallel.zero_stage=1",
+                           "batch.micro_batch_size=1", "batch.global_batch_size=16")
+    assert (st.data_degree, st.tensor_degree) == (16, 1)
+    one_nic = steptime.estimate_step_time(shape, st, hardware(ideal(intra=intra, inter=inter)))
+    measured = steptime.estimate_step_time(shape, st, hardware(prof))
+    assert measured.dp_comm_exposed_s < one_nic.dp_comm_exposed_s
+    # The file round-trips it.
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(profile_to_dict(prof)))
+    assert load_profile(str(path)).inter_groups == {8: eight}
+
+
 def test_pipeline_hop_link_follows_the_rank_order():
     # Rank order tp, sp, dp, pp (launcher/plan/rankmap.py): a stage's next stage is t x sp x dp ranks on. With 8 GPUs
     # a node, PP2 x DP4 keeps both stages in one node; PP2 x DP8 puts stage 1 of rank 0 on rank 8, the next node.

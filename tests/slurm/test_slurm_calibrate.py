@@ -3,8 +3,8 @@
 One job: 2 nodes x 2 ranks, --network-only on a committed one-node profile (bench/steptime/profile.yaml, 2 CPU
 ranks): the compute, engine and framework probes are that profile's (tests/train/test_calibrate.py runs the whole
 measurement on 2 local ranks), and the job measures what two nodes change. It must end COMPLETED having written the
-profile where --out said, with the inter-node link fitted from a group that spans the nodes (one rank a node) and
-the intra-node one from each node's ranks, the raw measurements of every group kept, every other field the base
+profile where --out said, with the inter-node link fitted from a group that spans the nodes (one rank a node), the
+link of a group with both ranks of each node from all four, and the intra-node one from each node's ranks, the raw measurements of every group kept, every other field the base
 profile's, the job's own files in a new calibrate-* directory under runs_dir (no run's directory touched), and
 `launcher plan` taking the profile.
 """
@@ -59,26 +59,37 @@ def test_calibration_job_measures_both_links_and_writes_the_profile(slurm_env, t
     for key in ("all_reduce_after_compute", "all_to_all_after_compute", "all_reduce_rail_after_compute",
                 "all_reduce_world_after_compute"):
         assert [b for b, _ in m[key]] == sizes and all(t >= 0 for _, t in m[key]), key
-    # The links are fitted from their own groups: intra from each node's 2 ranks, inter from one rank a node.
+    # The links are fitted from their own groups: intra from each node's 2 ranks, inter from one rank a node, and
+    # inter_groups (a group with 2 ranks on each node) from all 4 ranks together.
     from launcher.runtime.calibrate import fit_alpha_beta
 
     assert [doc["intra"]["latency_s"], doc["intra"]["bus_gbps"]] == list(fit_alpha_beta(m["all_reduce_after_compute"], 2))
     assert [doc["inter"]["latency_s"], doc["inter"]["bus_gbps"]] == list(fit_alpha_beta(m["all_reduce_rail_after_compute"], 2))
+    assert list(doc["inter_groups"]) == [2]
+    assert [doc["inter_groups"][2]["latency_s"], doc["inter_groups"][2]["bus_gbps"]] == \
+        list(fit_alpha_beta(m["all_reduce_world_after_compute"], 4))
     assert doc["inter"] != doc["intra"]
 
-    # `launcher plan` takes it, and a data-parallel all-reduce over the 2 nodes is charged on the measured
-    # inter-node link: the same profile with that link 10x faster plans less exposed DP traffic.
-    faster = tmp_path / "faster-inter.yaml"
-    doc["inter"] = {"latency_s": doc["inter"]["latency_s"] / 10, "bus_gbps": doc["inter"]["bus_gbps"] * 10}
-    faster.write_text(yaml.safe_dump(doc))
-    dp_comm = []
-    for profile in (out, faster):
+    # `launcher plan` takes it, and a data-parallel all-reduce over the 2 nodes is charged on the link measured for
+    # its ranks a node: DP4 (2 a node) on inter_groups' 2, DP2 under TP2 (one a node) on inter. The same profile with
+    # that link 10x faster plans less exposed DP traffic; with the other link 10x faster, the same.
+    def plan_dp_comm(profile, *overrides):
         plan = subprocess.run([LAUNCHER, "plan", "recipe=tiny", "cluster=cpu", "cluster.nodes=2", "cluster.gpus_per_node=2",
-                               "batch.micro_batch_size=4", f"cluster.profile={profile}", "--json"],
+                               "batch.micro_batch_size=4", f"cluster.profile={profile}", "--json", *overrides],
                               cwd=REPO, capture_output=True, text=True, timeout=120)
         assert plan.returncode == 0, plan.stderr
-        dp_comm.append(json.loads(plan.stdout)["step_time_breakdown_s"]["dp_comm_exposed"])
-    assert dp_comm[0] > dp_comm[1] > 0, dp_comm
+        return json.loads(plan.stdout)["step_time_breakdown_s"]["dp_comm_exposed"]
+
+    def tenfold(link: dict) -> dict:
+        return {"latency_s": link["latency_s"] / 10, "bus_gbps": link["bus_gbps"] * 10}
+
+    faster_rail, faster_world = tmp_path / "faster-rail.yaml", tmp_path / "faster-world.yaml"
+    faster_rail.write_text(yaml.safe_dump({**doc, "inter": tenfold(doc["inter"])}))
+    faster_world.write_text(yaml.safe_dump({**doc, "inter_groups": {2: tenfold(doc["inter_groups"][2])}}))
+    dp4 = [plan_dp_comm(p) for p in (out, faster_world, faster_rail)]
+    assert dp4[0] > dp4[1] > 0 and dp4[2] == dp4[0], dp4
+    tp2 = [plan_dp_comm(p, "parallel.tensor_degree=2") for p in (out, faster_rail, faster_world)]
+    assert tp2[0] > tp2[1] > 0 and tp2[2] == tp2[0], tp2
 
     # The nodes' CPU is recorded (read here from /proc/cpuinfo, not by the launcher's code), and the fit refuses a
     # base profile from another node type, before it writes anything: another CPU model, or another accelerator.
