@@ -266,13 +266,30 @@ def summary(rows: list[dict], key: str = "error") -> dict:
             "worst_abs_error": max(errs)}
 
 
-# Written by hand after the runs of 2026-12-06 (precision.reduce_dtype under Ulysses / CP),
+# Written by hand after the runs of 2026-12-06 (the network's two ends; precision.reduce_dtype under Ulysses / CP),
 # 2026-12-05 (ZeRO-1/2's all-reduce, the gradients' wire dtype),
 # 2026-12-03 (Megatron's unfused attention; before it the Triton kernel's rates),
 # 2026-12-02 (fms-fsdp added),
 # 2026-11-29 05:05 UTC, 2026-11-28 10:00 UTC,
 # 2026-11-26 21:10 UTC, 2026-11-26 18:00 UTC and 2026-11-25 05:10 UTC (re-read it when the table is regenerated).
-READING = """Reading (2026-12-06: the launcher now tells DeepSpeed to reduce gradients in the model's dtype under Ulysses and
+READING = """Reading (2026-12-06, morning: the network's two ends side by side; nothing here moved). `launcher plan` now
+reports beside its step time the step time with a cross-node group's NICs added (`step_time_nics_added_s`;
+launcher/plan/profile.py nics_added: a group with k GPUs on each node gets k x the one-NIC bus, up to the node's own
+link, NVIDIA/nccl#812), and a profile calibrated on several nodes charges what it measured for the group's ranks a
+node (Profile.inter_for, from the all-ranks all-reduce `launcher submit --calibrate` already took and kept unused).
+The built-ins keep one NIC, so the tables above did not move. `PYTHONPATH=$PWD .venv/bin/python
+bench/published/nic_bracket.py`: 40 of the 262 runs have ends more than 1% apart, and 25 of those 40 lie between
+them (10% either side). The rows the one-NIC headline misses most sit at the other end: NeMo AutoModel's 70B CP2
+-64.5% at one NIC, +5.2% with the NICs added; MosaicML's H100 13B mb2 at 16-64 GPUs -48.4 .. -52.9% / +28.2 ..
++28.9%; the 70B g32 mb2 rows -50.7% (H100) and -42.6% (A100) / +24.0% and +15.0%. Narayanan's six ZeRO-3 rows go
+the other way (-2.7 .. +42.1% at one NIC, +68 .. +426% added), and so do the FSDP rows of fms-fsdp (+2.0 / -0.7%
+against +26.6 / +25.2%) and torchtitan's 13B (+2.6 / +15.9%). The twelve DGXC 8B CP2 rows lie outside both ends
+(-21.2 .. -26.1% / -13.7 .. -19.3%): DeepSpeed's fp32 ZeRO-1 reduce under CP, the runtime's (the reading below).
+So FSDP-class runs sit at either end (their networks are not all stated: fms-fsdp's "800Gbps inter-node", per node
+or per GPU not said); no one rule for the built-ins puts both ends' runs within 10%, and on a user's cluster the
+measurement decides.
+
+Reading (2026-12-06: the launcher now tells DeepSpeed to reduce gradients in the model's dtype under Ulysses and
 CP too; one row moves). New key `precision.reduce_dtype` (null = the model's dtype, as DeepSpeed does without a split
 sequence and as Megatron-LM and NeMo do by default; or fp32), written to both `communication_data_type` and
 `seq_parallel_communication_data_type` (launcher/config/layout.py reduce_dtype; docs/training.md). Measured on 2

@@ -583,6 +583,21 @@ def _scaled_tables(tables: dict, f: float) -> dict:
     return {d: [[x, r * f] for x, r in rows] for d, rows in tables.items()}
 
 
+def nics_added(p: Profile, gpus_per_node: int) -> Profile:
+    """The profile with a group's NICs added up across nodes where it measured nothing there (no inter_groups):
+    a group with k ranks on each node gets k x the one-NIC bus bandwidth, up to the node's own link (NCCL's rings
+    take one channel a NIC: "on an Nvidia DGX-A100 system we have 8x200Gbit/s IB cards and we measure 192GB/s
+    AllReduce BusBW", NVIDIA/nccl#812). The other end of what the published runs span (Profile.inter_for says why
+    the plan does not assume it); `launcher plan` reports the step time under it beside its own. A profile that
+    measured its groups across nodes, or a one-GPU node, is returned as it is."""
+    from dataclasses import replace
+
+    if p.inter_groups or gpus_per_node <= 1:
+        return p
+    bus = min(gpus_per_node * p.inter.bus_gbps, max(p.inter.bus_gbps, p.intra.bus_gbps))
+    return replace(p, inter_groups={gpus_per_node: Link(p.inter.latency_s, bus)})
+
+
 def scaled(p: Profile, compute: float = 1.0, intra_gbps: Optional[float] = None, inter_gbps: Optional[float] = None,
            memory: float = 1.0) -> Profile:
     """The profile with its compute rates (GEMM and attention) times `compute` (cluster.peak_tflops over the catalog

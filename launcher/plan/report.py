@@ -5,6 +5,7 @@ No torch here: planning must be instant and run on a laptop.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Optional
 
 from launcher.config.errors import ConfigError
@@ -13,7 +14,7 @@ from launcher.plan.host import estimate_host_memory, host_capacity, stages_by_no
 from launcher.plan.inputs import model_shape, resolve_hardware, strategy
 from launcher.plan.memory import activation_bytes_per_layer, checkpointed_layers, estimate_memory, explain_stage_memory
 from launcher.plan.params import count_params, rough_params
-from launcher.plan.profile import BUILTIN
+from launcher.plan.profile import BUILTIN, nics_added
 from launcher.config.supported import PIPELINE_ARCHS
 from launcher.plan.stages import stage_blocks, stage_param_counts
 from launcher.plan.steptime import estimate_step_time
@@ -151,7 +152,8 @@ def performance_summary(cfg, layout: Layout) -> dict:
             "memory_peak_stage",
             "recompute", "flops_per_token", "hardware_flops_per_token", "step_time_s", "step_time_breakdown_s",
             "tokens_per_s", "tflops_per_gpu", "hardware_tflops_per_gpu", "mfu", "peak_tflops", "profile",
-            "train_tokens", "train_days", "step_time_track_record", "step_time_track_record_note")
+            "train_tokens", "train_days", "step_time_track_record", "step_time_track_record_note",
+            "step_time_nics_added_s")
     shape = model_shape(cfg.model)
     st = strategy(cfg, layout)
     # Per block and micro-batch on one rank (launcher/plan/activations.py); needs no GPU numbers.
@@ -164,6 +166,9 @@ def performance_summary(cfg, layout: Layout) -> dict:
     mem = estimate_memory(shape, st, hw)
     tokens = cfg.train.tokens or cfg.train.steps * layout.tokens_per_step
     t = estimate_step_time(shape, st, hw, tokens)
+    # Where a group spans nodes with several GPUs on each and the profile measured no such group, the step time
+    # with their NICs added up (profile.nics_added): the plan charges one NIC, the published runs went either way.
+    added = estimate_step_time(shape, st, replace(hw, profile=nics_added(hw.profile, layout.gpus_per_node)), tokens)
     return {
         "memory_per_gpu_bytes": {k: int(v) for k, v in mem.per_gpu().items()},
         "memory_how": explain_stage_memory(shape, st, hw, mem.peak.stage),
@@ -186,6 +191,7 @@ def performance_summary(cfg, layout: Layout) -> dict:
         "train_tokens": int(tokens),
         "train_days": t.train_days,
         **track_record(cfg, layout, hw),
+        "step_time_nics_added_s": added.step_time_s if added.step_time_s < t.step_time_s * 0.99 else None,
         **per_layer,
     }
 
@@ -280,6 +286,12 @@ def _performance_rows(s: dict) -> list[tuple[str, str, str]]:
          + (f" + waits for the slowest rank {_s(bd['straggler'])}" if bd.get("straggler") else "")
          + (f" (recompute {_s(s['recompute_s'])} inside)" if s["recompute_s"] else "") + f"; rates: {s['profile']}"),
         ("step time vs published", _track_value(s["step_time_track_record"]), s["step_time_track_record_note"]),
+        *([("step time, NICs added", _s(s["step_time_nics_added_s"]),
+            "a collective group spans nodes with several GPUs on each: the plan charges it one NIC a GPU, this its "
+            "GPUs' NICs together (NCCL's rings can; FSDP on H100 nodes measured more than one NIC a GPU, DeepSpeed's "
+            "2021 ZeRO-3 about one: bench/published/results.md); `launcher submit --calibrate` on 2+ nodes measures "
+            "which, and the plan then charges that (launcher/plan/profile.py nics_added, Profile.inter_for)")]
+          if s.get("step_time_nics_added_s") else []),
         ("tokens / s", f"{s['tokens_per_s']:,.0f}", f"tokens per step / step time; {s['tokens_per_s'] / s['world_size']:,.0f} per GPU"),
         ("TFLOP/s per GPU", f"{s['tflops_per_gpu']:.1f} model / {s['hardware_tflops_per_gpu']:.1f} hardware",
          "FLOPs per token x tokens/s / world; hardware counts recompute (Megatron's and BLOOM's convention)"),

@@ -227,6 +227,39 @@ def test_a_group_across_nodes_takes_the_link_measured_for_its_ranks_a_node(tmp_p
     assert load_profile(str(path)).inter_groups == {8: eight}
 
 
+def test_plan_reports_the_step_time_with_a_groups_nics_added_where_nothing_measured_them():
+    # The built-in H100 profile charges a group across nodes one NIC a GPU (45 GB/s bus); NCCL can spread the ring
+    # over the NICs of the group's GPUs on each node. `launcher plan` reports the step time under that too: 8 GPUs a
+    # node, min(8 x 45, the node's 360) = 360 GB/s for a group with all 8 on each node.
+    from launcher.plan.inputs import resolve_hardware
+    from launcher.plan.profile import nics_added
+    from launcher.plan.report import plan_summary
+
+    h100 = BUILTIN["h100-80gb"]
+    assert (h100.inter.bus_gbps, h100.intra.bus_gbps, h100.inter_groups) == (45.0, 360.0, {})
+    assert nics_added(h100, 8).inter_groups == {8: Link(h100.inter.latency_s, 360.0)}
+    assert nics_added(h100, 4).inter_groups == {4: Link(h100.inter.latency_s, 180.0)}
+    measured = dataclasses.replace(h100, inter_groups={8: Link(1e-5, 100.0)})
+    assert nics_added(measured, 8) is measured                              # a measurement stands
+
+    def summary(*overrides):
+        cfg = compose(["model=llama-13b", "cluster=h100-80gb", "batch.micro_batch_size=2", "batch.global_batch_size=128",
+                       "data.seq_length=2048", *overrides])
+        return cfg, plan_summary(cfg, resolve_layout(cfg))
+
+    cfg, s = summary("cluster.nodes=8", "parallel.zero_stage=3")           # ZeRO-3 over 64 GPUs, 8 a node
+    layout = resolve_layout(cfg)
+    builtin = resolve_hardware(cfg.cluster, layout.dtype)
+    assert builtin.profile.inter_groups == {}
+    hw = dataclasses.replace(builtin, profile=dataclasses.replace(h100, inter_groups={8: Link(h100.inter.latency_s, 360.0)}))
+    expected = steptime.estimate_step_time(model_shape(cfg.model), strategy(cfg, layout), hw).step_time_s
+    assert s["step_time_nics_added_s"] == pytest.approx(expected, rel=1e-12) and expected < s["step_time_s"]
+    assert summary("cluster.nodes=1", "parallel.zero_stage=3")[1]["step_time_nics_added_s"] is None   # one node
+    # TP8 a node: the data-parallel group has one GPU on each node, already one NIC each
+    assert summary("cluster.nodes=8", "parallel.zero_stage=1", "parallel.tensor_degree=8",
+                   "batch.micro_batch_size=1", "batch.global_batch_size=16")[1]["step_time_nics_added_s"] is None
+
+
 def test_pipeline_hop_link_follows_the_rank_order():
     # Rank order tp, sp, dp, pp (launcher/plan/rankmap.py): a stage's next stage is t x sp x dp ranks on. With 8 GPUs
     # a node, PP2 x DP4 keeps both stages in one node; PP2 x DP8 puts stage 1 of rank 0 on rank 8, the next node.
