@@ -282,10 +282,9 @@ class Profile:
         if per_node in points:
             return points[per_node]
         lo = max(k for k in points if k <= per_node)
-        above = [k for k in sorted(points) if k > per_node]
-        if not above:
+        hi = min((k for k in points if k > per_node), default=None)
+        if hi is None:
             return points[lo]
-        hi = above[0]
         f = (per_node - lo) / (hi - lo)
         return Link(points[lo].latency_s, points[lo].bus_gbps + f * (points[hi].bus_gbps - points[lo].bus_gbps))
 
@@ -673,6 +672,11 @@ def _arch_table(table: Optional[dict], divisor: float = 1.0) -> dict:
             for a, by_dtype in (table or {}).items()}
 
 
+def _group_links(table: Optional[dict]) -> dict:
+    """A profile file's {group size: {latency_s, bus_gbps}} table (intra_groups, inter_groups) as {int: Link}."""
+    return {int(g): Link(float(v["latency_s"]), float(v["bus_gbps"])) for g, v in (table or {}).items()}
+
+
 def load_profile(path: str) -> Profile:
     """Read and validate a profile written by `launcher calibrate`; ConfigError on cluster.profile otherwise."""
     import yaml
@@ -724,10 +728,7 @@ def load_profile(path: str) -> Profile:
                                    for k, v in (doc.get("engine_tensor_micro_s") or {}).items()},
             all_to_all=(Link(float(doc["all_to_all"]["latency_s"]), float(doc["all_to_all"]["bus_gbps"]))
                         if doc.get("all_to_all") else None),
-            intra_groups={int(g): Link(float(v["latency_s"]), float(v["bus_gbps"]))
-                          for g, v in (doc.get("intra_groups") or {}).items()},
-            inter_groups={int(g): Link(float(v["latency_s"]), float(v["bus_gbps"]))
-                          for g, v in (doc.get("inter_groups") or {}).items()},
+            intra_groups=_group_links(doc.get("intra_groups")), inter_groups=_group_links(doc.get("inter_groups")),
             nccl=(NcclTuning(**{str(k): float(v) for k, v in doc["nccl"].items()})
                   if doc.get("nccl") is not None else None),
             straggler={int(g): [[float(t), float(f)] for t, f in rows]

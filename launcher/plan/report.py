@@ -168,7 +168,10 @@ def performance_summary(cfg, layout: Layout) -> dict:
     t = estimate_step_time(shape, st, hw, tokens)
     # Where a group spans nodes with several GPUs on each and the profile measured no such group, the step time
     # with their NICs added up (profile.nics_added): the plan charges one NIC, the published runs went either way.
-    added = estimate_step_time(shape, st, replace(hw, profile=nics_added(hw.profile, layout.gpus_per_node)), tokens)
+    # Planned again only where that profile differs and a group can span nodes.
+    added_profile = nics_added(hw.profile, layout.gpus_per_node)
+    added = (estimate_step_time(shape, st, replace(hw, profile=added_profile), tokens).step_time_s
+             if layout.nodes > 1 and added_profile is not hw.profile else None)
     return {
         "memory_per_gpu_bytes": {k: int(v) for k, v in mem.per_gpu().items()},
         "memory_how": explain_stage_memory(shape, st, hw, mem.peak.stage),
@@ -191,7 +194,7 @@ def performance_summary(cfg, layout: Layout) -> dict:
         "train_tokens": int(tokens),
         "train_days": t.train_days,
         **track_record(cfg, layout, hw),
-        "step_time_nics_added_s": added.step_time_s if added.step_time_s < t.step_time_s * 0.99 else None,
+        "step_time_nics_added_s": added if added is not None and added < t.step_time_s * 0.99 else None,
         **per_layer,
     }
 
