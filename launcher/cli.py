@@ -134,17 +134,18 @@ def _plan_one(args) -> int:
 
 def _plan_search(cfg, args) -> int:
     from launcher.plan.report import render_search, search_track_records
-    from launcher.plan.search import held_batch, search_layouts, search_rows
+    from launcher.plan.search import held_batch, network_ends, search_layouts, search_rows
 
     ranked, counts = search_layouts(cfg)
     rows = search_rows(ranked, args.top)
+    ends = network_ends(cfg, ranked, rows)
     record = search_track_records(cfg, rows)
     held = held_batch(cfg, args.overrides)
     if args.json:
-        print(json.dumps({"counts": counts, "held": held, "layouts": rows, "step_time_track_record_note": record},
-                         indent=2))
+        print(json.dumps({"counts": counts, "held": held, "layouts": rows, "step_time_track_record_note": record,
+                          "network_ends": ends}, indent=2))
     else:
-        render_search(rows, counts, _console(), held, record)
+        render_search(rows, counts, _console(), held, record, ends)
     return 0
 
 

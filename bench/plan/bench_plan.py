@@ -2,8 +2,9 @@
 
     PYTHONPATH=$PWD python bench/plan/bench_plan.py      # writes bench/plan/results.{json,md}
 
-Search time: search_layouts(cfg) on an already composed config, median of 5 (composition is timed
-apart: it is the same for `launcher plan` with or without --search).
+Search time: what `launcher plan --search` computes on an already composed config (search_layouts, the shown
+rows, and the ranking at the network's other end, network_ends), median of 5 (composition is timed apart: it is
+the same for `launcher plan` with or without --search).
 Published runs (sources in PUBLISHED): Narayanan et al. 2021 Table 1 (all rows: A100, seq 2048, vocab
 51,200, full recompute, micro batch 1 assumed: the table does not give it), BLOOM-176B (BigScience 2022,
 ~150 TFLOP/s per A100 hardware FLOPs, Megatron-DeepSpeed logs), LLaMA-65B (Touvron et al. 2023, 380
@@ -27,7 +28,7 @@ from launcher.config.compose import compose
 from launcher.config.layout import resolve_layout
 from launcher.plan.steptime import estimate_step_time
 from launcher.plan.inputs import Hardware, Strategy, model_shape, resolve_hardware, strategy
-from launcher.plan.search import search_layouts
+from launcher.plan.search import network_ends, search_layouts, search_rows
 
 OUT = Path(__file__).parent
 
@@ -48,6 +49,7 @@ def time_search(overrides: list[str], repeats: int = 5) -> dict:
     for _ in range(repeats):
         t0, c0 = time.perf_counter(), time.process_time()
         ranked, counts = search_layouts(cfg)
+        network_ends(cfg, ranked, search_rows(ranked))
         times.append(time.perf_counter() - t0)
         cpu.append(time.process_time() - c0)   # this process's CPU time: what the wall time is on an idle core
     world = cfg.cluster.nodes * cfg.cluster.gpus_per_node
@@ -141,9 +143,16 @@ def main() -> None:
     print("\n".join(lines))
 
 
-# Written by hand after the runs of 2026-12-04 16:10 UTC, 2026-11-26 18:20 UTC and 2026-11-25 05:03 UTC (re-read it
+# Written by hand after the runs of 2026-12-06 06:37 UTC, 2026-12-04 16:10 UTC, 2026-11-26 18:20 UTC and 2026-11-25 05:03 UTC (re-read it
 # when the table is regenerated).
 READING = (
+    "Reading (2026-12-06: the table regenerated; it had last been on 2026-12-04). Nothing was fitted, and nothing in "
+    "this commit moves a row: the search's new ranking at the network's other end (network_ends) leaves every "
+    "prediction as it was. The rows moved with the step-time changes of 2026-12-04 .. 12-06, each read against the "
+    "published runs in bench/published/results.md (not traced here commit by commit): the pipelined Table 1 rows "
+    "(39.1B .. 1T) -14.0 .. +4.1% -> +7.8 .. +12.3%, BLOOM-176B -15.7% -> +15.4%, the TP-only rows 1.7B +15.5% -> "
+    "+10.3% .. 18.4B -4.6% -> -1.4%, LLaMA-65B as published -18.6% -> -25.5%. bench/published's own PTD-P rows "
+    "(Narayanan's table 2, MT-NLG, BLOOM) lean the same way, +10 .. +43% there. "
     "Reading (2026-12-04: the table regenerated; it had last been on 2026-11-26). Nothing was fitted. Every row above "
     "is what `launcher plan` predicts today; the rows moved only with step-time changes whose own readings are in "
     "bench/published/results.md. Found by re-running the table at every commit that touched launcher/plan since "
@@ -191,6 +200,16 @@ def search_reading(searches: list[dict], machine: dict) -> str:
     by = {s["world_size"]: s for s in searches}
     bloom, llama, big = by[384], by[2048], by[16384]
     return (
+        "Reading (search, 2026-12-06). The time above now includes what `--search` added today: every layout that "
+        "fits timed again with a cross-node group's NICs added (network_ends; launcher/plan/profile.py nics_added), "
+        "to name the fastest layout at that end of the network and the one least behind at its worse end. CPU time, "
+        "minimum of 5 on one composed config, this box: the ranking alone 0.097 / 0.457 / 0.388 s for bloom-176b / "
+        "llama-65b / the 405B config, the other end 0.028 / 0.216 / 0.147 s more (127 / 1,146 / 632 layouts fit). "
+        "The fit counts grew since 2026-12-04 (58 / 1,106 / 479) with the planner's changes since then (its memory: "
+        "vocabulary-parallel ends under TP 7f27c44, the pipeline engine's buffers c960886 / b09e82d, the loss end "
+        "7f19ce4; not traced one by one). "
+        "At the other end llama-65b's fastest is its #47 and the least behind at its worse end its #3; bloom-176b's "
+        "and the 405B config's #1 is the fastest at both. "
         "Reading (search, 2026-12-04). The step time (two thirds of an evaluation) is now estimated only for a layout "
         "that fits: memory and the host check come first, and the fewest-checkpointed-blocks bisection asks only "
         "whether a count fits, then times the count it settles on (commit 2572a3d); config ranges are read with "

@@ -398,9 +398,28 @@ def render_plan(s: dict, console) -> None:
         console.print(f"[yellow]warning:[/yellow] {escape(w)}")
 
 
-def render_search(rows: list[dict], counts: dict, console, held: dict | None = None, record: str = "") -> None:
+def network_ends_line(ends: dict) -> str:
+    """One line on the search's ranking at the network's other end (search.network_ends)."""
+    first, fastest, least = ends["first"], ends["fastest_nics_added"], ends["least_worst_loss"]
+    line = ("with a group's NICs added across nodes (the table charges one NIC a GPU; launcher/plan/profile.py "
+            "nics_added): ")
+    if fastest["rank"] == 1:
+        return line + f"#1 is the fastest there too ({_s(first['step_time_nics_added_s'])})"
+    line += (f"the fastest is #{fastest['rank']} {fastest['layout']} ({_s(fastest['step_time_nics_added_s'])}; "
+             f"#1 takes {_s(first['step_time_nics_added_s'])}, "
+             f"{first['step_time_nics_added_s'] / fastest['step_time_nics_added_s'] - 1:+.1%}). Least behind the "
+             f"fastest at its worse end: #{least['rank']}"
+             + (f" {least['layout']}" if least["rank"] not in (1, fastest["rank"]) else "")
+             + f", {least['worst_loss']:.1%}. `launcher submit --calibrate` on 2+ nodes measures which end a cluster "
+             "is at")
+    return line
+
+
+def render_search(rows: list[dict], counts: dict, console, held: dict | None = None, record: str = "",
+                  ends: dict | None = None) -> None:
     """Print the ranked layouts of `launcher plan --search`; `held`: the batch the search kept fixed; `record`: the
-    best layout's published-run record (search_track_records)."""
+    best layout's published-run record (search_track_records); `ends`: the ranking with a group's NICs added
+    (search.network_ends), where the plan has that other end."""
     from rich.table import Table
 
     lines = []
@@ -408,6 +427,8 @@ def render_search(rows: list[dict], counts: dict, console, held: dict | None = N
         lines.append(f"held as configured: global batch {held['global_batch_size']:,} sequences x seq_length "
                      f"{held['seq_length']:,} = {held['tokens_per_step']:,} tokens per step "
                      "(batch.global_batch_size, data.seq_length)")
+    if ends:
+        lines.append(network_ends_line(ends))
     if record:
         lines.append(record)
     if held and held.get("note"):

@@ -25,12 +25,14 @@ ZeRO-3, TP or PP for an architecture without our layer list (gpt), SP with TP or
 pipeline cut each estimate reads per stage is computed once per (model, PP) (plan/stages.py, cached), and a
 layout's step time is estimated only once it fits (_if_fits), which keeps a 405B model on 16,384 GPUs well under
 2 s (0.35 s, bench/plan); every candidate that is kept still passes through all of them. Ranked by estimated
-tokens/s; ties go to the layout with more memory headroom.
+tokens/s; ties go to the layout with more memory headroom. Where a group can span nodes and the profile measured
+nothing there, every kept layout is timed again with its groups' NICs added (network_ends), and the fastest there
+and the least behind at its worse end are named beside the ranking.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 from types import SimpleNamespace
 
@@ -41,6 +43,7 @@ from launcher.config.layout import Layout, resolve_layout
 from launcher.config.supported import LLAMA_FAMILY, PIPELINE_ARCHS, check_supported
 from launcher.plan.inputs import Hardware, ModelShape, Strategy, model_shape, resolve_hardware, strategy
 from launcher.plan.memory import MemoryEstimate, blocks_in_stage, estimate_memory
+from launcher.plan.profile import nics_added
 from launcher.plan.steptime import StepTime, estimate_step_time
 from launcher.plan.host import TOKEN_ID_BYTES, estimate_host_memory, host_capacity
 
@@ -307,6 +310,42 @@ def search_rows(ranked: list[Candidate], top: int = 10) -> list[dict]:
                     "tokens_per_s": t.tokens_per_s, "step_time_s": t.step_time_s, "mfu": t.mfu,
                     "memory_total_bytes": c.memory.peak.total, "why": explain(c, ranked[0])})
     return out
+
+
+def network_ends(cfg, ranked: list[Candidate], rows: list[dict]) -> Optional[dict]:
+    """The ranking at the network's other end, where the plan has one; None where it has not (one node, a profile
+    that measured its groups across nodes, nothing ranked).
+
+    The table charges a collective group that spans nodes one NIC a GPU (profile.Profile.inter_for says why); with
+    several GPUs of the group on each node, NCCL's rings can take all their NICs (profile.nics_added), and the
+    published runs sit at either end (bench/published/results.md). A layout ranked first at one end need not be at
+    the other (LLaMA-13B on 8 H100 nodes: the first here is 2% behind the fastest there). So beside the ranking this
+    gives the fastest layout with the NICs added, and the layout whose larger loss over the two ends (its step time
+    over that end's fastest, minus 1) is least: the minimax-regret choice (Savage 1951) while nothing has measured
+    which end a cluster is at (`launcher submit --calibrate` on 2+ nodes does; a profile it wrote has no other end).
+    Sets `step_time_nics_added_s` on each of `rows` (search_rows: the first len(rows) of `ranked`; None without
+    another end)."""
+    plain = plain_config(cfg)
+    hw = resolve_hardware(plain.cluster, plain.precision.dtype)
+    added = nics_added(hw.profile, plain.cluster.gpus_per_node) if hw is not None else None
+    if not ranked or plain.cluster.nodes <= 1 or added is None or added is hw.profile:
+        for row in rows:
+            row["step_time_nics_added_s"] = None
+        return None
+    shape, hw_added = model_shape(plain.model), replace(hw, profile=added)
+    there = [estimate_step_time(shape, c.strategy, hw_added).step_time_s for c in ranked]
+    here = [c.time.step_time_s for c in ranked]
+    for row, t in zip(rows, there):
+        row["step_time_nics_added_s"] = t
+    fastest = min(range(len(ranked)), key=lambda i: (there[i], i))
+    loss = [max(here[i] / here[0], there[i] / there[fastest]) - 1 for i in range(len(ranked))]
+    least = min(range(len(ranked)), key=lambda i: (loss[i], i))
+
+    def one(i: int) -> dict:
+        return {"rank": i + 1, "layout": _label(ranked[i]), "step_time_s": here[i], "step_time_nics_added_s": there[i],
+                "worst_loss": loss[i]}
+
+    return {"fastest_nics_added": one(fastest), "first": one(0), "least_worst_loss": one(least)}
 
 
 # The keys the search holds fixed (the tokens per step) and where their value comes from when nothing sets them.
