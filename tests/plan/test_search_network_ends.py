@@ -89,3 +89,20 @@ def test_plan_search_prints_and_writes_the_other_end():
     assert f"Least behind the fastest at its worse end: #{least['rank']}" in text
     one_node = json.loads(plan("recipe=llama-13b", "cluster.gpu=h100-80gb", "cluster.nodes=1", "--json"))
     assert one_node["network_ends"] is None and all(r["step_time_nics_added_s"] is None for r in one_node["layouts"])
+
+
+def test_the_line_says_when_the_first_is_the_fastest_at_both_ends():
+    from launcher.plan.report import network_ends_line
+
+    def one(rank, here, there, loss):
+        return {"rank": rank, "layout": f"L{rank}", "step_time_s": here, "step_time_nics_added_s": there,
+                "worst_loss": loss}
+
+    first = one(1, 10.0, 9.0, 0.0)
+    line = network_ends_line({"first": first, "fastest_nics_added": first, "least_worst_loss": first})
+    assert line.endswith("#1 is the fastest there too (9.00 s)") and "Least behind" not in line
+    # #3 fastest there (8 s, #1 takes 9: +12.5%); #2 least behind at its worse end, named by its layout
+    line = network_ends_line({"first": one(1, 10.0, 9.0, 0.125), "fastest_nics_added": one(3, 11.0, 8.0, 0.1),
+                              "least_worst_loss": one(2, 10.5, 8.2, 0.05)})
+    assert "the fastest is #3 L3 (8.00 s; #1 takes 9.00 s, +12.5%)" in line
+    assert "Least behind the fastest at its worse end: #2 L2, 5.0%." in line
