@@ -19,33 +19,22 @@ import yaml
 sys.path.insert(0, str(Path(__file__).parent))
 import compare as C  # noqa: E402
 
-from launcher.config.errors import ConfigError  # noqa: E402
-from launcher.config.layout import resolve_layout  # noqa: E402
-from launcher.plan.inputs import model_shape, resolve_hardware, strategy  # noqa: E402
 from launcher.plan.profile import nics_added  # noqa: E402
 from launcher.plan.steptime import estimate_step_time  # noqa: E402
 
 
+def with_nics_added(shape, st, hw) -> float:
+    """compare.py's predict with the run's groups' NICs added (a one-node run's time does not change)."""
+    return estimate_step_time(shape, st, replace(hw, profile=nics_added(hw.profile, st.gpus_per_node))).tokens_per_s
+
+
 def main() -> None:
-    rows = []
-    for r in yaml.safe_load((C.HERE / "runs.yaml").read_text()):
-        if C.hardware.lookup(r["gpu"]) is None or r["gpus"] % r["gpus_per_node"]:     # as compare.py skips them
-            continue
-        try:
-            cfg, recompute, _ = C.to_config(r, C.base_config(r["gpu"]))
-            layout = resolve_layout(cfg)
-        except ConfigError:
-            continue
-        if layout.data_degree != r["dp"]:
-            continue
-        shape, st = model_shape(cfg.model), strategy(cfg, layout, recompute)
-        hw = C.device_only(resolve_hardware(cfg.cluster, cfg.precision.dtype))
-        one = estimate_step_time(shape, st, hw).tokens_per_s / layout.world_size
-        added = estimate_step_time(shape, st, replace(hw, profile=nics_added(hw.profile, layout.gpus_per_node)))
-        added = added.tokens_per_s / layout.world_size
-        measured, _ = C.measured_tokens_per_s_per_gpu(r)
-        if added > one * 1.01:
-            rows.append((r["id"], one / measured - 1, added / measured - 1))
+    records = yaml.safe_load((C.HERE / "runs.yaml").read_text())
+    # compare.py's own mapping, skips and device terms, once per end
+    one = C.compare(records, C.default_model)["rows"]
+    added = C.compare(records, with_nics_added)["rows"]
+    rows = [(a["id"], a["error"], b["error"]) for a, b in zip(one, added)
+            if b["predicted_tokens_per_s_per_gpu"] > a["predicted_tokens_per_s_per_gpu"] * 1.01]
     between = [x for x in rows if x[1] <= 0.10 and x[2] >= -0.10]
     print(f"{len(rows)} runs whose two ends differ; the measurement between them (10% either side) in {len(between)}")
     for run, one, added in rows:

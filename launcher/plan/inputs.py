@@ -12,14 +12,14 @@ these small dataclasses and every formula in memory.py / flops.py reads them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 from launcher.config import hardware
 from launcher.config.errors import ConfigError
 from launcher.config.layout import reduce_dtype, zero12_reduces_in_fp32
 from launcher.plan.params import ParamCount, count_params
-from launcher.plan.profile import BUILTIN, Profile, generic_profile, load_profile, scaled
+from launcher.plan.profile import BUILTIN, Profile, generic_profile, load_profile, nics_added, scaled
 
 # Architectures whose attention runs through PyTorch SDPA (launcher/runtime/model.py, attn_implementation):
 # on GPUs that is a flash / memory-efficient kernel that never stores the a x s x s score matrices.
@@ -132,6 +132,16 @@ def resolve_hardware(cluster_cfg, dtype: str) -> Optional[Hardware]:
         source=spec.source,
         profile=prof,
     )
+
+
+def nics_added_hardware(hw: Optional[Hardware], nodes: int, gpus_per_node: int) -> Optional[Hardware]:
+    """`hw` at the network's other end (profile.nics_added: a group spanning nodes gets its GPUs' NICs together,
+    where the plan charges one NIC a GPU), or None where the plan has no other end: one node, one-GPU nodes, no
+    hardware, or a profile that measured its groups across nodes. `launcher plan` and `--search` both ask here."""
+    if hw is None or nodes <= 1:
+        return None
+    added = nics_added(hw.profile, gpus_per_node)
+    return None if added is hw.profile else replace(hw, profile=added)
 
 
 @dataclass(frozen=True)

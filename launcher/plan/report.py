@@ -5,16 +5,15 @@ No torch here: planning must be instant and run on a laptop.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Optional
 
 from launcher.config.errors import ConfigError
 from launcher.config.layout import Layout
 from launcher.plan.host import estimate_host_memory, host_capacity, stages_by_node
-from launcher.plan.inputs import model_shape, resolve_hardware, strategy
+from launcher.plan.inputs import model_shape, nics_added_hardware, resolve_hardware, strategy
 from launcher.plan.memory import activation_bytes_per_layer, checkpointed_layers, estimate_memory, explain_stage_memory
 from launcher.plan.params import count_params, rough_params
-from launcher.plan.profile import BUILTIN, nics_added
+from launcher.plan.profile import BUILTIN
 from launcher.config.supported import PIPELINE_ARCHS
 from launcher.plan.stages import stage_blocks, stage_param_counts
 from launcher.plan.steptime import estimate_step_time
@@ -169,9 +168,8 @@ def performance_summary(cfg, layout: Layout) -> dict:
     # Where a group spans nodes with several GPUs on each and the profile measured no such group, the step time
     # with their NICs added up (profile.nics_added): the plan charges one NIC, the published runs went either way.
     # Planned again only where that profile differs and a group can span nodes.
-    added_profile = nics_added(hw.profile, layout.gpus_per_node)
-    added = (estimate_step_time(shape, st, replace(hw, profile=added_profile), tokens).step_time_s
-             if layout.nodes > 1 and added_profile is not hw.profile else None)
+    hw_added = nics_added_hardware(hw, layout.nodes, layout.gpus_per_node)
+    added = estimate_step_time(shape, st, hw_added, tokens).step_time_s if hw_added is not None else None
     return {
         "memory_per_gpu_bytes": {k: int(v) for k, v in mem.per_gpu().items()},
         "memory_how": explain_stage_memory(shape, st, hw, mem.peak.stage),

@@ -32,7 +32,7 @@ and the least behind at its worse end are named beside the ranking.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Optional
 from types import SimpleNamespace
 
@@ -41,9 +41,9 @@ from omegaconf import OmegaConf
 from launcher.config.errors import ConfigError
 from launcher.config.layout import Layout, resolve_layout
 from launcher.config.supported import LLAMA_FAMILY, PIPELINE_ARCHS, check_supported
-from launcher.plan.inputs import Hardware, ModelShape, Strategy, model_shape, resolve_hardware, strategy
+from launcher.plan.inputs import (Hardware, ModelShape, Strategy, model_shape, nics_added_hardware, resolve_hardware,
+                                  strategy)
 from launcher.plan.memory import MemoryEstimate, blocks_in_stage, estimate_memory
-from launcher.plan.profile import nics_added
 from launcher.plan.steptime import StepTime, estimate_step_time
 from launcher.plan.host import TOKEN_ID_BYTES, estimate_host_memory, host_capacity
 
@@ -326,20 +326,20 @@ def network_ends(cfg, ranked: list[Candidate], rows: list[dict]) -> Optional[dic
     Sets `step_time_nics_added_s` on each of `rows` (search_rows: the first len(rows) of `ranked`; None without
     another end)."""
     plain = plain_config(cfg)
-    hw = resolve_hardware(plain.cluster, plain.precision.dtype)
-    added = nics_added(hw.profile, plain.cluster.gpus_per_node) if hw is not None else None
-    if not ranked or plain.cluster.nodes <= 1 or added is None or added is hw.profile:
+    hw_added = nics_added_hardware(resolve_hardware(plain.cluster, plain.precision.dtype), plain.cluster.nodes,
+                                   plain.cluster.gpus_per_node)
+    if not ranked or hw_added is None:
         for row in rows:
             row["step_time_nics_added_s"] = None
         return None
-    shape, hw_added = model_shape(plain.model), replace(hw, profile=added)
+    shape = model_shape(plain.model)
     there = [estimate_step_time(shape, c.strategy, hw_added).step_time_s for c in ranked]
     here = [c.time.step_time_s for c in ranked]
     for row, t in zip(rows, there):
         row["step_time_nics_added_s"] = t
-    fastest = min(range(len(ranked)), key=lambda i: (there[i], i))
+    fastest = min(range(len(ranked)), key=there.__getitem__)       # min keeps the first of equals: the better ranked
     loss = [max(here[i] / here[0], there[i] / there[fastest]) - 1 for i in range(len(ranked))]
-    least = min(range(len(ranked)), key=lambda i: (loss[i], i))
+    least = min(range(len(ranked)), key=loss.__getitem__)
 
     def one(i: int) -> dict:
         return {"rank": i + 1, "layout": _label(ranked[i]), "step_time_s": here[i], "step_time_nics_added_s": there[i],
