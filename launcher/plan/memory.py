@@ -99,29 +99,49 @@ def uses_bf16_optimizer(dtype: str, zero_stage: int, grad_accum_fp32: bool, pipe
 
 def model_state_bytes(n_params: float, data_degree: int, zero_stage: int, dtype: str = "bf16",
                       grad_accum_fp32: bool = False, pipeline_degree: int = 1,
-                      offload_optimizer: bool = False, offload_param: bool = False) -> dict:
-    """GPU bytes of params, grads and optimizer states for `n_params` parameters on one rank (ZeRO section 5)."""
+                      offload_optimizer: bool = False, offload_param: bool = False,
+                      grad_accum_steps: int = 0) -> dict:
+    """GPU bytes of params, grads and optimizer states for `n_params` parameters on one rank (ZeRO section 5).
+    grad_accum_steps: micro-batches per optimizer step (0: not known, charged as several; zero1_holds_partition)."""
     return _model_states(n_params, data_degree, zero_stage, dtype, grad_accum_fp32, pipeline_degree,
-                         offload_optimizer, offload_param)[0]
+                         offload_optimizer, offload_param, grad_accum_steps)[0]
 
 
 def model_state_how(n_params: float, data_degree: int, zero_stage: int, dtype: str = "bf16",
                     grad_accum_fp32: bool = False, pipeline_degree: int = 1,
-                    offload_optimizer: bool = False, offload_param: bool = False) -> dict:
+                    offload_optimizer: bool = False, offload_param: bool = False,
+                    grad_accum_steps: int = 0) -> dict:
     """The arithmetic behind each of model_state_bytes's terms, in words, for the plan's table."""
     return _model_states(n_params, data_degree, zero_stage, dtype, grad_accum_fp32, pipeline_degree,
-                         offload_optimizer, offload_param, explain=True)[1]
+                         offload_optimizer, offload_param, grad_accum_steps, explain=True)[1]
+
+
+def zero1_holds_partition(zero_stage: int, grad_accum_steps: int, pipeline_degree: int, bf16_opt: bool) -> bool:
+    """Whether ZeRO 1 holds only its rank's gradient partition through the step, as ZeRO 2 does.
+
+    DeepSpeed 0.19.8's ZeRO 1 reduces gradients only at the accumulation boundary
+    (stage_1_and_2.py reduce_ready_partitions_and_remove_grads): between the micro-batches of an accumulation the
+    full gradients stay in p.grad. With one micro-batch per step every backward is a boundary: each gradient is
+    copied into the reduce bucket as it is produced, each full bucket is reduced and the rank keeps its
+    partition (copy_grads_in_partition, n / DP), so a full set of gradients never exists outside the bucket (which
+    _overhead charges). The pipeline engine reduces after all its micro-batches (reduce_gradients), and the
+    BF16_Optimizer keeps its own full buffer. Measured on 2 CPU ranks, recipe=tiny bf16 with a 200,000-element
+    bucket (reductions inside the backward, as a stage past 5e8 parameters sees): no full gradient set is live
+    at DP2 ZeRO-1's peak, and the plan's terms with the partition read 1.028x DeepSpeed's live bytes there, the
+    same as ZeRO 2's (bench/steptime/live_at_peak.py, bench/steptime/results.md)."""
+    return zero_stage == 1 and grad_accum_steps == 1 and pipeline_degree == 1 and not bf16_opt
 
 
 def _model_states(n_params, data_degree, zero_stage, dtype, grad_accum_fp32, pipeline_degree, offload_optimizer,
-                  offload_param, explain: bool = False) -> tuple[dict, dict]:
+                  offload_param, grad_accum_steps: int = 0, explain: bool = False) -> tuple[dict, dict]:
     """({term: bytes}, {term: how}): the bytes and, with explain (the plan's table; --search asks for bytes only,
     thousands of times), the same factors in words (module docstring)."""
     w = weight_bytes(dtype)
     d = data_degree
     bf16_opt = uses_bf16_optimizer(dtype, zero_stage, grad_accum_fp32, pipeline_degree)
     params = n_params * w / (d if zero_stage == 3 else 1)
-    grads = n_params * w / (d if zero_stage >= 2 else 1)
+    partition = zero_stage >= 2 or zero1_holds_partition(zero_stage, grad_accum_steps, pipeline_degree, bf16_opt)
+    grads = n_params * w / (d if partition else 1)
     # BF16_Optimizer: a full (unsharded) flat gradient buffer in the accumulation dtype.
     acc = (4 if grad_accum_fp32 else 2) if bf16_opt else 0
     grads += n_params * acc
@@ -139,7 +159,9 @@ def _model_states(n_params, data_degree, zero_stage, dtype, grad_accum_fp32, pip
         n = f"{n_params:,.0f} params"
         how["params"] = (f"{n} x {w} B ({dtype})" + (f" / DP {d} (ZeRO 3)" if zero_stage == 3 else "")
                          if not offload_param else "in CPU memory (parallel.offload_param)")
-        how["grads"] = f"{n} x {w} B" + (f" / DP {d} (ZeRO {zero_stage})" if zero_stage >= 2 else "") + (
+        how["grads"] = f"{n} x {w} B" + (f" / DP {d} (ZeRO {zero_stage}" + (
+            ", one micro-batch a step: each bucket reduced as the backward fills it" if zero_stage == 1 else "")
+            + ")" if partition else "") + (
             f" + BF16_Optimizer's unsharded {'fp32' if acc == 4 else 'bf16'} accumulation buffer {n} x {acc} B"
             if acc else "")
         how["optimizer"] = ("in CPU memory (parallel.offload_optimizer)" if offload_optimizer else
@@ -335,7 +357,7 @@ def _stage_memory(shape: ModelShape, st: Strategy, stage: int, working_set: floa
 
 def _state_args(st: Strategy, n: float) -> tuple:
     return (n, st.zero_partition_degree, st.zero_stage, st.dtype, st.grad_accum_fp32, st.pipeline_degree,
-            st.offload_optimizer, st.offload_param)
+            st.offload_optimizer, st.offload_param, st.grad_accum_steps)
 
 
 def explain_stage_memory(shape: ModelShape, st: Strategy, hw: Hardware, stage: int) -> dict:
@@ -468,9 +490,9 @@ def predict_model_state_bytes(cfg, layout, dp_rank: int = 0) -> dict:
     """Exact bytes of parameters, gradients and optimizer states rank `dp_rank` holds under DeepSpeed 0.19.8.
 
     Measured point: after backward at the accumulation boundary, before optimizer step 2 or later (Adam's
-    moments exist). At that point ZeRO 1, like ZeRO 2, holds only its gradient partition; during backward and
-    between the micro-batches of an accumulation ZeRO 0/1 hold the full gradients, which is the peak that
-    model_state_bytes (the ZeRO paper's figure) charges. Covers no TP/PP/SP, no offload.
+    moments exist). At that point ZeRO 1, like ZeRO 2, holds only its gradient partition; ZeRO 0 holds the full
+    gradients through the step, and ZeRO 1 between the micro-batches of an accumulation, which is the peak that
+    model_state_bytes charges (zero1_holds_partition). Covers no TP/PP/SP, no offload.
     Our engine passes two parameter groups (decayed tensors, then norm weights and biases: params.param_group_numels);
     ZeRO 1/2 and the BF16_Optimizer flatten, align and partition each group on its own, and keep one Adam step per
     group: the ZeRO 1/2 and bf16 terms below are summed over the groups (N, a, p of each group).

@@ -98,7 +98,7 @@ def rank_ledger(cfg, layout) -> list[dict]:
         params = sum(numels)
         states = model_state_bytes(params, layout.zero_partition_degree, layout.zero_stage, layout.dtype, grad_fp32,
                                    layout.pipeline_degree, bool(cfg.parallel.offload_optimizer),
-                                   bool(cfg.parallel.offload_param))
+                                   bool(cfg.parallel.offload_param), layout.grad_accum_steps)
         held = params
         if layout.zero_stage == 3:
             held = sum(zero3_partition_numel(n, layout.zero_partition_degree) for n in numels)

@@ -1,0 +1,205 @@
+"""What a DeepSpeed rank holds at its step's peak, tensor by tensor, inside `launcher train` (diagnostic for the plan's
+GPU-style memory terms, measured on CPU ranks; not a test).
+
+    flock /tmp/heavy.lock .venv/bin/python bench/steptime/live_at_peak.py                      # every layout below
+    flock /tmp/heavy.lock .venv/bin/python bench/steptime/live_at_peak.py "SP2 ZeRO-1 bf16"    # one
+    flock /tmp/heavy.lock .venv/bin/python bench/steptime/live_at_peak.py --bucket 200000       # reduce_bucket_size
+
+Each layout runs as `launcher train recipe=tiny` on 2 CPU ranks with a `sitecustomize` on PYTHONPATH that wraps
+DeepSpeedEngine.forward and .step: as the first forward of step STEP begins, every rank adds up the storages of
+the tensors the interpreter holds (parameters, DeepSpeed's flat groups and fp32 partitions, Adam's state; each
+storage once), then runs under torch.profiler with profile_memory=True to the end of that step's optimizer step,
+and walks the profiler's allocation events in time order (torch's own MemoryProfileTimeline asserts on the Ulysses
+all-to-all's autograd graph): the peak of the bytes the step allocated (less what it freed of the tensors held
+before), and every tensor live there with the op and Python frames that allocated it. Unlike a CPU rank's RSS this
+counts an allocation whole whether or not its pages were touched, and none of glibc's free blocks: what a GPU's
+caching allocator reports as max_memory_allocated. So it holds the plan's GPU-style terms (params, gradients,
+optimizer state, activations, the ZeRO 1/2 reduce bucket of reduce_bucket_size elements whole) to DeepSpeed's real
+allocations, without a GPU. --bucket N runs DeepSpeed and the plan with a reduce_bucket_size of N elements: below
+the model's size, the reductions fire inside the backward as they do for a stage past 5e8 parameters.
+LIVE_AT_PEAK_SIZES=1 prints each group's tensor sizes; LIVE_AT_PEAK_DUMP=DIR keeps each rank's record.
+What it cannot show: overlap_comm, which the launcher turns on for CUDA only (launcher/deepspeed_config.py), so
+the second reduce buffer DeepSpeed allocates under it (stage_1_and_2.py setup_buckets) never appears here.
+Readings: bench/steptime/results.md.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from run import HERE, LAUNCHER, REPO, train  # noqa: E402  (bench/ is not a package)
+
+STEP = 6
+GROUPS = 14
+LAYOUTS = {
+    "DP2 ZeRO-1 bf16": ["parallel.zero_stage=1", "precision=bf16"],
+    "DP2 ZeRO-2 bf16": ["parallel.zero_stage=2", "precision=bf16"],
+    "SP2 ZeRO-1 bf16": ["parallel.sequence_degree=2", "parallel.zero_stage=1", "precision=bf16"],
+    "SP2 ZeRO-2 bf16": ["parallel.sequence_degree=2", "parallel.zero_stage=2", "precision=bf16"],
+    "SP2 ZeRO-0 bf16": ["parallel.sequence_degree=2", "parallel.zero_stage=0", "precision=bf16"],
+    "DP2 ZeRO-1 fp32": ["parallel.zero_stage=1"],
+    "SP2 ZeRO-1 fp32": ["parallel.sequence_degree=2", "parallel.zero_stage=1"],
+}
+
+HOOK = r'''
+import json, os
+if os.environ.get("LIVE_AT_PEAK_BUCKET"):
+    # a bucket smaller than the model: reductions fire inside the backward, as a model larger than 5e8 parameters
+    # a stage sees at the launcher's reduce_bucket_size (the plan is run with the same size: planned() below)
+    import launcher.deepspeed_config as _dc
+    import launcher.plan.memory as _mem
+    _dc.REDUCE_BUCKET_SIZE = _mem.REDUCE_BUCKET_ELEMENTS = int(os.environ["LIVE_AT_PEAK_BUCKET"])
+if os.environ.get("LOCAL_RANK") is not None and os.environ.get("LIVE_AT_PEAK_OUT"):
+    import torch
+    from deepspeed.runtime.engine import DeepSpeedEngine
+    from torch.profiler import ProfilerActivity, profile
+
+    _step_at = int(os.environ["LIVE_AT_PEAK_STEP"])
+    _state = {"prof": None, "done": False}
+    _forward, _step = DeepSpeedEngine.forward, DeepSpeedEngine.step
+
+    def _write(prof):
+        # The allocations the profiler saw (torch's event tree; torch's own MemoryProfileTimeline asserts on the
+        # Ulysses all-to-all's autograd graph), in time order: live bytes allocated inside the window, their peak,
+        # and what is live there, each with the op and Python frames that allocated it.
+        def walk(events):
+            for e in events:
+                yield e
+                yield from walk(e.children)
+
+        def where(e):
+            names, p = [], e.parent
+            while p is not None and len(names) < 40:
+                names.append(p.name)
+                p = p.parent
+            ops = [n for n in names if n.startswith("aten::")][:1]
+            py = [n for n in names if ".py(" in n and "torch/" not in n and "/nn/modules/" not in n][:3]
+            return " < ".join(ops + py)
+
+        allocs = sorted((e.start_time_ns, e.extra_fields.alloc_size, e.extra_fields.ptr, e)
+                        for e in walk(prof.profiler.kineto_results.experimental_event_tree())
+                        if str(e.typed[0]).endswith("Allocation"))
+        live, total, best, snap, zero = {}, 0, -1, {}, []
+        for i, (t, size, ptr, e) in enumerate(allocs):
+            if size > 0:
+                total += size - live.get(ptr, (0,))[0]     # an address allocated again: its free went unseen
+                live[ptr] = (size, e)
+                if size >= 2 ** 16 and "deepspeed/runtime/zero" in where(e):
+                    zero.append((size, where(e), total))
+            elif ptr in live:
+                total -= live.pop(ptr)[0]
+            else:
+                total += size       # a tensor held before the window, freed inside it
+            if total > best:
+                best, snap = total, dict(live)
+        largest = sorted(((s, where(e)) for s, e in snap.values()), key=lambda x: -x[0])
+        groups = {}
+        for s, at in largest:
+            n, b = groups.get(at, (0, 0))
+            groups[at] = (n + 1, b + s)
+        out = os.path.join(os.environ["LIVE_AT_PEAK_OUT"], "rank%s.json" % os.environ["RANK"])
+        with open(out + ".tmp", "w") as f:
+            json.dump({"held": _state["held"], "peak": best, "count": len(snap), "largest": largest, "zero": zero,
+                       "groups": sorted(((b, n, at) for at, (n, b) in groups.items()), reverse=True)}, f)
+        os.replace(out + ".tmp", out)
+
+    def _held():
+        # every tensor the interpreter holds as the window opens (parameters, DeepSpeed's flat groups, fp32
+        # partitions, optimizer state, data), each storage once
+        import gc
+        seen = {}
+        for o in gc.get_objects():
+            try:
+                if torch.is_tensor(o) and o.device.type == "cpu":
+                    st = o.untyped_storage()
+                    seen[st.data_ptr()] = st.nbytes()
+            except Exception:
+                pass
+        return sum(seen.values())
+
+    def forward(self, *a, **k):
+        if _state["prof"] is None and not _state["done"] and self.global_steps == _step_at:
+            _state["held"] = _held()
+            _state["prof"] = profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True,
+                                     with_stack=True)
+            _state["prof"].__enter__()
+        return _forward(self, *a, **k)
+
+    def step(self, *a, **k):
+        out = _step(self, *a, **k)
+        if _state["prof"] is not None and self.global_steps > _step_at:
+            prof, _state["prof"], _state["done"] = _state["prof"], None, True
+            prof.__exit__(None, None, None)
+            _write(prof)
+        return out
+
+    DeepSpeedEngine.forward, DeepSpeedEngine.step = forward, step
+'''
+
+
+def planned(extra: list[str], env: dict) -> dict:
+    out = subprocess.run([LAUNCHER, "plan", "recipe=tiny", "cluster.gpus_per_node=2",
+                          f"cluster.profile={HERE / 'profile.yaml'}", *extra, "--json"],
+                         capture_output=True, text=True, check=True, cwd=REPO, env=env)
+    doc = json.loads(out.stdout)
+    return {"terms": doc["memory_per_gpu_bytes"], "how": doc["memory_how"]}
+
+
+def main() -> None:
+    args = sys.argv[1:]
+    bucket_env = {}
+    if args[:1] == ["--bucket"]:
+        bucket_env, args = {"LIVE_AT_PEAK_BUCKET": args[1]}, args[2:]
+    names = args or list(LAYOUTS)
+    M = 2 ** 20
+    with tempfile.TemporaryDirectory() as tmp:
+        hook = Path(tmp) / "hook"
+        hook.mkdir()
+        (hook / "sitecustomize.py").write_text(HOOK)
+        for name in names:
+            extra = LAYOUTS[name]
+            out = Path(tmp) / name.replace(" ", "_")
+            out.mkdir()
+            env = {**os.environ, "PYTHONPATH": str(hook), "LIVE_AT_PEAK_OUT": str(out), "LIVE_AT_PEAK_STEP": str(STEP),
+                   **bucket_env}
+            run = train(name, 2, extra, HERE / "profile.yaml", STEP + 2, Path(tmp) / "runs", env)
+            if "error" in run:
+                raise SystemExit(f"{name}: launcher train failed:\n{run['error']}")
+            plan = planned(extra, env)
+            t = plan["terms"]
+            terms = t["params"] + t["grads"] + t["optimizer"] + t["activations"]
+            zero = next(int(a.split("=")[1]) for a in extra if a.startswith("parallel.zero_stage="))
+            # the GPU-style bucket: reduce_bucket_size elements whole, in the dtype DeepSpeed allocates it in
+            # (stage_1_and_2.py setup_buckets: the engine's dtype)
+            bucket = int(bucket_env.get("LIVE_AT_PEAK_BUCKET", 500_000_000)) * (4 if "precision=bf16" not in extra else 2)
+            buffers = bucket if zero in (1, 2) else 0
+            print(f"## {name}: planned params {t['params'] / M:.2f}, grads {t['grads'] / M:.2f}, optimizer "
+                  f"{t['optimizer'] / M:.2f}, activations {t['activations'] / M:.2f} MiB"
+                  + (f", reduce bucket {buffers / M:.2f} MiB" if buffers else ""))
+            for path in sorted(out.glob("rank*.json")):
+                r = json.loads(path.read_text())
+                measured = r["held"] + r["peak"]
+                print(f"  {path.stem}: held as the step began {r['held'] / M:.2f} MiB + peak of the step's own "
+                      f"{r['peak'] / M:.2f} = {measured / M:.2f} MiB; planned {(terms + buffers) / M:.2f} "
+                      f"(x{(terms + buffers) / measured:.3f})")
+                if os.environ.get("LIVE_AT_PEAK_DUMP"):
+                    Path(os.environ["LIVE_AT_PEAK_DUMP"]).mkdir(exist_ok=True)
+                    (Path(os.environ["LIVE_AT_PEAK_DUMP"]) / f"{name.replace(' ', '_')}-{path.name}").write_text(json.dumps(r))
+                print(f"  {path.stem}: {r['peak'] / M:.2f} MiB allocated in the step and live at its peak "
+                      f"({r['count']} tensors), by where they were allocated:", flush=True)
+                for size, n, at in r["groups"][:GROUPS]:
+                    print(f"    {size / M:8.2f} MiB {n:3d}x  {at}")
+                    if os.environ.get("LIVE_AT_PEAK_SIZES"):
+                        print("      sizes (B):", sorted(s for s, a in r["largest"] if a == at))
+                print("  every allocation of 64 KiB or more under deepspeed/runtime/zero, with the live total after it:")
+                for size, at, total in r["zero"]:
+                    print(f"    {size / M:9.2f} MiB (live {total / M:.1f})  {at}")
+
+
+if __name__ == "__main__":
+    main()
