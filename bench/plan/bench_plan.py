@@ -200,8 +200,8 @@ def search_reading(searches: list[dict], machine: dict) -> str:
     by = {s["world_size"]: s for s in searches}
     bloom, llama, big = by[384], by[2048], by[16384]
     return (
-        "Reading (search, 2026-12-06, 11:10 UTC). ZeRO 1 with one micro-batch a step now plans its gradient "
-        "partition instead of the full gradients (launcher/plan/memory.py zero1_holds_partition; measured with "
+        "Reading (search, 2026-12-06, 09:40 UTC). ZeRO 1 on GPUs (overlap_comm) with one micro-batch a step now plans "
+        "its gradient partition instead of the full gradients (launcher/plan/memory.py zero1_holds_partition; measured with "
         "bench/steptime/live_at_peak.py): a few more layouts fit (llama-65b 1,146 of 2,100 before, "
         f"{llama['counts']['fit']:,} of {llama['counts']['enumerated']:,} now; bloom-176b 127 before, {bloom['counts']['fit']:,} now; the 405B "
         f"config 632 before, {big['counts']['fit']:,} now); the first five rows of the README's searches are unchanged. "

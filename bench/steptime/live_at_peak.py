@@ -4,6 +4,7 @@ GPU-style memory terms, measured on CPU ranks; not a test).
     flock /tmp/heavy.lock .venv/bin/python bench/steptime/live_at_peak.py                      # every layout below
     flock /tmp/heavy.lock .venv/bin/python bench/steptime/live_at_peak.py "SP2 ZeRO-1 bf16"    # one
     flock /tmp/heavy.lock .venv/bin/python bench/steptime/live_at_peak.py --bucket 200000       # reduce_bucket_size
+    flock /tmp/heavy.lock .venv/bin/python bench/steptime/live_at_peak.py --overlap --bucket 200000   # as on a GPU
 
 Each layout runs as `launcher train recipe=tiny` on 2 CPU ranks with a `sitecustomize` on PYTHONPATH that wraps
 DeepSpeedEngine.forward and .step: as the first forward of step STEP begins, every rank adds up the storages of
@@ -54,12 +55,28 @@ if os.environ.get("LIVE_AT_PEAK_BUCKET"):
     import launcher.deepspeed_config as _dc
     import launcher.plan.memory as _mem
     _dc.REDUCE_BUCKET_SIZE = _mem.REDUCE_BUCKET_ELEMENTS = int(os.environ["LIVE_AT_PEAK_BUCKET"])
+if os.environ.get("LIVE_AT_PEAK_OVERLAP"):
+    # DeepSpeed's overlap_comm, which the launcher turns on for CUDA only, on these CPU ranks too; and the plan told
+    # the same (launcher/plan/memory.py overlap_comm)
+    import launcher.deepspeed_config as _dc
+    import launcher.plan.memory as _mem
+    _base = _dc.zero_optimization_base
+
+    def _with_overlap(stage, device):
+        return {**_base(stage, device), "overlap_comm": True}
+    _dc.zero_optimization_base = _with_overlap
+    _mem.overlap_comm = lambda hw: True
 if os.environ.get("LOCAL_RANK") is not None and os.environ.get("LIVE_AT_PEAK_OUT"):
     import torch
     from deepspeed.runtime.engine import DeepSpeedEngine
     from torch.profiler import ProfilerActivity, profile
 
     _step_at = int(os.environ["LIVE_AT_PEAK_STEP"])
+    MARK = "live_at_peak_backward_done"
+
+    def live_at_peak_backward_done():
+        # a marker: its allocation, under this function's frame, says where the backward ended
+        torch.empty(1)
     _state = {"prof": None, "done": False}
     _forward, _step = DeepSpeedEngine.forward, DeepSpeedEngine.step
 
@@ -84,8 +101,16 @@ if os.environ.get("LOCAL_RANK") is not None and os.environ.get("LIVE_AT_PEAK_OUT
         allocs = sorted((e.start_time_ns, e.extra_fields.alloc_size, e.extra_fields.ptr, e)
                         for e in walk(prof.profiler.kineto_results.experimental_event_tree())
                         if str(e.typed[0]).endswith("Allocation"))
-        live, total, best, snap, zero = {}, 0, -1, {}, []
+        live, total, best, snap, zero, at_mark = {}, 0, -1, {}, [], None
         for i, (t, size, ptr, e) in enumerate(allocs):
+            chain, p = [], e.parent
+            while p is not None and len(chain) < 4:
+                chain.append(p.name)
+                p = p.parent
+            if any(MARK in n for n in chain):
+                if size > 0:        # the last backward has ended (step() below): what is live then
+                    at_mark = (total, dict(live))
+                continue
             if size > 0:
                 total += size - live.get(ptr, (0,))[0]     # an address allocated again: its free went unseen
                 live[ptr] = (size, e)
@@ -97,15 +122,18 @@ if os.environ.get("LOCAL_RANK") is not None and os.environ.get("LIVE_AT_PEAK_OUT
                 total += size       # a tensor held before the window, freed inside it
             if total > best:
                 best, snap = total, dict(live)
+        def grouped(snapshot):
+            out = {}
+            for s, e in snapshot.values():
+                n, b = out.get(where(e), (0, 0))
+                out[where(e)] = (n + 1, b + s)
+            return sorted(((b, n, at) for at, (n, b) in out.items()), reverse=True)
         largest = sorted(((s, where(e)) for s, e in snap.values()), key=lambda x: -x[0])
-        groups = {}
-        for s, at in largest:
-            n, b = groups.get(at, (0, 0))
-            groups[at] = (n + 1, b + s)
         out = os.path.join(os.environ["LIVE_AT_PEAK_OUT"], "rank%s.json" % os.environ["RANK"])
         with open(out + ".tmp", "w") as f:
             json.dump({"held": _state["held"], "peak": best, "count": len(snap), "largest": largest, "zero": zero,
-                       "groups": sorted(((b, n, at) for at, (n, b) in groups.items()), reverse=True)}, f)
+                       "groups": grouped(snap), "end_of_backward": at_mark[0] if at_mark else None,
+                       "end_of_backward_groups": grouped(at_mark[1]) if at_mark else []}, f)
         os.replace(out + ".tmp", out)
 
     def _held():
@@ -131,6 +159,8 @@ if os.environ.get("LOCAL_RANK") is not None and os.environ.get("LIVE_AT_PEAK_OUT
         return _forward(self, *a, **k)
 
     def step(self, *a, **k):
+        if _state["prof"] is not None:
+            live_at_peak_backward_done()
         out = _step(self, *a, **k)
         if _state["prof"] is not None and self.global_steps > _step_at:
             prof, _state["prof"], _state["done"] = _state["prof"], None, True
@@ -153,8 +183,11 @@ def planned(extra: list[str], env: dict) -> dict:
 def main() -> None:
     args = sys.argv[1:]
     bucket_env = {}
-    if args[:1] == ["--bucket"]:
-        bucket_env, args = {"LIVE_AT_PEAK_BUCKET": args[1]}, args[2:]
+    while args[:1] in (["--bucket"], ["--overlap"]):
+        if args[0] == "--bucket":
+            bucket_env["LIVE_AT_PEAK_BUCKET"], args = args[1], args[2:]
+        else:
+            bucket_env["LIVE_AT_PEAK_OVERLAP"], args = "1", args[1:]
     names = args or list(LAYOUTS)
     M = 2 ** 20
     with tempfile.TemporaryDirectory() as tmp:
@@ -196,6 +229,11 @@ def main() -> None:
                     print(f"    {size / M:8.2f} MiB {n:3d}x  {at}")
                     if os.environ.get("LIVE_AT_PEAK_SIZES"):
                         print("      sizes (B):", sorted(s for s, a in r["largest"] if a == at))
+                if r["end_of_backward"] is not None:
+                    print(f"  {path.stem}: at the end of the step's last backward: held + {r['end_of_backward'] / M:.2f} "
+                          "MiB, the largest groups:")
+                    for size, n, at in r["end_of_backward_groups"][:6]:
+                        print(f"    {size / M:8.2f} MiB {n:3d}x  {at}")
                 print("  every allocation of 64 KiB or more under deepspeed/runtime/zero, with the live total after it:")
                 for size, at, total in r["zero"]:
                     print(f"    {size / M:9.2f} MiB (live {total / M:.1f})  {at}")

@@ -100,47 +100,58 @@ def uses_bf16_optimizer(dtype: str, zero_stage: int, grad_accum_fp32: bool, pipe
 def model_state_bytes(n_params: float, data_degree: int, zero_stage: int, dtype: str = "bf16",
                       grad_accum_fp32: bool = False, pipeline_degree: int = 1,
                       offload_optimizer: bool = False, offload_param: bool = False,
-                      grad_accum_steps: int = 0) -> dict:
+                      grad_accum_steps: int = 0, overlap: bool = False) -> dict:
     """GPU bytes of params, grads and optimizer states for `n_params` parameters on one rank (ZeRO section 5).
-    grad_accum_steps: micro-batches per optimizer step (0: not known, charged as several; zero1_holds_partition)."""
+    grad_accum_steps (micro-batches per optimizer step; 0: not known, charged as several) and overlap (DeepSpeed's
+    overlap_comm): zero1_holds_partition."""
     return _model_states(n_params, data_degree, zero_stage, dtype, grad_accum_fp32, pipeline_degree,
-                         offload_optimizer, offload_param, grad_accum_steps)[0]
+                         offload_optimizer, offload_param, grad_accum_steps, overlap)[0]
 
 
 def model_state_how(n_params: float, data_degree: int, zero_stage: int, dtype: str = "bf16",
                     grad_accum_fp32: bool = False, pipeline_degree: int = 1,
                     offload_optimizer: bool = False, offload_param: bool = False,
-                    grad_accum_steps: int = 0) -> dict:
+                    grad_accum_steps: int = 0, overlap: bool = False) -> dict:
     """The arithmetic behind each of model_state_bytes's terms, in words, for the plan's table."""
     return _model_states(n_params, data_degree, zero_stage, dtype, grad_accum_fp32, pipeline_degree,
-                         offload_optimizer, offload_param, grad_accum_steps, explain=True)[1]
+                         offload_optimizer, offload_param, grad_accum_steps, overlap, explain=True)[1]
 
 
-def zero1_holds_partition(zero_stage: int, grad_accum_steps: int, pipeline_degree: int, bf16_opt: bool) -> bool:
+def overlap_comm(hw: Hardware) -> bool:
+    """DeepSpeed's overlap_comm as launcher/deepspeed_config.py sets it: on for GPUs, off for CPU ranks."""
+    return hw.device == "cuda"
+
+
+def zero1_holds_partition(zero_stage: int, grad_accum_steps: int, pipeline_degree: int, bf16_opt: bool,
+                          overlap: bool) -> bool:
     """Whether ZeRO 1 holds only its rank's gradient partition through the step, as ZeRO 2 does.
 
-    DeepSpeed 0.19.8's ZeRO 1 reduces gradients only at the accumulation boundary
-    (stage_1_and_2.py reduce_ready_partitions_and_remove_grads): between the micro-batches of an accumulation the
-    full gradients stay in p.grad. With one micro-batch per step every backward is a boundary: each gradient is
-    copied into the reduce bucket as it is produced, each full bucket is reduced and the rank keeps its
-    partition (copy_grads_in_partition, n / DP), so a full set of gradients never exists outside the bucket (which
-    _overhead charges). The pipeline engine reduces after all its micro-batches (reduce_gradients), and the
+    DeepSpeed 0.19.8's ZeRO 1 reduces gradients inside the backward only with overlap_comm (stage_1_and_2.py
+    process_gradients: `partition_gradients or overlap_comm`), and then only at the accumulation boundary
+    (reduce_ready_partitions_and_remove_grads): between the micro-batches of an accumulation the full gradients
+    stay in p.grad. With overlap_comm (on for GPUs) and one micro-batch a step every backward is a boundary: each
+    gradient is copied into the reduce bucket as it is produced, each full bucket is reduced and the rank keeps its
+    partition (copy_grads_in_partition, n / DP), so a full set of gradients never exists outside the buckets
+    (which _overhead charges). Without overlap_comm (CPU ranks) the full gradients wait in p.grad for the
+    backward's epilogue. The pipeline engine reduces after all its micro-batches (reduce_gradients), and the
     BF16_Optimizer keeps its own full buffer. Measured on 2 CPU ranks, recipe=tiny bf16 with a 200,000-element
-    bucket (reductions inside the backward, as a stage past 5e8 parameters sees): no full gradient set is live
-    at DP2 ZeRO-1's peak, and the plan's terms with the partition read 1.028x DeepSpeed's live bytes there, the
-    same as ZeRO 2's (bench/steptime/live_at_peak.py, bench/steptime/results.md)."""
-    return zero_stage == 1 and grad_accum_steps == 1 and pipeline_degree == 1 and not bf16_opt
+    bucket (bench/steptime/live_at_peak.py, results.md): at the end of the backward, before the epilogue's
+    reductions, 2.53 MiB of full gradients live without overlap_comm; with it, reductions bucket by bucket during
+    the backward and the 1.27 MiB partition after it."""
+    return zero_stage == 1 and overlap and grad_accum_steps == 1 and pipeline_degree == 1 and not bf16_opt
 
 
 def _model_states(n_params, data_degree, zero_stage, dtype, grad_accum_fp32, pipeline_degree, offload_optimizer,
-                  offload_param, grad_accum_steps: int = 0, explain: bool = False) -> tuple[dict, dict]:
+                  offload_param, grad_accum_steps: int = 0, overlap: bool = False,
+                  explain: bool = False) -> tuple[dict, dict]:
     """({term: bytes}, {term: how}): the bytes and, with explain (the plan's table; --search asks for bytes only,
     thousands of times), the same factors in words (module docstring)."""
     w = weight_bytes(dtype)
     d = data_degree
     bf16_opt = uses_bf16_optimizer(dtype, zero_stage, grad_accum_fp32, pipeline_degree)
     params = n_params * w / (d if zero_stage == 3 else 1)
-    partition = zero_stage >= 2 or zero1_holds_partition(zero_stage, grad_accum_steps, pipeline_degree, bf16_opt)
+    partition = zero_stage >= 2 or zero1_holds_partition(zero_stage, grad_accum_steps, pipeline_degree, bf16_opt,
+                                                          overlap)
     grads = n_params * w / (d if partition else 1)
     # BF16_Optimizer: a full (unsharded) flat gradient buffer in the accumulation dtype.
     acc = (4 if grad_accum_fp32 else 2) if bf16_opt else 0
@@ -160,7 +171,8 @@ def _model_states(n_params, data_degree, zero_stage, dtype, grad_accum_fp32, pip
         how["params"] = (f"{n} x {w} B ({dtype})" + (f" / DP {d} (ZeRO 3)" if zero_stage == 3 else "")
                          if not offload_param else "in CPU memory (parallel.offload_param)")
         how["grads"] = f"{n} x {w} B" + (f" / DP {d} (ZeRO {zero_stage}" + (
-            ", one micro-batch a step: each bucket reduced as the backward fills it" if zero_stage == 1 else "")
+            ", overlap_comm, one micro-batch a step: each bucket reduced as the backward fills it"
+            if zero_stage == 1 else "")
             + ")" if partition else "") + (
             f" + BF16_Optimizer's unsharded {'fp32' if acc == 4 else 'bf16'} accumulation buffer {n} x {acc} B"
             if acc else "")
@@ -309,9 +321,9 @@ class MemoryEstimate:
 
 
 def _stage_memory(shape: ModelShape, st: Strategy, stage: int, working_set: float,
-                  process_bytes: Optional[float] = None) -> StageMemory:
+                  process_bytes: Optional[float] = None, overlap: bool = False) -> StageMemory:
     n = stage_params(shape, st, stage)
-    states = model_state_bytes(*_state_args(st, n))
+    states = model_state_bytes(*_state_args(st, n, overlap))
     blocks = blocks_in_stage(shape, st, stage)
     m = activation_shape(shape, st)
     first, last = stage == 0, stage == st.pipeline_degree - 1
@@ -355,15 +367,16 @@ def _stage_memory(shape: ModelShape, st: Strategy, stage: int, working_set: floa
                        activations=acts, logits=logits, overhead=_overhead(shape, st, n, process_bytes)[0])
 
 
-def _state_args(st: Strategy, n: float) -> tuple:
+def _state_args(st: Strategy, n: float, overlap: bool) -> tuple:
     return (n, st.zero_partition_degree, st.zero_stage, st.dtype, st.grad_accum_fp32, st.pipeline_degree,
-            st.offload_optimizer, st.offload_param, st.grad_accum_steps)
+            st.offload_optimizer, st.offload_param, st.grad_accum_steps, overlap)
 
 
 def explain_stage_memory(shape: ModelShape, st: Strategy, hw: Hardware, stage: int) -> dict:
     """{params, grads, optimizer, overhead: the arithmetic in words} of a stage's memory, for the plan's table."""
     n = stage_params(shape, st, stage)
-    return {**model_state_how(*_state_args(st, n)), "overhead": _overhead(shape, st, n, _process_bytes(hw), True)[1]}
+    return {**model_state_how(*_state_args(st, n, overlap_comm(hw))),
+            "overhead": _overhead(shape, st, n, _process_bytes(hw), True)[1]}
 
 
 def _process_bytes(hw: Hardware) -> Optional[float]:
@@ -427,7 +440,8 @@ def estimate_memory(shape: ModelShape, st: Strategy, hw: Hardware) -> MemoryEsti
     # would cost O(PP) per candidate in --search for no new maximum.
     stages = sorted({0, min(1, st.pipeline_degree - 1), st.pipeline_degree - 1})
     process_bytes = _process_bytes(hw)
-    return MemoryEstimate(stages=tuple(_stage_memory(shape, st, i, working_set, process_bytes) for i in stages),
+    return MemoryEstimate(stages=tuple(_stage_memory(shape, st, i, working_set, process_bytes, overlap_comm(hw))
+                                       for i in stages),
                           capacity_bytes=hw.memory_bytes)
 
 

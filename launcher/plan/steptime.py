@@ -196,7 +196,7 @@ from typing import Optional
 from launcher.config.supported import LLAMA_FAMILY
 from launcher.plan.flops import flops_per_token, recompute_flops_per_token
 from launcher.plan.inputs import Hardware, ModelShape, Strategy
-from launcher.plan.memory import (PARAM_PERSISTENCE_THRESHOLD, REDUCE_BUCKET_ELEMENTS, blocks_in_stage,
+from launcher.plan.memory import (PARAM_PERSISTENCE_THRESHOLD, REDUCE_BUCKET_ELEMENTS, blocks_in_stage, overlap_comm,
                                   blocks_per_stage, checkpointed_in_stage, checkpointed_layers, checkpointed_of,
                                   params_per_stage, uses_bf16_optimizer, weight_bytes)
 from launcher.plan.profile import Link, Profile, interpolate
@@ -767,7 +767,7 @@ def estimate_step_time(shape: ModelShape, st: Strategy, hw: Hardware, train_toke
 
     # Data parallel traffic and the optimizer, per stage; the step waits for the slowest stage.
     r = st.zero_partition_degree    # DeepSpeed's data-parallel group under Ulysses (CP) is dp x sp (dp x cp)
-    overlap = _overlap_comm(hw)
+    overlap = overlap_comm(hw)
     dp_exposed, opt = [], []
     # Gradients cross the wire in DeepSpeed's communication dtype, whatever the accumulation dtype (engine.py
     # communication_data_type; its and stage_1_and_2.py's allreduce_bucket cast to it), which the launcher sets to
@@ -1115,6 +1115,3 @@ def _shared_pipeline(shape: ModelShape, st: Strategy, prof: Profile, bf: Cost, b
     return {"step": now, "stretch": [e / a if a > 0 else 1.0 for e, a in zip(elapsed, alone)], "wait": waits}
 
 
-def _overlap_comm(hw: Hardware) -> bool:
-    """DeepSpeed's overlap_comm as launcher/deepspeed_config.py sets it: on for GPUs, off for CPU ranks."""
-    return hw.device == "cuda"

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 
+from launcher.deepspeed_config import zero_optimization_base
 from launcher.plan.host import build_peak_bytes
 from launcher.plan.memory import model_state_bytes, weight_bytes, zero3_partition_numel
 from launcher.plan.rankmap import rank_map
@@ -98,7 +99,8 @@ def rank_ledger(cfg, layout) -> list[dict]:
         params = sum(numels)
         states = model_state_bytes(params, layout.zero_partition_degree, layout.zero_stage, layout.dtype, grad_fp32,
                                    layout.pipeline_degree, bool(cfg.parallel.offload_optimizer),
-                                   bool(cfg.parallel.offload_param), layout.grad_accum_steps)
+                                   bool(cfg.parallel.offload_param), layout.grad_accum_steps,
+                                   zero_optimization_base(layout.zero_stage, layout.device)["overlap_comm"])
         held = params
         if layout.zero_stage == 3:
             held = sum(zero3_partition_numel(n, layout.zero_partition_degree) for n in numels)
