@@ -27,13 +27,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from run import HERE, LAUNCHER, REPO, train  # noqa: E402  (bench/ is not a package)
+from run import HERE, train  # noqa: E402  (bench/ is not a package)
 
 STEP = 6
 GROUPS = 14
@@ -45,6 +44,12 @@ LAYOUTS = {
     "SP2 ZeRO-0 bf16": ["parallel.sequence_degree=2", "parallel.zero_stage=0", "precision=bf16"],
     "DP2 ZeRO-1 fp32": ["parallel.zero_stage=1"],
     "SP2 ZeRO-1 fp32": ["parallel.sequence_degree=2", "parallel.zero_stage=1"],
+    "DP2 ZeRO-3 bf16": ["parallel.zero_stage=3", "precision=bf16"],
+    "TP2 ZeRO-1 bf16": ["parallel.tensor_degree=2", "parallel.zero_stage=1", "precision=bf16"],
+    "TP2-SP ZeRO-1 bf16": ["parallel.tensor_degree=2", "parallel.sequence_parallel=true", "parallel.zero_stage=1",
+                           "precision=bf16"],
+    "PP2 ZeRO-1 bf16": ["parallel.pipeline_degree=2", "parallel.zero_stage=1", "precision=bf16"],
+    "CP2 ZeRO-1 bf16": ["parallel.context_degree=2", "parallel.zero_stage=1", "precision=bf16"],
 }
 
 HOOK = r'''
@@ -169,15 +174,43 @@ if os.environ.get("LOCAL_RANK") is not None and os.environ.get("LIVE_AT_PEAK_OUT
         return out
 
     DeepSpeedEngine.forward, DeepSpeedEngine.step = forward, step
+
+    from deepspeed.runtime.pipe.engine import PipelineEngine
+    _train_batch = PipelineEngine.train_batch
+
+    def train_batch(self, *a, **k):
+        # the pipeline engine runs forward, backward and step inside one call
+        if _state["done"] or self.global_steps != _step_at:
+            return _train_batch(self, *a, **k)
+        _state["held"] = _held()
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True,
+                     with_stack=True) as prof:
+            out = _train_batch(self, *a, **k)
+        _state["done"] = True
+        _write(prof)
+        return out
+
+    PipelineEngine.train_batch = train_batch
 '''
 
 
-def planned(extra: list[str], env: dict) -> dict:
-    out = subprocess.run([LAUNCHER, "plan", "recipe=tiny", "cluster.gpus_per_node=2",
-                          f"cluster.profile={HERE / 'profile.yaml'}", *extra, "--json"],
-                         capture_output=True, text=True, check=True, cwd=REPO, env=env)
-    doc = json.loads(out.stdout)
-    return {"terms": doc["memory_per_gpu_bytes"], "how": doc["memory_how"]}
+def planned(extra: list[str], bucket_env: dict) -> tuple:
+    """(the plan's peak stage, DeepSpeed's buffers as the plan charges them on a GPU: whole buckets, ZeRO-3's
+    gathered blocks), with the bucket size and overlap_comm the ranks ran."""
+    import launcher.plan.memory as mem
+    from launcher.config.compose import compose
+    from launcher.config.layout import resolve_layout
+    from launcher.plan.inputs import model_shape, resolve_hardware, strategy
+
+    mem.REDUCE_BUCKET_ELEMENTS = int(bucket_env.get("LIVE_AT_PEAK_BUCKET", 500_000_000))
+    overlap = "LIVE_AT_PEAK_OVERLAP" in bucket_env
+    mem.overlap_comm = lambda hw: overlap
+    cfg = compose(["recipe=tiny", "cluster.gpus_per_node=2", f"cluster.profile={HERE / 'profile.yaml'}", *extra])
+    layout = resolve_layout(cfg)
+    shape, st = model_shape(cfg.model), strategy(cfg, layout)
+    peak = mem.estimate_memory(shape, st, resolve_hardware(cfg.cluster, cfg.precision.dtype)).peak
+    buffers = mem._overhead(shape, st, mem.stage_params(shape, st, peak.stage), None, overlap)[0]
+    return peak, buffers - mem.FRAMEWORK_OVERHEAD_BYTES
 
 
 def main() -> None:
@@ -203,17 +236,15 @@ def main() -> None:
             run = train(name, 2, extra, HERE / "profile.yaml", STEP + 2, Path(tmp) / "runs", env)
             if "error" in run:
                 raise SystemExit(f"{name}: launcher train failed:\n{run['error']}")
-            plan = planned(extra, env)
-            t = plan["terms"]
-            terms = t["params"] + t["grads"] + t["optimizer"] + t["activations"]
-            zero = next(int(a.split("=")[1]) for a in extra if a.startswith("parallel.zero_stage="))
-            # the GPU-style bucket: reduce_bucket_size elements whole, in the dtype DeepSpeed allocates it in
-            # (stage_1_and_2.py setup_buckets: the engine's dtype)
-            bucket = int(bucket_env.get("LIVE_AT_PEAK_BUCKET", 500_000_000)) * (4 if "precision=bf16" not in extra else 2)
-            buffers = bucket if zero in (1, 2) else 0
-            print(f"## {name}: planned params {t['params'] / M:.2f}, grads {t['grads'] / M:.2f}, optimizer "
-                  f"{t['optimizer'] / M:.2f}, activations {t['activations'] / M:.2f} MiB"
-                  + (f", reduce bucket {buffers / M:.2f} MiB" if buffers else ""))
+            peak, buffers = planned(extra, bucket_env)
+            terms = peak.params + peak.grads + peak.optimizer + peak.activations
+            print(f"## {name}: planned params {peak.params / M:.2f}, grads {peak.grads / M:.2f}, optimizer "
+                  f"{peak.optimizer / M:.2f}, activations {peak.activations / M:.2f} MiB, DeepSpeed's buffers "
+                  f"{buffers / M:.2f} MiB (the peak stage's, {peak.stage})")
+            largest = max(json.loads(path.read_text())["held"] + json.loads(path.read_text())["peak"]
+                          for path in out.glob("rank*.json"))
+            print(f"  the largest rank {largest / M:.2f} MiB; planned {(terms + buffers) / M:.2f} "
+                  f"(x{(terms + buffers) / largest:.3f})")
             for path in sorted(out.glob("rank*.json")):
                 r = json.loads(path.read_text())
                 measured = r["held"] + r["peak"]

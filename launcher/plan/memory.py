@@ -46,9 +46,12 @@ PipelineEngine adds, per micro-batch in flight, the stage's output and (where th
 input, and, once a stage, the buffer it receives into (activations.py, "pipeline buffers", "receive buffer").
 
 Framework overhead (stated allowance, not measured): 2 GB for the CUDA context, cuBLAS/NCCL workspaces and
-allocator fragmentation, plus DeepSpeed's communication buffers: ZeRO 1/2 reduce bucket (our DeepSpeed
-config's reduce_bucket_size = 5e8 elements, launcher/deepspeed_config.py), ZeRO 3 two gathered blocks
-(the one computing and the one prefetched).
+allocator fragmentation, plus DeepSpeed's communication buffers: every ZeRO stage's reduce bucket (our DeepSpeed
+config's reduce_bucket_size = 5e8 elements, launcher/deepspeed_config.py; ZeRO 3 holds its for the engine's life),
+twice for ZeRO 1/2 under overlap_comm (on for GPUs: its double buffer), and ZeRO 3's two gathered blocks (the one
+computing and the one prefetched). Not counted: the copies a reduction makes (its flattened bucket, fp32 under Ulysses / CP), which
+bench/steptime/live_at_peak.py saw only after the peak; and the raise of ZeRO 3's bucket to the largest parameter
+under Ulysses / CP (launcher/deepspeed_config.py zero3_sequence_parallel_reduction).
 
 On CPU ranks (a `launcher calibrate` profile with process_bytes) the peak is the process's resident set, so the
 overhead is what calibrate measured a rank to hold besides its model's tensors (interpreter, torch, DeepSpeed,
@@ -364,7 +367,7 @@ def _stage_memory(shape: ModelShape, st: Strategy, stage: int, working_set: floa
         if loss_peak >= last_recompute:
             logits = predicted * act.loss_bytes_per_token(m, st.tensor_degree) + transient
     return StageMemory(stage=stage, params=states["params"], grads=states["grads"], optimizer=states["optimizer"],
-                       activations=acts, logits=logits, overhead=_overhead(shape, st, n, process_bytes)[0])
+                       activations=acts, logits=logits, overhead=_overhead(shape, st, n, process_bytes, overlap)[0])
 
 
 def _state_args(st: Strategy, n: float, overlap: bool) -> tuple:
@@ -376,7 +379,7 @@ def explain_stage_memory(shape: ModelShape, st: Strategy, hw: Hardware, stage: i
     """{params, grads, optimizer, overhead: the arithmetic in words} of a stage's memory, for the plan's table."""
     n = stage_params(shape, st, stage)
     return {**model_state_how(*_state_args(st, n, overlap_comm(hw))),
-            "overhead": _overhead(shape, st, n, _process_bytes(hw), True)[1]}
+            "overhead": _overhead(shape, st, n, _process_bytes(hw), overlap_comm(hw), True)[1]}
 
 
 def _process_bytes(hw: Hardware) -> Optional[float]:
@@ -384,36 +387,44 @@ def _process_bytes(hw: Hardware) -> Optional[float]:
     return hw.profile.process_bytes if hw.device == "cpu" else None
 
 
-def _overhead(shape: ModelShape, st: Strategy, n: float, process_bytes: Optional[float],
+def _overhead(shape: ModelShape, st: Strategy, n: float, process_bytes: Optional[float], overlap: bool = False,
               explain: bool = False) -> tuple[float, str]:
     """(bytes, how: "" unless explain) of what a rank holds besides its model states and activations: the framework
     (the stated GPU allowance, or on CPU ranks the profile's measured process_bytes) plus DeepSpeed's communication
     buffers for a stage of n parameters (module docstring)."""
     w = weight_bytes(st.dtype)
     base = FRAMEWORK_OVERHEAD_BYTES if process_bytes is None else process_bytes
-    per_layer = elements = 0.0
-    if st.zero_stage == 3:
-        per_layer = shape.params.per_layer / st.tensor_degree
-        buffers = 2 * per_layer * w
-    elif st.zero_stage in (1, 2):
-        # CPU ranks: only the pages the stage's gradients fill are resident (module docstring)
+    per_layer = elements = gathered = 0.0
+    copies = 2 if overlap and st.zero_stage in (1, 2) else 1
+    if st.zero_stage in (1, 2, 3):
+        # Every ZeRO stage stages gradients in a bucket of reduce_bucket_size elements in the communication dtype
+        # (ipg_buckets): ZeRO 1/2 per backward (stage_1_and_2.py setup_buckets), two of them under overlap_comm
+        # (its double buffer), ZeRO 3 one for the engine's life (stage3.py, after initialize_optimizer_states).
+        # Measured (bench/steptime/live_at_peak.py): a bf16 DP2 ZeRO-3 rank holds 953.67 MiB = 5e8 x 2 B before
+        # its step; ZeRO 1 allocates two buckets with overlap_comm, one without. On CPU ranks only the pages the
+        # stage's gradients fill are resident (module docstring).
         elements = REDUCE_BUCKET_ELEMENTS if process_bytes is None else min(REDUCE_BUCKET_ELEMENTS, n)
-        w = weight_bytes(st.comm_dtype)     # the bucket holds the gradients in the communication dtype (ipg_buckets)
-        buffers = elements * w
+        buffers = copies * elements * weight_bytes(st.comm_dtype)
     else:
         buffers = 0.0
+    if st.zero_stage == 3:
+        per_layer = shape.params.per_layer / st.tensor_degree
+        gathered = 2 * per_layer * w
+        buffers += gathered
     if not explain:
         return base + buffers, ""
     terms = [f"{_size(base)} stated allowance (CUDA context, cuBLAS/NCCL workspaces, allocator fragmentation)"
              if process_bytes is None else
              f"{_size(base)} measured by launcher calibrate (the profile's process_bytes; glibc's kept free blocks "
              "not counted)"]
-    if st.zero_stage == 3:
-        terms.append(f"ZeRO 3's 2 gathered blocks x {per_layer:,.0f} params x {w} B = {_size(buffers)}")
-    elif st.zero_stage in (1, 2):
-        terms.append(f"ZeRO {st.zero_stage}'s reduce bucket " + (
+    if st.zero_stage in (1, 2, 3):
+        cw = weight_bytes(st.comm_dtype)
+        terms.append(f"ZeRO {st.zero_stage}'s reduce bucket" + (" x 2 (overlap_comm's double buffer)" if copies == 2
+                                                                else "") + " " + (
             f"{REDUCE_BUCKET_ELEMENTS:,} elements" if elements == REDUCE_BUCKET_ELEMENTS
-            else f"pages its {elements:,.0f} gradients fill") + f" x {w} B = {_size(buffers)}")
+            else f"pages its {elements:,.0f} gradients fill") + f" x {cw} B = {_size(copies * elements * cw)}")
+    if st.zero_stage == 3:
+        terms.append(f"ZeRO 3's 2 gathered blocks x {per_layer:,.0f} params x {w} B = {_size(gathered)}")
     return base + buffers, " + ".join(terms)
 
 

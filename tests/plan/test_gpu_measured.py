@@ -17,6 +17,7 @@ import yaml
 
 from launcher.config.compose import compose
 from launcher.config.layout import resolve_layout
+from launcher.plan.memory import FRAMEWORK_OVERHEAD_BYTES
 from launcher.plan.profile import BUILTIN
 from launcher.plan.report import plan_summary
 
@@ -40,6 +41,18 @@ STEP_BOUNDS = {("2026-11-26-h200", "train-1b"): (0.93, 1.10), ("2026-11-26-h200"
                ("2026-11-28-h200-2", "train-1b-mb2"): (0.86, 1.10), ("2026-11-28-h200-2", "train-1b-mb1"): (0.78, 1.10)}
 
 
+def assert_peak_memory(name: str, plan: dict, peak: int) -> None:
+    """The plan's peak against torch.cuda.max_memory_allocated, which counts what the caching allocator hands out:
+    every term but the stated 2 GB allowance (CUDA context, NCCL's own buffers, fragmentation; FRAMEWORK_OVERHEAD_BYTES)
+    is such a tensor, and is held within 1% here. With DeepSpeed's buffers counted as it allocates them (ZeRO 1's two
+    reduce buckets under overlap_comm, ZeRO 3's one for the engine's life; launcher/plan/memory.py _overhead) the 13
+    runs read 0.997-1.004; before, one bucket short, 0.950-0.973. The whole plan, allowance included, must not be
+    below the measurement (a layout the plan calls fitting has to)."""
+    total = plan["memory_per_gpu_bytes"]["total"]
+    assert 0.99 <= (total - FRAMEWORK_OVERHEAD_BYTES) / peak <= 1.01, (name, plan["memory_per_gpu_bytes"], peak)
+    assert total >= peak, (name, total, peak)
+
+
 def measured(name: str, results: Path = RESULTS) -> tuple[list[str], float, int]:
     """(overrides, median step seconds after the warm-up, peak bytes) from the run's own step records."""
     run = json.loads((results / f"{name}.json").read_text())
@@ -57,8 +70,7 @@ def test_plan_matches_the_h200_runs(folder, name):
     assert "measured by `launcher calibrate`" in plan["profile"]
     low, high = STEP_BOUNDS[folder, name]
     assert low <= plan["step_time_s"] / step_s <= high, (name, plan["step_time_s"], step_s)
-    # Peak memory: params, grads, AdamW state, activations and overhead against torch.cuda.max_memory_allocated.
-    assert 0.98 <= plan["memory_per_gpu_bytes"]["total"] / peak <= 1.08, (name, plan["memory_per_gpu_bytes"], peak)
+    assert_peak_memory(name, plan, peak)
 
 
 def test_plan_says_when_a_layout_is_host_bound():
@@ -131,4 +143,4 @@ def test_plan_against_the_h100_runs(name):
     assert "host (Python issue, engine per tensor, ZeRO-3 hooks) measured on an H200" in plan["profile"]
     low, high = H100_STEP_BOUNDS[name]
     assert low <= plan["step_time_s"] / step_s <= high, (name, plan["step_time_s"], step_s)
-    assert 0.98 <= plan["memory_per_gpu_bytes"]["total"] / peak <= 1.08, (name, plan["memory_per_gpu_bytes"], peak)
+    assert_peak_memory(name, plan, peak)

@@ -1192,7 +1192,8 @@ def test_release_table_in_profile_files(tmp_path):
 def test_cpu_ranks_plan_the_calibrated_process_not_the_cuda_allowance(tmp_path):
     """On CPU ranks the plan's memory overhead is the process calibrate measured (profile.process_bytes) and the
     ZeRO-1/2 bucket only as far as the stage's gradients fill it (torch.empty pages are not resident until
-    written); a GPU, or a CPU profile from before process_bytes, keeps the 2 GB allowance and the whole bucket."""
+    written); a GPU, or a CPU profile from before process_bytes, keeps the 2 GB allowance and the whole bucket (two
+    on a GPU, where the launcher turns on overlap_comm and DeepSpeed double-buffers it)."""
     import yaml
 
     from launcher.plan.memory import estimate_memory, explain_stage_memory
@@ -1202,9 +1203,9 @@ def test_cpu_ranks_plan_the_calibrated_process_not_the_cuda_allowance(tmp_path):
     cpu = estimate_memory(shape, st, hardware(ideal(process_bytes=400e6), "cpu")).peak
     assert cpu.overhead == 400e6 + n * 4                    # 5e8 elements would be 2 GB; the model is ~1.3M
     gpu = estimate_memory(shape, st, hardware(ideal(process_bytes=400e6), "cuda")).peak
-    assert gpu.overhead == 2e9 + 500_000_000 * 4
+    assert gpu.overhead == 2e9 + 2 * 500_000_000 * 4            # overlap_comm (GPUs): DeepSpeed's two buckets
     old = estimate_memory(shape, st, hardware(ideal(), "cpu")).peak
-    assert old.overhead == gpu.overhead
+    assert old.overhead == 2e9 + 500_000_000 * 4                # CPU ranks run without overlap_comm: one
     # the plan's table says which terms these are, with their arithmetic (recipe=tiny: 1,328,256 parameters)
     assert n == 1_328_256
     explain = {dev: explain_stage_memory(shape, st, hardware(ideal(process_bytes=400e6), dev), 0)["overhead"]
@@ -1213,7 +1214,8 @@ def test_cpu_ranks_plan_the_calibrated_process_not_the_cuda_allowance(tmp_path):
                               "free blocks not counted) + ZeRO 2's reduce bucket pages its 1,328,256 gradients "
                               "fill x 4 B = 5.3 MB")
     assert explain["cuda"] == ("2.00 GB stated allowance (CUDA context, cuBLAS/NCCL workspaces, allocator "
-                               "fragmentation) + ZeRO 2's reduce bucket 500,000,000 elements x 4 B = 2.00 GB")
+                               "fragmentation) + ZeRO 2's reduce bucket x 2 (overlap_comm's double buffer) "
+                               "500,000,000 elements x 4 B = 4.00 GB")
     # the states and activations are the same on either device
     assert (cpu.params, cpu.grads, cpu.optimizer, cpu.activations) == (gpu.params, gpu.grads, gpu.optimizer, gpu.activations)
     path = tmp_path / "p.yaml"
