@@ -216,11 +216,15 @@ def planned(extra: list[str], bucket_env: dict) -> tuple:
 def main() -> None:
     args = sys.argv[1:]
     bucket_env = {}
-    while args[:1] in (["--bucket"], ["--overlap"]):
+    json_out = None
+    while args[:1] in (["--bucket"], ["--overlap"], ["--json"]):
         if args[0] == "--bucket":
             bucket_env["LIVE_AT_PEAK_BUCKET"], args = args[1], args[2:]
+        elif args[0] == "--json":
+            json_out, args = Path(args[1]), args[2:]
         else:
             bucket_env["LIVE_AT_PEAK_OVERLAP"], args = "1", args[1:]
+    rows = []
     names = args or list(LAYOUTS)
     M = 2 ** 20
     with tempfile.TemporaryDirectory() as tmp:
@@ -245,6 +249,8 @@ def main() -> None:
                           for path in out.glob("rank*.json"))
             print(f"  the largest rank {largest / M:.2f} MiB; planned {(terms + buffers) / M:.2f} "
                   f"(x{(terms + buffers) / largest:.3f})")
+            rows.append({"layout": name, "measured_bytes": largest, "planned_bytes": terms + buffers,
+                         "planned_over_measured": (terms + buffers) / largest})
             for path in sorted(out.glob("rank*.json")):
                 r = json.loads(path.read_text())
                 measured = r["held"] + r["peak"]
@@ -268,6 +274,9 @@ def main() -> None:
                 print("  every allocation of 64 KiB or more under deepspeed/runtime/zero, with the live total after it:")
                 for size, at, total in r["zero"]:
                     print(f"    {size / M:9.2f} MiB (live {total / M:.1f})  {at}")
+
+    if json_out is not None:     # the largest rank of each layout, for tests/plan/test_live_at_peak.py
+        json_out.write_text(json.dumps(rows, indent=1))
 
 
 if __name__ == "__main__":
