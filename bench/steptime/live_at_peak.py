@@ -50,6 +50,13 @@ LAYOUTS = {
                            "precision=bf16"],
     "PP2 ZeRO-1 bf16": ["parallel.pipeline_degree=2", "parallel.zero_stage=1", "precision=bf16"],
     "CP2 ZeRO-1 bf16": ["parallel.context_degree=2", "parallel.zero_stage=1", "precision=bf16"],
+    # activations well above the logits: 16 blocks at 4x the sequence, so a reduction inside the backward meets
+    # most of them still live
+    "DP2 ZeRO-1 bf16 deep": ["parallel.zero_stage=1", "precision=bf16", "model.num_hidden_layers=16",
+                             "data.seq_length=512", "batch.micro_batch_size=2", "batch.global_batch_size=4"],
+    "SP2 ZeRO-1 bf16 deep": ["parallel.sequence_degree=2", "parallel.zero_stage=1", "precision=bf16",
+                             "model.num_hidden_layers=16", "data.seq_length=512", "batch.micro_batch_size=2",
+                             "batch.global_batch_size=2"],
 }
 
 HOOK = r'''
