@@ -9,12 +9,14 @@ This module imports neither torch nor deepspeed.
 from __future__ import annotations
 
 from launcher.config.layout import Layout, reduce_dtype
+from launcher.plan.memory import REDUCE_BUCKET_ELEMENTS, reduce_bucket_for
 from launcher.plan.params import param_numels
 
 # We print our own metrics every step; DeepSpeed's own periodic print would only duplicate them.
 STEPS_PER_PRINT = 1_000_000_000
-# zero_optimization.reduce_bucket_size in elements (launcher/plan/memory.py REDUCE_BUCKET_ELEMENTS mirrors it).
-REDUCE_BUCKET_SIZE = 500_000_000
+# zero_optimization.reduce_bucket_size in elements: the plan's value (its memory counts the bucket); a module global
+# here so that tests/parallel/driver.py can shrink it for a run.
+REDUCE_BUCKET_SIZE = REDUCE_BUCKET_ELEMENTS
 
 
 def deepspeed_batch_world(layout: Layout) -> int:
@@ -81,7 +83,8 @@ def zero3_sequence_parallel_reduction(cfg, layout: Layout) -> dict:
     if layout.sequence_parallel_size == 1 or layout.zero_stage != 3:  # Ulysses or ring attention (CP) alike
         return {}
     largest = max(param_numels(cfg.model, layout.padded_vocab_size))
-    return {"reduce_scatter": False, "reduce_bucket_size": max(REDUCE_BUCKET_SIZE, largest)}
+    return {"reduce_scatter": False,
+            "reduce_bucket_size": reduce_bucket_for(REDUCE_BUCKET_SIZE, largest, 3, layout.sequence_parallel_size)}
 
 
 def zero_optimization_base(stage: int, device: str) -> dict:

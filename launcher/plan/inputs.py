@@ -18,7 +18,7 @@ from typing import Optional
 from launcher.config import hardware
 from launcher.config.errors import ConfigError
 from launcher.config.layout import reduce_dtype, zero12_reduces_in_fp32
-from launcher.plan.params import ParamCount, count_params
+from launcher.plan.params import ParamCount, count_params, param_numels
 from launcher.plan.profile import BUILTIN, Profile, generic_profile, load_profile, nics_added, scaled
 
 # Architectures whose attention runs through PyTorch SDPA (launcher/runtime/model.py, attn_implementation):
@@ -45,6 +45,10 @@ class ModelShape:
     vocab_size: int
     tied_embeddings: bool
     params: ParamCount
+    # the largest parameter tensor but the vocabulary's (embedding, untied head): with the padded vocabulary's
+    # v x h, the largest tensor DeepSpeed sees (memory.largest_param; launcher/deepspeed_config.py raises ZeRO 3's
+    # bucket to it under Ulysses / CP)
+    largest_param_but_vocab: int = 0
 
     @property
     def head_dim(self) -> int:
@@ -62,7 +66,9 @@ def model_shape(model_cfg) -> ModelShape:
         arch=m.arch, hidden_size=m.hidden_size, num_layers=m.num_hidden_layers, num_heads=m.num_attention_heads,
         num_kv_heads=m.num_key_value_heads or m.num_attention_heads,
         intermediate_size=m.intermediate_size or 4 * m.hidden_size, vocab_size=m.vocab_size,
-        tied_embeddings=bool(m.tie_word_embeddings), params=count_params(m))
+        tied_embeddings=bool(m.tie_word_embeddings), params=count_params(m),
+        # at a vocabulary of 1 the vocabulary's tensors are 1 x h, below every other (tests/unit/test_params.py)
+        largest_param_but_vocab=max(param_numels(m, vocab_size=1)))
 
 
 @dataclass(frozen=True)

@@ -49,9 +49,9 @@ Framework overhead (stated allowance, not measured): 2 GB for the CUDA context, 
 allocator fragmentation, plus DeepSpeed's communication buffers: every ZeRO stage's reduce bucket (our DeepSpeed
 config's reduce_bucket_size = 5e8 elements, launcher/deepspeed_config.py; ZeRO 3 holds its for the engine's life),
 twice for ZeRO 1/2 under overlap_comm (on for GPUs: its double buffer), and ZeRO 3's two gathered blocks (the one
-computing and the one prefetched). Not counted: the copies a reduction makes (its flattened bucket, fp32 under Ulysses / CP), which
-bench/steptime/live_at_peak.py saw only after the peak; and the raise of ZeRO 3's bucket to the largest parameter
-under Ulysses / CP (launcher/deepspeed_config.py zero3_sequence_parallel_reduction).
+computing and the one prefetched); under Ulysses / CP ZeRO 3's bucket is raised to the largest parameter
+(reduce_bucket_for). Not counted: the copies a reduction makes (its flattened bucket, fp32 under Ulysses / CP),
+which bench/steptime/live_at_peak.py saw only after the peak.
 
 On CPU ranks (a `launcher calibrate` profile with process_bytes) the peak is the process's resident set, so the
 overhead is what calibrate measured a rank to hold besides its model's tensors (interpreter, torch, DeepSpeed,
@@ -84,7 +84,9 @@ from launcher.config.supported import PIPELINE_ARCHS
 from launcher.plan.stages import rank_param_counts, stage_blocks
 
 FRAMEWORK_OVERHEAD_BYTES = 2e9
-REDUCE_BUCKET_ELEMENTS = 500_000_000   # launcher/deepspeed_config.py REDUCE_BUCKET_SIZE (raised for SP x ZeRO-3 there)
+# zero_optimization.reduce_bucket_size in elements: launcher/deepspeed_config.py's REDUCE_BUCKET_SIZE is this value,
+# raised for ZeRO 3 with the sequence split (reduce_bucket_for).
+REDUCE_BUCKET_ELEMENTS = 500_000_000
 
 
 def weight_bytes(dtype: str) -> int:
@@ -123,6 +125,20 @@ def model_state_how(n_params: float, data_degree: int, zero_stage: int, dtype: s
 def overlap_comm(hw: Hardware) -> bool:
     """DeepSpeed's overlap_comm as launcher/deepspeed_config.py sets it: on for GPUs, off for CPU ranks."""
     return hw.device == "cuda"
+
+
+def reduce_bucket_for(bucket: int, largest_param: int, zero_stage: int, sequence_split: int) -> int:
+    """reduce_bucket_size for a layout: `bucket`, raised to the largest parameter under ZeRO 3 with the sequence split
+    (Ulysses x CP ranks > 1), where a parameter larger than the bucket would take DeepSpeed's reduce-scatter path and
+    come out 1/sp of its gradient (launcher/deepspeed_config.py zero3_sequence_parallel_reduction says why). The
+    DeepSpeed config and the plan's memory both ask here."""
+    return max(bucket, largest_param) if zero_stage == 3 and sequence_split > 1 else bucket
+
+
+def largest_param(shape: ModelShape, st: Strategy) -> int:
+    """The largest parameter tensor of the whole model at the layout's padded vocabulary (what
+    max(launcher.plan.params.param_numels(model, padded_vocab)) gives; tests/unit/test_params.py)."""
+    return max(shape.largest_param_but_vocab, st.padded_vocab_size * shape.hidden_size)
 
 
 def zero1_holds_partition(zero_stage: int, grad_accum_steps: int, pipeline_degree: int, bf16_opt: bool,
@@ -403,7 +419,9 @@ def _overhead(shape: ModelShape, st: Strategy, n: float, process_bytes: Optional
         # Measured (bench/steptime/live_at_peak.py): a bf16 DP2 ZeRO-3 rank holds 953.67 MiB = 5e8 x 2 B before
         # its step; ZeRO 1 allocates two buckets with overlap_comm, one without. On CPU ranks only the pages the
         # stage's gradients fill are resident (module docstring).
-        elements = REDUCE_BUCKET_ELEMENTS if process_bytes is None else min(REDUCE_BUCKET_ELEMENTS, n)
+        bucket = reduce_bucket_for(REDUCE_BUCKET_ELEMENTS, largest_param(shape, st), st.zero_stage,
+                                   st.sequence_degree * st.context_degree)
+        elements = bucket if process_bytes is None else min(bucket, n)
         buffers = copies * elements * weight_bytes(st.comm_dtype)
     else:
         buffers = 0.0
@@ -421,7 +439,7 @@ def _overhead(shape: ModelShape, st: Strategy, n: float, process_bytes: Optional
         cw = weight_bytes(st.comm_dtype)
         terms.append(f"ZeRO {st.zero_stage}'s reduce bucket" + (" x 2 (overlap_comm's double buffer)" if copies == 2
                                                                 else "") + " " + (
-            f"{REDUCE_BUCKET_ELEMENTS:,} elements" if elements == REDUCE_BUCKET_ELEMENTS
+            f"{bucket:,} elements" if elements == bucket
             else f"pages its {elements:,.0f} gradients fill") + f" x {cw} B = {_size(copies * elements * cw)}")
     if st.zero_stage == 3:
         terms.append(f"ZeRO 3's 2 gathered blocks x {per_layer:,.0f} params x {w} B = {_size(gathered)}")
