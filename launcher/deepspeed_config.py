@@ -9,7 +9,7 @@ This module imports neither torch nor deepspeed.
 from __future__ import annotations
 
 from launcher.config.layout import Layout, reduce_dtype
-from launcher.plan.memory import REDUCE_BUCKET_ELEMENTS, reduce_bucket_for
+from launcher.plan.memory import REDUCE_BUCKET_ELEMENTS, overlap_comm_on, reduce_bucket_for
 from launcher.plan.params import param_numels
 
 # We print our own metrics every step; DeepSpeed's own periodic print would only duplicate them.
@@ -95,7 +95,7 @@ def zero_optimization_base(stage: int, device: str) -> dict:
         "contiguous_gradients": True,
         # Overlapping the gradient reduction with the backward pass pays on GPUs; on CPU ranks (gloo)
         # it only adds buffer copies.
-        "overlap_comm": device == "cuda",
+        "overlap_comm": overlap_comm_on(device),
         "reduce_scatter": True,
         # ZeRO 1/2: each gradient bucket is all-reduced whole (DeepSpeed's default, spelled out because the
         # planner prices that all-reduce: launcher/plan/steptime.py, DP / ZeRO).

@@ -252,14 +252,13 @@ def main() -> None:
             print(f"## {name}: planned params {peak.params / M:.2f}, grads {peak.grads / M:.2f}, optimizer "
                   f"{peak.optimizer / M:.2f}, activations {peak.activations / M:.2f} MiB, DeepSpeed's buffers "
                   f"{buffers / M:.2f} MiB (the peak stage's, {peak.stage})")
-            largest = max(json.loads(path.read_text())["held"] + json.loads(path.read_text())["peak"]
-                          for path in out.glob("rank*.json"))
+            ranks = {path: json.loads(path.read_text()) for path in sorted(out.glob("rank*.json"))}
+            largest = max(r["held"] + r["peak"] for r in ranks.values())
             print(f"  the largest rank {largest / M:.2f} MiB; planned {(terms + buffers) / M:.2f} "
                   f"(x{(terms + buffers) / largest:.3f})")
             rows.append({"layout": name, "measured_bytes": largest, "planned_bytes": terms + buffers,
                          "planned_over_measured": (terms + buffers) / largest})
-            for path in sorted(out.glob("rank*.json")):
-                r = json.loads(path.read_text())
+            for path, r in ranks.items():
                 measured = r["held"] + r["peak"]
                 print(f"  {path.stem}: held as the step began {r['held'] / M:.2f} MiB + peak of the step's own "
                       f"{r['peak'] / M:.2f} = {measured / M:.2f} MiB; planned {(terms + buffers) / M:.2f} "

@@ -67,7 +67,7 @@ def model_shape(model_cfg) -> ModelShape:
         num_kv_heads=m.num_key_value_heads or m.num_attention_heads,
         intermediate_size=m.intermediate_size or 4 * m.hidden_size, vocab_size=m.vocab_size,
         tied_embeddings=bool(m.tie_word_embeddings), params=count_params(m),
-        # at a vocabulary of 1 the vocabulary's tensors are 1 x h, below every other (tests/unit/test_params.py)
+        # at a vocabulary of 1 the vocabulary's tensors are 1 x h, below every other (tests/plan/test_reduce_bucket.py)
         largest_param_but_vocab=max(param_numels(m, vocab_size=1)))
 
 

@@ -122,9 +122,15 @@ def model_state_how(n_params: float, data_degree: int, zero_stage: int, dtype: s
                          offload_optimizer, offload_param, grad_accum_steps, overlap, explain=True)[1]
 
 
+def overlap_comm_on(device: str) -> bool:
+    """DeepSpeed's overlap_comm as the launcher sets it (launcher/deepspeed_config.py asks here): on for GPUs, off for
+    CPU ranks. The plan's buckets and ZeRO 1's gradients follow it (_overhead, zero1_holds_partition)."""
+    return device == "cuda"
+
+
 def overlap_comm(hw: Hardware) -> bool:
-    """DeepSpeed's overlap_comm as launcher/deepspeed_config.py sets it: on for GPUs, off for CPU ranks."""
-    return hw.device == "cuda"
+    """overlap_comm_on for the planned hardware."""
+    return overlap_comm_on(hw.device)
 
 
 def reduce_bucket_for(bucket: int, largest_param: int, zero_stage: int, sequence_split: int) -> int:
@@ -137,7 +143,7 @@ def reduce_bucket_for(bucket: int, largest_param: int, zero_stage: int, sequence
 
 def largest_param(shape: ModelShape, st: Strategy) -> int:
     """The largest parameter tensor of the whole model at the layout's padded vocabulary (what
-    max(launcher.plan.params.param_numels(model, padded_vocab)) gives; tests/unit/test_params.py)."""
+    max(launcher.plan.params.param_numels(model, padded_vocab)) gives; tests/plan/test_reduce_bucket.py)."""
     return max(shape.largest_param_but_vocab, st.padded_vocab_size * shape.hidden_size)
 
 

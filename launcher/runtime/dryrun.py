@@ -22,9 +22,8 @@ from __future__ import annotations
 
 import math
 
-from launcher.deepspeed_config import zero_optimization_base
 from launcher.plan.host import build_peak_bytes
-from launcher.plan.memory import model_state_bytes, weight_bytes, zero3_partition_numel
+from launcher.plan.memory import model_state_bytes, overlap_comm_on, weight_bytes, zero3_partition_numel
 from launcher.plan.rankmap import rank_map
 
 
@@ -100,7 +99,7 @@ def rank_ledger(cfg, layout) -> list[dict]:
         states = model_state_bytes(params, layout.zero_partition_degree, layout.zero_stage, layout.dtype, grad_fp32,
                                    layout.pipeline_degree, bool(cfg.parallel.offload_optimizer),
                                    bool(cfg.parallel.offload_param), layout.grad_accum_steps,
-                                   zero_optimization_base(layout.zero_stage, layout.device)["overlap_comm"])
+                                   overlap_comm_on(layout.device))
         held = params
         if layout.zero_stage == 3:
             held = sum(zero3_partition_numel(n, layout.zero_partition_degree) for n in numels)
