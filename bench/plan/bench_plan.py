@@ -200,6 +200,11 @@ def search_reading(searches: list[dict], machine: dict) -> str:
     by = {s["world_size"]: s for s in searches}
     bloom, llama, big = by[384], by[2048], by[16384]
     return (
+        "Reading (search, 2026-12-06, 13:20 UTC). ZeRO 3's whole tensors at the peak are now what DeepSpeed's "
+        "parameter coordinator holds (launcher/plan/memory.py zero3_gathered: its persistent tensors, the modules its "
+        "reuse distance and prefetch walks keep, up to its 1e9-element live limit; none over one rank), where the plan "
+        "had charged two blocks: about 1e9 elements for every model from 1B to 65B (2 GB a rank in bf16; LLaMA-7B "
+        "0.8 GB before, LLaMA-65B 3.2 GB before). No fit count and no first row of these three searches moved. "
         "Reading (search, 2026-12-06, 10:10 UTC). The memory plan now counts DeepSpeed's reduce buckets as it "
         "allocates them (two under overlap_comm on GPUs, ZeRO 3's for the engine's life: +1 GB a rank in bf16) and "
         "ZeRO 1 on GPUs at one micro-batch a step holds its gradient partition (launcher/plan/memory.py _overhead, "

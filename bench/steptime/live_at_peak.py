@@ -5,6 +5,7 @@ GPU-style memory terms, measured on CPU ranks; not a test).
     flock /tmp/heavy.lock .venv/bin/python bench/steptime/live_at_peak.py "SP2 ZeRO-1 bf16"    # one
     flock /tmp/heavy.lock .venv/bin/python bench/steptime/live_at_peak.py --bucket 200000       # reduce_bucket_size
     flock /tmp/heavy.lock .venv/bin/python bench/steptime/live_at_peak.py --overlap --bucket 200000   # as on a GPU
+    flock /tmp/heavy.lock .venv/bin/python bench/steptime/live_at_peak.py --zero3 persist=0,reuse=1e6 "DP2 ZeRO-3 bf16"
 
 Each layout runs as `launcher train recipe=tiny` on 2 CPU ranks with a `sitecustomize` on PYTHONPATH that wraps
 DeepSpeedEngine.forward and .step: as the first forward of step STEP begins, every rank adds up the storages of
@@ -19,8 +20,10 @@ optimizer state, activations, the ZeRO 1/2 reduce bucket of reduce_bucket_size e
 allocations, without a GPU. --bucket N runs DeepSpeed and the plan with a reduce_bucket_size of N elements: below
 the model's size, the reductions fire inside the backward as they do for a stage past 5e8 parameters.
 LIVE_AT_PEAK_SIZES=1 prints each group's tensor sizes; LIVE_AT_PEAK_DUMP=DIR keeps each rank's record.
-What it cannot show: overlap_comm, which the launcher turns on for CUDA only (launcher/deepspeed_config.py), so
-the second reduce buffer DeepSpeed allocates under it (stage_1_and_2.py setup_buckets) never appears here.
+--overlap turns on DeepSpeed's overlap_comm on these CPU ranks, as the launcher does on GPUs (its second reduce
+buffer, stage_1_and_2.py setup_buckets); --zero3 persist=N,reuse=N,prefetch=N,live=N sets ZeRO 3's
+stage3_param_persistence_threshold, stage3_max_reuse_distance, stage3_prefetch_bucket_size and
+stage3_max_live_parameters (any of them), for DeepSpeed and the plan alike (launcher/plan/memory.py zero3_gathered).
 Readings: bench/steptime/results.md.
 """
 from __future__ import annotations
@@ -59,7 +62,9 @@ LAYOUTS = {
                              "batch.global_batch_size=2"],
 }
 
-HOOK = r'''
+ZERO3_KNOBS = {"persist": "PARAM_PERSISTENCE_THRESHOLD", "reuse": "STAGE3_MAX_REUSE_DISTANCE",
+               "prefetch": "STAGE3_PREFETCH_BUCKET", "live": "STAGE3_MAX_LIVE_PARAMETERS"}
+HOOK = "ZERO3_KNOBS = %r\n" % ZERO3_KNOBS + r'''
 import json, os
 if os.environ.get("LIVE_AT_PEAK_BUCKET"):
     # a bucket smaller than the model: reductions fire inside the backward, as a model larger than 5e8 parameters
@@ -78,6 +83,12 @@ if os.environ.get("LIVE_AT_PEAK_OVERLAP"):
         return {**_base(stage, device), "overlap_comm": True}
     _dc.zero_optimization_base = _with_overlap
     _mem.overlap_comm = lambda hw: True
+if os.environ.get("LIVE_AT_PEAK_ZERO3"):
+    # ZeRO 3's fetching knobs (persist, reuse, prefetch, live: stage3_param_persistence_threshold,
+    # stage3_max_reuse_distance, stage3_prefetch_bucket_size, stage3_max_live_parameters) for DeepSpeed and the plan
+    import launcher.plan.memory as _mem
+    for _k, _v in (kv.split("=") for kv in os.environ["LIVE_AT_PEAK_ZERO3"].split(",")):
+        setattr(_mem, ZERO3_KNOBS[_k], int(float(_v)))
 if os.environ.get("LOCAL_RANK") is not None and os.environ.get("LIVE_AT_PEAK_OUT"):
     import torch
     from deepspeed.runtime.engine import DeepSpeedEngine
@@ -203,7 +214,8 @@ if os.environ.get("LOCAL_RANK") is not None and os.environ.get("LIVE_AT_PEAK_OUT
 
 def planned(extra: list[str], bucket_env: dict) -> tuple:
     """(the plan's peak stage, DeepSpeed's buffers as the plan charges them on a GPU: whole buckets, ZeRO-3's
-    gathered blocks), with the bucket size and overlap_comm the ranks ran."""
+    whole tensors), with the bucket size, overlap_comm and ZeRO 3's fetching knobs the ranks ran; and for ZeRO 3
+    the plan's gathered elements (memory.zero3_gathered)."""
     import launcher.plan.memory as mem
     from launcher.config.compose import compose
     from launcher.config.layout import resolve_layout
@@ -212,21 +224,26 @@ def planned(extra: list[str], bucket_env: dict) -> tuple:
     mem.REDUCE_BUCKET_ELEMENTS = int(bucket_env.get("LIVE_AT_PEAK_BUCKET", 500_000_000))
     overlap = "LIVE_AT_PEAK_OVERLAP" in bucket_env
     mem.overlap_comm = lambda hw: overlap
+    for k, v in (kv.split("=") for kv in bucket_env.get("LIVE_AT_PEAK_ZERO3", "").split(",") if kv):
+        setattr(mem, ZERO3_KNOBS[k], int(float(v)))
     cfg = compose(["recipe=tiny", "cluster.gpus_per_node=2", f"cluster.profile={HERE / 'profile.yaml'}", *extra])
     layout = resolve_layout(cfg)
     shape, st = model_shape(cfg.model), strategy(cfg, layout)
     peak = mem.estimate_memory(shape, st, resolve_hardware(cfg.cluster, cfg.precision.dtype)).peak
     buffers = mem._overhead(shape, st, mem.stage_params(shape, st, peak.stage), None, overlap)[0]
-    return peak, buffers - mem.FRAMEWORK_OVERHEAD_BYTES
+    gathered = mem.zero3_gathered(shape, st) if st.zero_stage == 3 else None
+    return peak, buffers - mem.FRAMEWORK_OVERHEAD_BYTES, gathered
 
 
 def main() -> None:
     args = sys.argv[1:]
     bucket_env = {}
     json_out = None
-    while args[:1] in (["--bucket"], ["--overlap"], ["--json"]):
+    while args[:1] in (["--bucket"], ["--overlap"], ["--json"], ["--zero3"]):
         if args[0] == "--bucket":
             bucket_env["LIVE_AT_PEAK_BUCKET"], args = args[1], args[2:]
+        elif args[0] == "--zero3":
+            bucket_env["LIVE_AT_PEAK_ZERO3"], args = args[1], args[2:]
         elif args[0] == "--json":
             json_out, args = Path(args[1]), args[2:]
         else:
@@ -247,17 +264,21 @@ def main() -> None:
             run = train(name, 2, extra, HERE / "profile.yaml", STEP + 2, Path(tmp) / "runs", env)
             if "error" in run:
                 raise SystemExit(f"{name}: launcher train failed:\n{run['error']}")
-            peak, buffers = planned(extra, bucket_env)
+            peak, buffers, gathered = planned(extra, bucket_env)
             terms = peak.params + peak.grads + peak.optimizer + peak.activations
             print(f"## {name}: planned params {peak.params / M:.2f}, grads {peak.grads / M:.2f}, optimizer "
                   f"{peak.optimizer / M:.2f}, activations {peak.activations / M:.2f} MiB, DeepSpeed's buffers "
                   f"{buffers / M:.2f} MiB (the peak stage's, {peak.stage})")
+            if gathered is not None:
+                print(f"  ZeRO 3 whole tensors planned: {gathered.persistent:,.0f} persistent + {gathered.kept:,.0f} "
+                      f"kept from the forward + {gathered.prefetched:,.0f} prefetched elements")
             ranks = {path: json.loads(path.read_text()) for path in sorted(out.glob("rank*.json"))}
             largest = max(r["held"] + r["peak"] for r in ranks.values())
             print(f"  the largest rank {largest / M:.2f} MiB; planned {(terms + buffers) / M:.2f} "
                   f"(x{(terms + buffers) / largest:.3f})")
             rows.append({"layout": name, "measured_bytes": largest, "planned_bytes": terms + buffers,
-                         "planned_over_measured": (terms + buffers) / largest})
+                         "planned_over_measured": (terms + buffers) / largest,
+                         "zero3_gathered_elements": gathered.total if gathered is not None else None})
             for path, r in ranks.items():
                 measured = r["held"] + r["peak"]
                 print(f"  {path.stem}: held as the step began {r['held'] / M:.2f} MiB + peak of the step's own "

@@ -48,9 +48,10 @@ input, and, once a stage, the buffer it receives into (activations.py, "pipeline
 Framework overhead (stated allowance, not measured): 2 GB for the CUDA context, cuBLAS/NCCL workspaces and
 allocator fragmentation, plus DeepSpeed's communication buffers: every ZeRO stage's reduce bucket (our DeepSpeed
 config's reduce_bucket_size = 5e8 elements, launcher/deepspeed_config.py; ZeRO 3 holds its for the engine's life),
-twice for ZeRO 1/2 under overlap_comm (on for GPUs: its double buffer), and ZeRO 3's two gathered blocks (the one
-computing and the one prefetched); under Ulysses / CP ZeRO 3's bucket is raised to the largest parameter
-(reduce_bucket_for). Not counted: the copies a reduction makes (its flattened bucket, fp32 under Ulysses / CP),
+twice for ZeRO 1/2 under overlap_comm (on for GPUs: its double buffer), and the tensors ZeRO 3 holds whole at the
+top of the backward over more than one rank: its persistent ones, those its forward kept for their backward and those
+it prefetched (zero3_gathered replays its parameter coordinator; up to its 1e9-element live limit, where the plan
+had charged two blocks); under Ulysses / CP ZeRO 3's bucket is raised to the largest parameter (reduce_bucket_for). Not counted: the copies a reduction makes (its flattened bucket, fp32 under Ulysses / CP),
 which bench/steptime/live_at_peak.py saw only after the peak.
 
 On CPU ranks (a `launcher calibrate` profile with process_bytes) the peak is the process's resident set, so the
@@ -73,6 +74,7 @@ gives a size to.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Optional
 
@@ -80,10 +82,20 @@ from launcher.config.layout import reduce_dtype
 from launcher.plan import activations as act
 from launcher.plan.inputs import Hardware, ModelShape, Strategy
 from launcher.plan.params import param_group_numels
-from launcher.config.supported import PIPELINE_ARCHS
+from launcher.config.supported import LLAMA_FAMILY, PIPELINE_ARCHS
 from launcher.plan.stages import rank_param_counts, stage_blocks
 
 FRAMEWORK_OVERHEAD_BYTES = 2e9
+# ZeRO 3's parameter fetching, DeepSpeed 0.19.8 zero/config.py defaults (launcher/deepspeed_config.py sets none of
+# them): a tensor of at most this many elements stays whole on every rank ("persistent");
+PARAM_PERSISTENCE_THRESHOLD = 100_000
+# a module's gathered weights are kept after its forward when their next use is within this many parameters of the
+# recorded module trace;
+STAGE3_MAX_REUSE_DISTANCE = 1_000_000_000
+# the parameters gathered ahead of the module being computed, at most,
+STAGE3_PREFETCH_BUCKET = 50_000_000
+# and no prefetch past this many gathered at once.
+STAGE3_MAX_LIVE_PARAMETERS = 1_000_000_000
 # zero_optimization.reduce_bucket_size in elements: launcher/deepspeed_config.py's REDUCE_BUCKET_SIZE is this value,
 # raised for ZeRO 3 with the sequence split (reduce_bucket_for).
 REDUCE_BUCKET_ELEMENTS = 500_000_000
@@ -145,6 +157,121 @@ def largest_param(shape: ModelShape, st: Strategy) -> int:
     """The largest parameter tensor of the whole model at the layout's padded vocabulary (what
     max(launcher.plan.params.param_numels(model, padded_vocab)) gives; tests/plan/test_reduce_bucket.py)."""
     return max(shape.largest_param_but_vocab, st.padded_vocab_size * shape.hidden_size)
+
+
+def block_matrices(shape: ModelShape) -> list:
+    """Weight elements of a block's linears in forward order: LLaMA's q, k, v, o, gate, up, down; GPT's and
+    BLOOM's qkv, dense, fc, proj (norms and biases are far below ZeRO-3's persistence threshold)."""
+    h, a, kv, d, f = shape.hidden_size, shape.num_heads, shape.num_kv_heads, shape.head_dim, shape.intermediate_size
+    if shape.arch in LLAMA_FAMILY:
+        return [h * a * d, h * kv * d, h * kv * d, a * d * h, h * f, h * f, f * h]
+    return [h * (a + 2 * kv) * d, a * d * h, h * f, f * h]
+
+
+@dataclass(frozen=True)
+class Zero3Gathered:
+    """Parameter elements a ZeRO-3 rank holds whole, beyond its partitions, at the top of its backward."""
+    persistent: float   # tensors of <= PARAM_PERSISTENCE_THRESHOLD elements: whole on every rank, always
+    kept: float         # modules gathered in the forward and not released (their reuse comes soon, or prefetch saw it)
+    prefetched: float   # modules gathered ahead for the backward
+
+    @property
+    def total(self) -> float:
+        return self.persistent + self.kept + self.prefetched
+
+
+def zero3_gathered(shape: ModelShape, st: Strategy) -> Zero3Gathered:
+    """What DeepSpeed 0.19.8's ZeRO 3 holds gathered at the top of the backward (the step's peak), per rank: its
+    parameter coordinator replayed over the model's module trace (_zero3_replay). Elements are this rank's (/ TP for
+    the split matrices and the vocabulary); ZeRO 3 runs without a pipeline, so the stage is the whole model."""
+    return _zero3_replay(shape, st.tensor_degree, st.padded_vocab_size, STAGE3_MAX_REUSE_DISTANCE,
+                         STAGE3_PREFETCH_BUCKET, PARAM_PERSISTENCE_THRESHOLD, STAGE3_MAX_LIVE_PARAMETERS)
+
+
+@functools.lru_cache(maxsize=256)
+def _zero3_replay(shape: ModelShape, t: int, padded_vocab: int, reuse_distance: float, prefetch_bucket: float,
+                  persistence: float, max_live: float) -> Zero3Gathered:
+    """DeepSpeed 0.19.8's zero/partitioned_param_coordinator.py over one step's module trace, as it runs once the
+    first step has recorded the trace:
+
+    - fetch_sub_module: a module's parameters are gathered before it runs, then the coordinator walks its queue of
+      upcoming parameter uses from where the last walk stopped and gathers those not yet gathered, module by module
+      until prefetch_bucket elements (the last one whole), only while fewer than max_live are gathered;
+    - release_sub_module: after a module runs its parameters are released unless they are persistent, a prefetch
+      walk has already passed a later use of them (__most_recent_step_id_param_fetched_for), or their next use comes
+      within reuse_distance parameters of the trace (__params_to_release sums ds_numel module by module).
+
+    The trace: the embedding, per block its norms and biases (whole: each far below `persistence`) then its linears
+    in forward order, the final norm, the head; then the same in reverse for the backward. A tied head is the
+    embedding's tensor. Returned: what is gathered right after the head's backward fetch, with the loss end's
+    tensors live: the step's peak (module docstring). Under full recompute the trace has each block's forward again
+    before its backward, which puts a module's reuse further away; the replay without it keeps at least as much.
+
+    The plan had charged two blocks (the one computing and the one prefetched). At the defaults (5e7-element
+    prefetch bucket, 1e9 reuse distance and live limit) the forward's prefetch walks run ahead of the compute by up
+    to 5e7 elements a module fetched, so for a model of modules below 5e7 elements the gathered set grows to the
+    live limit; modules above it are prefetched one ahead. Held to the allocations of 2 CPU ranks by
+    tests/plan/test_zero3_gathered.py (bench/steptime/live_at_peak.py --zero3)."""
+    h = shape.hidden_size
+    vocab = padded_vocab * h / t
+    positions = shape.params.embedding - shape.vocab_size * h     # learned positions, BLOOM's embedding norm
+    vectors = shape.params.per_layer - sum(block_matrices(shape))   # a block's norms and biases
+    sizes, persistent = [vocab], [vocab <= persistence]            # module 0: the embedding
+    if positions:
+        sizes.append(positions)
+        persistent.append(positions <= persistence)
+    for _ in range(shape.num_layers):
+        sizes.append(vectors)
+        persistent.append(True)
+        for x in block_matrices(shape):
+            sizes.append(x / t)
+            persistent.append(x / t <= persistence)
+    sizes.append(shape.params.final_norm)
+    persistent.append(True)
+    head = 0 if shape.tied_embeddings else len(sizes)
+    if not shape.tied_embeddings:
+        sizes.append(vocab)
+        persistent.append(vocab <= persistence)
+    forward = list(range(len(sizes))) + [head] * shape.tied_embeddings
+    trace = forward + forward[::-1]
+    prefix = [0.0]
+    for m in trace:
+        prefix.append(prefix[-1] + sizes[m])
+    next_use, seen = [None] * len(trace), {}
+    for i in range(len(trace) - 1, -1, -1):
+        next_use[i] = seen.get(trace[i])
+        seen[trace[i]] = i
+    gathered = {m: -1 for m in range(len(sizes)) if persistent[m]}   # module -> trace position it was gathered at
+    walked_to = [-1] * len(sizes)   # the latest use of each module a prefetch walk has passed
+    live = sum(sizes[m] for m in gathered)
+    queue = 0
+    for i, m in enumerate(trace):
+        if m not in gathered:
+            gathered[m] = i
+            live += sizes[m]
+        queue = max(queue, i + 1)
+        limit, walked = min(max_live - live, prefetch_bucket), 0.0
+        while queue < len(trace) and walked < limit:
+            u = trace[queue]
+            walked_to[u] = max(walked_to[u], queue)
+            if u not in gathered:
+                gathered[u] = i
+                live += sizes[u]
+                walked += sizes[u]
+            queue += 1
+        if i == len(forward):   # the head's backward fetch and its prefetch walk: the peak
+            return Zero3Gathered(
+                persistent=sum(x for x, p in zip(sizes, persistent) if p),
+                kept=sum(sizes[u] for u, at in gathered.items() if not persistent[u] and at < len(forward)),
+                prefetched=sum(sizes[u] for u, at in gathered.items() if at >= len(forward)))
+        if persistent[m] or walked_to[m] > i:
+            continue
+        j = next_use[i]
+        if j is not None and prefix[j] - prefix[i + 1] < reuse_distance:
+            continue
+        del gathered[m]
+        live -= sizes[m]
+    raise AssertionError("the trace has a backward")
 
 
 def zero1_holds_partition(zero_stage: int, grad_accum_steps: int, pipeline_degree: int, bf16_opt: bool,
@@ -416,7 +543,7 @@ def _overhead(shape: ModelShape, st: Strategy, n: float, process_bytes: Optional
     buffers for a stage of n parameters (module docstring)."""
     w = weight_bytes(st.dtype)
     base = FRAMEWORK_OVERHEAD_BYTES if process_bytes is None else process_bytes
-    per_layer = elements = gathered = 0.0
+    elements = gathered = 0.0
     copies = 2 if overlap and st.zero_stage in (1, 2) else 1
     if st.zero_stage in (1, 2, 3):
         # Every ZeRO stage stages gradients in a bucket of reduce_bucket_size elements in the communication dtype
@@ -431,9 +558,11 @@ def _overhead(shape: ModelShape, st: Strategy, n: float, process_bytes: Optional
         buffers = copies * elements * weight_bytes(st.comm_dtype)
     else:
         buffers = 0.0
-    if st.zero_stage == 3:
-        per_layer = shape.params.per_layer / st.tensor_degree
-        gathered = 2 * per_layer * w
+    if st.zero_stage == 3 and st.zero_partition_degree > 1:
+        # Tensors ZeRO 3 holds whole beside their partitions at the peak (zero3_gathered); over one rank it gathers
+        # nothing (partition_parameters.py all_gather_coalesced: _no_gather_coalesced, the partition is the tensor).
+        g = zero3_gathered(shape, st)
+        gathered = g.total * w
         buffers += gathered
     if not explain:
         return base + buffers, ""
@@ -447,8 +576,10 @@ def _overhead(shape: ModelShape, st: Strategy, n: float, process_bytes: Optional
                                                                 else "") + " " + (
             f"{bucket:,} elements" if elements == bucket
             else f"pages its {elements:,.0f} gradients fill") + f" x {cw} B = {_size(copies * elements * cw)}")
-    if st.zero_stage == 3:
-        terms.append(f"ZeRO 3's 2 gathered blocks x {per_layer:,.0f} params x {w} B = {_size(gathered)}")
+    if gathered:
+        terms.append(f"ZeRO 3's whole tensors at the top of the backward: {g.persistent:,.0f} persistent + "
+                     f"{g.kept:,.0f} gathered in the forward and kept + {g.prefetched:,.0f} prefetched = "
+                     f"{g.total:,.0f} elements x {w} B = {_size(gathered)}")
     return base + buffers, " + ".join(terms)
 
 
@@ -490,7 +621,6 @@ def estimate_memory(shape: ModelShape, st: Strategy, hw: Hardware) -> MemoryEsti
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 ADAM_STEP_BYTES = 4               # torch AdamW keeps state["step"] as a float32 scalar tensor per parameter tensor
 NCCL_START_ALIGNMENT_FACTOR = 2   # stage_1_and_2.py / bf16_optimizer.py: flat buffers align to 2 x DP elements
-PARAM_PERSISTENCE_THRESHOLD = 100_000   # zero/config.py stage3_param_persistence_threshold default (we do not set it)
 
 
 def zero3_partition_numel(numel: int, data_degree: int) -> int:

@@ -196,7 +196,8 @@ from typing import Optional
 from launcher.config.supported import LLAMA_FAMILY
 from launcher.plan.flops import flops_per_token, recompute_flops_per_token
 from launcher.plan.inputs import Hardware, ModelShape, Strategy
-from launcher.plan.memory import (PARAM_PERSISTENCE_THRESHOLD, REDUCE_BUCKET_ELEMENTS, blocks_in_stage, overlap_comm,
+from launcher.plan.memory import (PARAM_PERSISTENCE_THRESHOLD, REDUCE_BUCKET_ELEMENTS, STAGE3_MAX_REUSE_DISTANCE,
+                                  block_matrices, blocks_in_stage, overlap_comm,
                                   blocks_per_stage, checkpointed_in_stage, checkpointed_layers, checkpointed_of,
                                   params_per_stage, uses_bf16_optimizer, weight_bytes)
 from launcher.plan.profile import Link, Profile, interpolate
@@ -895,15 +896,6 @@ def _syncs_per_micro_batch(shape: ModelShape, st: Strategy, stage: int) -> tuple
     return syncs, group
 
 
-def _block_matrices(shape: ModelShape) -> list:
-    """Weight elements of a block's linears in forward order: LLaMA's q, k, v, o, gate, up, down; GPT's and
-    BLOOM's qkv, dense, fc, proj (norms and biases are far below ZeRO-3's persistence threshold)."""
-    h, a, kv, d, f = shape.hidden_size, shape.num_heads, shape.num_kv_heads, shape.head_dim, shape.intermediate_size
-    if shape.arch in LLAMA_FAMILY:
-        return [h * a * d, h * kv * d, h * kv * d, a * d * h, h * f, h * f, f * h]
-    return [h * (a + 2 * kv) * d, a * d * h, h * f, f * h]
-
-
 def _fetched_modules(shape: ModelShape, st: Strategy, blocks: int, stage: int, p: int) -> int:
     """Modules whose weights ZeRO-3 all-gathers on a stage, each its own gather: those holding a parameter larger
     than stage3_param_persistence_threshold (memory.PARAM_PERSISTENCE_THRESHOLD); smaller ones stay whole on every
@@ -912,13 +904,9 @@ def _fetched_modules(shape: ModelShape, st: Strategy, blocks: int, stage: int, p
     the embedding on the first stage, the head on the last (untied: the tiny recipe and most large models), V/TP
     rows of each under TP (vocab-parallel)."""
     t, h = st.tensor_degree, shape.hidden_size
-    big = sum(x / t > PARAM_PERSISTENCE_THRESHOLD for x in _block_matrices(shape))
+    big = sum(x / t > PARAM_PERSISTENCE_THRESHOLD for x in block_matrices(shape))
     vocab = st.padded_vocab_size * h / t > PARAM_PERSISTENCE_THRESHOLD
     return blocks * big + vocab * ((stage == 0) + (stage == p - 1))
-
-
-# DeepSpeed zero/config.py: stage3_max_reuse_distance default (launcher/deepspeed_config.py does not set it).
-STAGE3_MAX_REUSE_DISTANCE = 1_000_000_000
 
 
 def _zero3_regathered_per_block(shape: ModelShape, st: Strategy) -> tuple[float, int]:
@@ -933,7 +921,7 @@ def _zero3_regathered_per_block(shape: ModelShape, st: Strategy) -> tuple[float,
     the backward. LLaMA-65B (h 8192, f 22016) keeps all but q/k/v/o; GPT-175B (h 12288) re-gathers all but the
     last linear: (qkv + dense + fc) / block = 2/3 of the block's bytes a third time."""
     t = st.tensor_degree
-    fetched = [x / t for x in _block_matrices(shape) if x / t > PARAM_PERSISTENCE_THRESHOLD]
+    fetched = [x / t for x in block_matrices(shape) if x / t > PARAM_PERSISTENCE_THRESHOLD]
     again, modules, after = 0.0, 0, 0.0
     for x in reversed(fetched):
         if 2 * after >= STAGE3_MAX_REUSE_DISTANCE:

@@ -45,8 +45,9 @@ def assert_peak_memory(name: str, plan: dict, peak: int) -> None:
     """The plan's peak against torch.cuda.max_memory_allocated, which counts what the caching allocator hands out:
     every term but the stated 2 GB allowance (CUDA context, NCCL's own buffers, fragmentation; FRAMEWORK_OVERHEAD_BYTES)
     is such a tensor, and is held within 1% here. With DeepSpeed's buffers counted as it allocates them (ZeRO 1's two
-    reduce buckets under overlap_comm, ZeRO 3's one for the engine's life; launcher/plan/memory.py _overhead) the 13
-    runs read 0.997-1.004; before, one bucket short, 0.950-0.973. The whole plan, allowance included, must not be
+    reduce buckets under overlap_comm, ZeRO 3's one for the engine's life; launcher/plan/memory.py _overhead) and no
+    ZeRO 3 gathered copies over one rank (zero3_gathered) the 13 runs read 0.997-0.998; before, one bucket short,
+    0.950-0.973. The whole plan, allowance included, must not be
     below the measurement (a layout the plan calls fitting has to)."""
     total = plan["memory_per_gpu_bytes"]["total"]
     assert 0.99 <= (total - FRAMEWORK_OVERHEAD_BYTES) / peak <= 1.01, (name, plan["memory_per_gpu_bytes"], peak)

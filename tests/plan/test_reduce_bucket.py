@@ -50,6 +50,7 @@ def test_plan_charges_the_bucket_deepspeed_is_given(name):
     how = memory.explain_stage_memory(shape, st, hw, 0)["overhead"]
     copies = 1 if st.zero_stage == 3 else 2          # ZeRO 1/2 double-buffer under overlap_comm (GPUs)
     assert f"reduce bucket{' x 2' if copies == 2 else ''}" in how and f"{elements:,} elements x 2 B" in how, how
-    gathered = 2 * shape.params.per_layer / st.tensor_degree * 2 if st.zero_stage == 3 else 0
+    # ZeRO 3's whole tensors at the peak: their own rule, held by tests/plan/test_zero3_gathered.py
+    gathered = memory.zero3_gathered(shape, st).total * 2 if st.zero_stage == 3 else 0
     assert memory.estimate_memory(shape, st, hw).peak.overhead == pytest.approx(
         memory.FRAMEWORK_OVERHEAD_BYTES + copies * elements * 2 + gathered, rel=1e-12)

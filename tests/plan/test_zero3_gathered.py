@@ -1,0 +1,114 @@
+"""What ZeRO 3 holds whole at the top of the backward (launcher/plan/memory.py zero3_gathered, a replay of DeepSpeed's
+parameter coordinator), against counts worked out by hand from its rules, and the knobs shared with DeepSpeed.
+
+The rules (zero/partitioned_param_coordinator.py, DeepSpeed 0.19.8): after a module runs, its parameters are released
+unless persistent (<= stage3_param_persistence_threshold elements), passed by a prefetch walk at a later use, or used
+again within stage3_max_reuse_distance parameters of the module trace; each fetch walks ahead, gathering up to
+stage3_prefetch_bucket_size elements while fewer than stage3_max_live_parameters are gathered. The same replay is
+held to a real engine's allocations on 2 CPU ranks by tests/plan/test_live_at_peak.py.
+
+recipe=tiny (hidden 128, 4 blocks, ffn 352, vocabulary 2,048, untied), in elements: the embedding and the head
+262,144 each; per block q, k, v, o 16,384 each, gate, up, down 45,056 each (200,704), norms 256; final norm 128.
+"""
+from __future__ import annotations
+
+import pytest
+
+from launcher.config.compose import compose
+from launcher.config.layout import resolve_layout
+from launcher.deepspeed_config import build_deepspeed_config
+from launcher.plan import memory
+from launcher.plan.inputs import model_shape, resolve_hardware, strategy
+
+VOCAB, BLOCK, FFN, ATTN = 262_144, 200_704, 45_056, 16_384
+WHOLE_MODEL = 2 * VOCAB + 4 * BLOCK     # every tensor above 1e5 elements or, at persistence 0, every linear
+
+
+def tiny(*overrides):
+    cfg = compose(["recipe=tiny", "parallel.zero_stage=3", "precision=bf16", *overrides])
+    layout = resolve_layout(cfg)
+    return cfg, layout, model_shape(cfg.model), strategy(cfg, layout)
+
+
+def replay(shape, st, reuse, prefetch, live=1e9, persistence=0):
+    return memory._zero3_replay(shape, st.tensor_degree, st.padded_vocab_size, reuse, prefetch, persistence, live)
+
+
+def test_the_reuse_distance_keeps_the_last_modules_for_their_backward():
+    _, _, shape, st = tiny()
+    # No prefetch walks: only the distance rule. A module is kept where 2 x (parameters after it) < the distance.
+    # 6e5: the head (nothing after it) and block 4's down (after it the final norm and the head, 262,272: 524,544);
+    # its up has 307,328 after it (614,656) and is released.
+    g = replay(shape, st, reuse=600_000, prefetch=0)
+    assert g.kept == VOCAB + FFN and g.prefetched == 0
+    # 1e6: all of block 4 (q has 446,592 after it: 893,184) and block 3's down (463,232: 926,464), not its up
+    # (508,288: 1,016,576)
+    assert replay(shape, st, reuse=1_000_000, prefetch=0).kept == VOCAB + BLOCK + FFN
+    # Nothing kept: the head is gathered again for its own backward, the peak's moment
+    g = replay(shape, st, reuse=0, prefetch=0)
+    assert g.kept == 0 and g.prefetched == VOCAB
+
+
+def test_a_prefetch_walk_keeps_what_it_passes():
+    _, _, shape, st = tiny()
+    # Walks of at least 20,000 elements: past two attention modules (16,384 each) where the compute uses one, so
+    # the walks run further ahead at every attention fetch; with room under the live limit they reach the
+    # backward's uses, and a module whose later use a walk has passed is not released: everything is kept.
+    assert replay(shape, st, reuse=0, prefetch=20_000).kept == WHOLE_MODEL
+    # At a live limit of 3e5 a walk gathers only while fewer are live: the lead stays a module or two, and at the
+    # head's forward (262,144 live) its walk passes the head's backward use and gathers block 4's down, and stops.
+    assert replay(shape, st, reuse=0, prefetch=20_000, live=300_000).kept == VOCAB + FFN
+
+
+def test_persistent_tensors_are_whole_on_every_rank_and_never_fetched():
+    _, _, shape, st = tiny()
+    g = memory.zero3_gathered(shape, st)
+    # At the default threshold (1e5) every linear of tiny's blocks is persistent, with the norms: 4 x (200,704 + 256)
+    # + 128; the embedding and the head are fetched and, far inside the 1e9 reuse distance, kept.
+    assert g.persistent == 4 * (BLOCK + 256) + 128
+    assert g.kept == 2 * VOCAB and g.prefetched == 0
+
+
+def test_a_tied_head_is_the_embeddings_tensor_gathered_once():
+    _, _, shape, st = tiny("model.tie_word_embeddings=true")
+    assert replay(shape, st, reuse=1e9, prefetch=0).kept == VOCAB + 4 * BLOCK
+
+
+def test_at_deepspeeds_defaults_a_large_model_fills_the_live_limit():
+    """LLaMA-7B over 8 ranks: modules of 16.8M-45.1M elements, below the 5e7 prefetch bucket, so every fetch walks a
+    module or more further ahead until 1e9 are gathered; the last walk overshoots by at most one module."""
+    cfg = compose(["model=llama-7b", "cluster=h100-80gb", "cluster.nodes=1", "precision=bf16",
+                   "parallel.zero_stage=3", "batch.micro_batch_size=1", "batch.global_batch_size=8"])
+    shape, st = model_shape(cfg.model), strategy(cfg, resolve_layout(cfg))
+    g = memory.zero3_gathered(shape, st)
+    largest_module = 4096 * 11008
+    assert 1e9 <= g.kept + g.prefetched <= 1e9 + largest_module
+    assert g.total > 2 * shape.params.per_layer      # the two blocks the plan charged before 2026-12-06
+
+
+def test_one_rank_gathers_nothing():
+    """Over one rank DeepSpeed points each parameter at its partition (partition_parameters.py
+    _no_gather_coalesced): no whole copies, and the plan charges none."""
+    cfg = compose(["recipe=tiny", "cluster=h200", "cluster.nodes=1", "cluster.gpus_per_node=1", "precision=bf16",
+                   "parallel.zero_stage=3"])
+    layout = resolve_layout(cfg)
+    shape, st = model_shape(cfg.model), strategy(cfg, layout)
+    hw = resolve_hardware(cfg.cluster, cfg.precision.dtype)
+    assert st.zero_partition_degree == 1
+    assert "whole tensors" not in memory.explain_stage_memory(shape, st, hw, 0)["overhead"]
+    assert memory.estimate_memory(shape, st, hw).peak.overhead == pytest.approx(
+        memory.FRAMEWORK_OVERHEAD_BYTES + memory.REDUCE_BUCKET_ELEMENTS * 2)
+
+
+def test_the_deepspeed_config_runs_the_knobs_the_plan_replays():
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    defaults = DeepSpeedZeroConfig()
+    assert (defaults.param_persistence_threshold, defaults.max_reuse_distance, defaults.prefetch_bucket_size,
+            defaults.max_live_parameters) == (memory.PARAM_PERSISTENCE_THRESHOLD, memory.STAGE3_MAX_REUSE_DISTANCE,
+                                              memory.STAGE3_PREFETCH_BUCKET, memory.STAGE3_MAX_LIVE_PARAMETERS)
+    cfg, layout, _, _ = tiny()
+    zero = build_deepspeed_config(cfg, layout)["zero_optimization"]
+    assert (zero["stage3_param_persistence_threshold"], zero["stage3_max_reuse_distance"],
+            zero["stage3_prefetch_bucket_size"], zero["stage3_max_live_parameters"]) == (
+        100_000, 1_000_000_000, 50_000_000, 1_000_000_000)
