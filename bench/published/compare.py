@@ -266,14 +266,32 @@ def summary(rows: list[dict], key: str = "error") -> dict:
             "worst_abs_error": max(errs)}
 
 
-# Written by hand after the runs of 2026-12-06 (one compute derating swept; the network's two ends;
-# precision.reduce_dtype under Ulysses / CP),
+# Written by hand after the runs of 2026-12-06 (ZeRO-3's gathers as DeepSpeed issues them; one compute derating
+# swept; the network's two ends; precision.reduce_dtype under Ulysses / CP),
 # 2026-12-05 (ZeRO-1/2's all-reduce, the gradients' wire dtype),
 # 2026-12-03 (Megatron's unfused attention; before it the Triton kernel's rates),
 # 2026-12-02 (fms-fsdp added),
 # 2026-11-29 05:05 UTC, 2026-11-28 10:00 UTC,
 # 2026-11-26 21:10 UTC, 2026-11-26 18:00 UTC and 2026-11-25 05:10 UTC (re-read it when the table is regenerated).
-READING = """Reading (2026-12-06, 07:00 UTC: one derating of the compute rates swept; nothing here moved). The runs
+READING = """Reading (2026-12-06, 13:30 UTC: ZeRO-3's all-gathers counted as DeepSpeed issues them; 18 rows moved,
+17 of them faster). The model had charged every ZeRO-3 run one all-gather per fetched module forward and the same again
+backward, of the whole model's bytes. launcher/plan/memory.py zero3_gathered now replays DeepSpeed 0.19.8's parameter
+coordinator (prefetch walks, reuse distance, live limit), and the step time charges its calls: the backward
+re-gathers only what the forward released, at DeepSpeed's defaults all but about 1e9 elements (LLaMA-7B over 8
+ranks: 5.71e9 of 6.74e9). On 2 CPU ranks the replay gives DeepSpeed's all-gathers call for call and element for
+element, forward and backward, over five knob settings (bench/steptime/results.md). Here: the FSDP-class rows
+of 7B-70B move +0.1 .. +4.3 points (torchtitan's 13B +2.6% -> +5.9%, fms-fsdp's four +2.0 / -0.7 / +13.2 / +7.1% ->
++4.7 / +1.1 / +13.6 / +7.9%, MosaicML's H100 7B at 256 / 512 GPUs +10.0 / +1.6% -> +14.0 / +5.9%, its 13B mb2 at
+16-64 GPUs -48.4 .. -52.9% -> -47.6 .. -51.7%, NeMo's 70B CP2 -64.5% -> -64.1%), Narayanan's ZeRO-3 rows by 0.2
+points at most, one of them (530B on 1,120 GPUs) 0.1 point slower (their 175B / 530B modules are above the
+prefetch bucket, each fetched in a call and the next one in a walk's, and 1e9 kept elements are under 1% of those
+models). Within 10% 44.7% -> 44.3% (MosaicML's 7B at 256 GPUs leaves), within 20% 71.0%, median 11.5% ->
+11.6%, worst 64.5% -> 64.1%; with each run's own kernels 58.4% -> 58.0%, 87.4%, 8.7%. These runs ran FSDP (or
+DeepSpeed ZeRO-3 in 2021), which reshards after the forward and gathers the whole model again for the backward:
+the headline charges the launcher's runtime, and DeepSpeed 0.19.8 keeps about 1e9 elements where FSDP keeps none,
+so rows that were near their measurement because the model charged FSDP's traffic move away from it.
+
+Reading (2026-12-06, 07:00 UTC: one derating of the compute rates swept; nothing here moved). The runs
 made mostly of large GEMMs lean fast in both views (Narayanan et al.'s PTD-P rows +10 .. +14% with their own kernels,
 BLOOM-176B +23%, the Megatron-LM README's 175B +18%, MosaicML's 30B / 70B on H100s +11 .. +25%), and the built-in
 GEMM rates are cuBLAS benchmark bursts; a GPU at its power or thermal limit through a run clocks lower. `PYTHONPATH=$PWD

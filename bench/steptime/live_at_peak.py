@@ -155,6 +155,7 @@ if os.environ.get("LOCAL_RANK") is not None and os.environ.get("LIVE_AT_PEAK_OUT
         out = os.path.join(os.environ["LIVE_AT_PEAK_OUT"], "rank%s.json" % os.environ["RANK"])
         with open(out + ".tmp", "w") as f:
             json.dump({"held": _state["held"], "peak": best, "count": len(snap), "largest": largest, "zero": zero,
+                       "gathers": _state.get("gathers"),
                        "groups": grouped(snap), "end_of_backward": at_mark[0] if at_mark else None,
                        "end_of_backward_groups": grouped(at_mark[1]) if at_mark else []}, f)
         os.replace(out + ".tmp", out)
@@ -184,7 +185,11 @@ if os.environ.get("LOCAL_RANK") is not None and os.environ.get("LIVE_AT_PEAK_OUT
     def step(self, *a, **k):
         if _state["prof"] is not None:
             live_at_peak_backward_done()
-        out = _step(self, *a, **k)
+        _state["phase"] = "step"
+        try:
+            out = _step(self, *a, **k)
+        finally:
+            _state["phase"] = "forward"
         if _state["prof"] is not None and self.global_steps > _step_at:
             prof, _state["prof"], _state["done"] = _state["prof"], None, True
             prof.__exit__(None, None, None)
@@ -192,6 +197,46 @@ if os.environ.get("LOCAL_RANK") is not None and os.environ.get("LIVE_AT_PEAK_OUT
         return out
 
     DeepSpeedEngine.forward, DeepSpeedEngine.step = forward, step
+
+    # ZeRO 3's all-gathers in the window, forward and backward apart: each call into torch.distributed from
+    # DeepSpeed's partition_parameters.py, with its output's elements
+    import sys as _sys
+    import torch.distributed as _dist
+    _state["gathers"] = {"forward": [0, 0], "backward": [0, 0], "step": [0, 0]}
+    _state["phase"] = "forward"
+
+    def _counted(fn):
+        def wrapper(*a, **k):
+            if _state["prof"] is not None:
+                f, hit = _sys._getframe(1), False
+                for _ in range(12):
+                    if f is None:
+                        break
+                    if f.f_code.co_filename.endswith("zero/partition_parameters.py"):
+                        hit = True
+                        break
+                    f = f.f_back
+                if hit:
+                    out = a[0] if a else k.get("output_tensor", k.get("tensor_list"))
+                    n = sum(t.numel() for t in out) if isinstance(out, (list, tuple)) else out.numel()
+                    g = _state["gathers"][_state["phase"]]
+                    g[0], g[1] = g[0] + 1, g[1] + n
+            return fn(*a, **k)
+        return wrapper
+
+    for _name in ("all_gather_into_tensor", "all_gather", "_all_gather_base"):
+        if hasattr(_dist, _name):
+            setattr(_dist, _name, _counted(getattr(_dist, _name)))
+    _backward = DeepSpeedEngine.backward
+
+    def backward(self, *a, **k):
+        _state["phase"] = "backward"
+        try:
+            return _backward(self, *a, **k)
+        finally:
+            _state["phase"] = "forward"
+
+    DeepSpeedEngine.backward = backward
 
     from deepspeed.runtime.pipe.engine import PipelineEngine
     _train_batch = PipelineEngine.train_batch
@@ -271,15 +316,26 @@ def main() -> None:
                   f"{buffers / M:.2f} MiB (the peak stage's, {peak.stage})")
             if gathered is not None:
                 print(f"  ZeRO 3 whole tensors planned: {gathered.persistent:,.0f} persistent + {gathered.kept:,.0f} "
-                      f"kept from the forward + {gathered.prefetched:,.0f} prefetched elements")
+                      f"kept from the forward + {gathered.prefetched:,.0f} prefetched elements; all-gathers planned: "
+                      f"forward {gathered.forward_gathers[0]} ({gathered.forward_gathers[1]:,.0f} elements), backward "
+                      f"{gathered.backward_gathers[0]} ({gathered.backward_gathers[1]:,.0f}), optimizer step "
+                      f"{gathered.step_gathers[0]} ({gathered.step_gathers[1]:,.0f})")
             ranks = {path: json.loads(path.read_text()) for path in sorted(out.glob("rank*.json"))}
             largest = max(r["held"] + r["peak"] for r in ranks.values())
             print(f"  the largest rank {largest / M:.2f} MiB; planned {(terms + buffers) / M:.2f} "
                   f"(x{(terms + buffers) / largest:.3f})")
             rows.append({"layout": name, "measured_bytes": largest, "planned_bytes": terms + buffers,
                          "planned_over_measured": (terms + buffers) / largest,
-                         "zero3_gathered_elements": gathered.total if gathered is not None else None})
+                         "zero3_gathered_elements": gathered.total if gathered is not None else None,
+                         "zero3_gathers_planned": [gathered.forward_gathers, gathered.backward_gathers,
+                                                   gathered.step_gathers]
+                         if gathered is not None else None,
+                         "zero3_gathers_measured": [[r.get("gathers") for r in ranks.values()]]})
             for path, r in ranks.items():
+                if gathered is not None and r.get("gathers"):
+                    f, b, o = r["gathers"]["forward"], r["gathers"]["backward"], r["gathers"]["step"]
+                    print(f"  {path.stem}: ZeRO 3's all-gathers in the step: forward {f[0]} ({f[1]:,} elements), "
+                          f"backward {b[0]} ({b[1]:,}), optimizer step {o[0]} ({o[1]:,})")
                 measured = r["held"] + r["peak"]
                 print(f"  {path.stem}: held as the step began {r['held'] / M:.2f} MiB + peak of the step's own "
                       f"{r['peak'] / M:.2f} = {measured / M:.2f} MiB; planned {(terms + buffers) / M:.2f} "

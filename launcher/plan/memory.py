@@ -168,12 +168,27 @@ def block_matrices(shape: ModelShape) -> list:
     return [h * (a + 2 * kv) * d, a * d * h, h * f, f * h]
 
 
+def block_vector_tensors(shape: ModelShape) -> int:
+    """A block's norm weights and biases (params.param_numels): LLaMA's two RMSNorm weights (Qwen2: and its q, k, v
+    biases); GPT-2's and BLOOM's two LayerNorms (weight and bias) and four linear biases."""
+    if shape.arch in LLAMA_FAMILY:
+        return 5 if shape.arch == "qwen2" else 2
+    return 8
+
+
 @dataclass(frozen=True)
 class Zero3Gathered:
     """Parameter elements a ZeRO-3 rank holds whole, beyond its partitions, at the top of its backward."""
     persistent: float   # tensors of <= PARAM_PERSISTENCE_THRESHOLD elements: whole on every rank, always
     kept: float         # modules gathered in the forward and not released (their reuse comes soon, or prefetch saw it)
     prefetched: float   # modules gathered ahead for the backward
+    # the all-gathers of one forward and one backward: (collectives, elements); a fetch gathers its module in one,
+    # a prefetch walk what it passes in another (partition_parameters.py all_gather_coalesced)
+    forward_gathers: tuple = (0, 0.0)
+    backward_gathers: tuple = (0, 0.0)
+    # after each optimizer step the persistent tensors are gathered again, one all-gather each (stage3.py); the step
+    # time does not price these apart: calibrate's ZeRO-3 hook terms (per parameter tensor and step) carry them
+    step_gathers: tuple = (0, 0.0)
 
     @property
     def total(self) -> float:
@@ -201,38 +216,63 @@ def _zero3_replay(shape: ModelShape, t: int, padded_vocab: int, reuse_distance: 
       walk has already passed a later use of them (__most_recent_step_id_param_fetched_for), or their next use comes
       within reuse_distance parameters of the trace (__params_to_release sums ds_numel module by module).
 
-    The trace: the embedding, per block its norms and biases (whole: each far below `persistence`) then its linears
-    in forward order, the final norm, the head; then the same in reverse for the backward. A tied head is the
-    embedding's tensor. Returned: what is gathered right after the head's backward fetch, with the loss end's
+    The trace: the model's modules in forward order, those without parameters of their own too (their fetches walk
+    ahead): the CausalLM wrapper, the base model, the embedding (and learned positions), then per block the block,
+    its first norm, the attention and its linears, its second norm, the MLP and its linears with the activation
+    between them; the final norm, the head; then the same in reverse for the backward. Norms and biases are taken
+    as persistent (each at most the FFN width, far below the threshold). A tied head is the embedding's tensor. Returned: what is gathered right after the head's backward fetch, with the loss end's
     tensors live: the step's peak (module docstring). Under full recompute the trace has each block's forward again
     before its backward, which puts a module's reuse further away; the replay without it keeps at least as much.
 
     The plan had charged two blocks (the one computing and the one prefetched). At the defaults (5e7-element
     prefetch bucket, 1e9 reuse distance and live limit) the forward's prefetch walks run ahead of the compute by up
     to 5e7 elements a module fetched, so for a model of modules below 5e7 elements the gathered set grows to the
-    live limit; modules above it are prefetched one ahead. Held to the allocations of 2 CPU ranks by
-    tests/plan/test_zero3_gathered.py (bench/steptime/live_at_peak.py --zero3)."""
+    live limit; modules above it are prefetched one ahead. Held to the allocations of 2 CPU ranks, and to DeepSpeed's
+    all-gathers call for call (forward, backward, after the step), by tests/plan/test_live_at_peak.py
+    (bench/steptime/live_at_peak.py --zero3); hand-counted cases in tests/plan/test_zero3_gathered.py."""
     h = shape.hidden_size
     vocab = padded_vocab * h / t
     positions = shape.params.embedding - shape.vocab_size * h     # learned positions, BLOOM's embedding norm
     vectors = shape.params.per_layer - sum(block_matrices(shape))   # a block's norms and biases
-    sizes, persistent = [vocab], [vocab <= persistence]            # module 0: the embedding
+    sizes, persistent, forward = [], [], []
+
+    def run(size: float, whole: bool) -> int:
+        sizes.append(size)
+        persistent.append(whole)
+        forward.append(len(sizes) - 1)
+        return len(sizes) - 1
+
+    container = (0.0, True)     # a module without parameters of its own: its fetch gathers nothing, its walk runs
+    run(*container)             # the CausalLM wrapper
+    run(*container)             # the base model
+    embedding = run(vocab, vocab <= persistence)
     if positions:
-        sizes.append(positions)
-        persistent.append(positions <= persistence)
+        run(positions, positions <= persistence)
+    run(*container)             # rotary embedding / dropout
+    matrices = [x / t for x in block_matrices(shape)]
+    attention, (up_in, down) = matrices[:-3] if shape.arch in LLAMA_FAMILY else matrices[:-2], matrices[-2:]
     for _ in range(shape.num_layers):
-        sizes.append(vectors)
-        persistent.append(True)
-        for x in block_matrices(shape):
-            sizes.append(x / t)
-            persistent.append(x / t <= persistence)
-    sizes.append(shape.params.final_norm)
-    persistent.append(True)
-    head = 0 if shape.tied_embeddings else len(sizes)
-    if not shape.tied_embeddings:
-        sizes.append(vocab)
-        persistent.append(vocab <= persistence)
-    forward = list(range(len(sizes))) + [head] * shape.tied_embeddings
+        run(*container)                         # the block
+        run(vectors / 2, True)                  # its first norm
+        run(*container)                         # attention
+        for x in attention:
+            run(x, x <= persistence)
+        run(vectors / 2, True)                  # its second norm
+        run(*container)                         # the MLP
+        if shape.arch in LLAMA_FAMILY:          # down(act(gate(x)) * up(x))
+            gate = matrices[-3]
+            run(gate, gate <= persistence)
+            run(*container)
+            run(up_in, up_in <= persistence)
+        else:                                   # proj(act(fc(x)))
+            run(up_in, up_in <= persistence)
+            run(*container)
+        run(down, down <= persistence)
+    run(shape.params.final_norm, True)
+    if shape.tied_embeddings:
+        forward.append(embedding)
+    else:
+        run(vocab, vocab <= persistence)
     trace = forward + forward[::-1]
     prefix = [0.0]
     for m in trace:
@@ -244,11 +284,14 @@ def _zero3_replay(shape: ModelShape, t: int, padded_vocab: int, reuse_distance: 
     gathered = {m: -1 for m in range(len(sizes)) if persistent[m]}   # module -> trace position it was gathered at
     walked_to = [-1] * len(sizes)   # the latest use of each module a prefetch walk has passed
     live = sum(sizes[m] for m in gathered)
-    queue = 0
+    queue, peak = 0, None
+    calls = [[0, 0.0], [0, 0.0]]    # forward, backward: collectives, elements
     for i, m in enumerate(trace):
+        phase = calls[i >= len(forward)]
         if m not in gathered:
             gathered[m] = i
             live += sizes[m]
+            phase[0], phase[1] = phase[0] + 1, phase[1] + sizes[m]
         queue = max(queue, i + 1)
         limit, walked = min(max_live - live, prefetch_bucket), 0.0
         while queue < len(trace) and walked < limit:
@@ -259,11 +302,12 @@ def _zero3_replay(shape: ModelShape, t: int, padded_vocab: int, reuse_distance: 
                 live += sizes[u]
                 walked += sizes[u]
             queue += 1
+        if walked:
+            phase[0], phase[1] = phase[0] + 1, phase[1] + walked
         if i == len(forward):   # the head's backward fetch and its prefetch walk: the peak
-            return Zero3Gathered(
-                persistent=sum(x for x, p in zip(sizes, persistent) if p),
-                kept=sum(sizes[u] for u, at in gathered.items() if not persistent[u] and at < len(forward)),
-                prefetched=sum(sizes[u] for u, at in gathered.items() if at >= len(forward)))
+            peak = (sum(x for x, p in zip(sizes, persistent) if p),
+                    sum(sizes[u] for u, at in gathered.items() if not persistent[u] and at < len(forward)),
+                    sum(sizes[u] for u, at in gathered.items() if at >= len(forward)))
         if persistent[m] or walked_to[m] > i:
             continue
         j = next_use[i]
@@ -271,7 +315,16 @@ def _zero3_replay(shape: ModelShape, t: int, padded_vocab: int, reuse_distance: 
             continue
         del gathered[m]
         live -= sizes[m]
-    raise AssertionError("the trace has a backward")
+    # The persistent tensors one by one: a block's vectors and small linears, the final norm (LLaMA one tensor,
+    # GPT-2 and BLOOM weight and bias), BLOOM's embedding LayerNorm (two) or GPT-2's positions (one), and the
+    # vocabulary's tensors where small.
+    small_linears = sum(x / t <= persistence for x in block_matrices(shape))
+    ends = (1 if shape.arch in LLAMA_FAMILY else 2) + (
+        (2 if shape.arch == "bloom" else 1) if positions and positions <= persistence else 0) + (
+        (1 if shape.tied_embeddings else 2) if vocab <= persistence else 0)
+    refresh = (shape.num_layers * (block_vector_tensors(shape) + small_linears) + ends, peak[0])
+    return Zero3Gathered(*peak, forward_gathers=tuple(calls[0]), backward_gathers=tuple(calls[1]),
+                         step_gathers=refresh)
 
 
 def zero1_holds_partition(zero_stage: int, grad_accum_steps: int, pipeline_degree: int, bf16_opt: bool,

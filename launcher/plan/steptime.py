@@ -96,9 +96,12 @@ One micro-batch on one rank (n = b s / sp tokens outside attention; t = TP, sp =
                             bench/steptime/breakdown.py STEPPROF_COLL). ZeRO 1/2 then all-gather the updated
                             weights; ZeRO 3: per micro-batch all-gather forward,
                             all-gather backward and reduce-scatter (all-reduce under SP, deepspeed_config.py
-                            says why) (Rajbhandari et al. 2020, section 7), the gathers one per module with
-                            weights, each paying the link latency. Under full recompute the backward gathers
-                            every block module again for its recomputed forward, and once more for its own
+                            says why) (Rajbhandari et al. 2020, section 7), the gathers as DeepSpeed's
+                            parameter coordinator issues them (a fetch or a prefetch walk one call, each
+                            paying the link latency; the backward re-gathers only what the forward released:
+                            memory.zero3_gathered replays it, held call for call to DeepSpeed on CPU ranks).
+                            Under full recompute the backward gathers what the forward released again for
+                            its recomputed forward, and once more for its own
                             backward those modules that DeepSpeed released in between: the ones followed in
                             the block by >= stage3_max_reuse_distance (1e9, the default we keep) parameters
                             (_zero3_regathered_per_block). With overlap_comm (on for GPUs in
@@ -156,7 +159,7 @@ One micro-batch on one rank (n = b s / sp tokens outside attention; t = TP, sp =
                             not in the same time (other processes, the shared memory bus, a rank's own jitter):
                             the group waits for its slowest rank. Per micro-batch a stage meets its TP
                             collectives (4 a block, 6 with full recompute), Ulysses all-to-alls (8 a block, 12),
-                            ring CP exchanges (2 + c a block, 3 + c), ZeRO-3 gathers (2 a fetched module, plus
+                            ring CP exchanges (2 + c a block, 3 + c), ZeRO-3 gathers (the replay's calls, plus
                             the re-gathers under recompute, plus the gradient reduce), ZeRO-2's gradient reduce
                             and its pipeline sends (2 a neighbour); the wait is the profile's measured straggler
                             fraction at the mean segment (the stage's compute over those synchronisations) times
@@ -197,7 +200,7 @@ from launcher.config.supported import LLAMA_FAMILY
 from launcher.plan.flops import flops_per_token, recompute_flops_per_token
 from launcher.plan.inputs import Hardware, ModelShape, Strategy
 from launcher.plan.memory import (PARAM_PERSISTENCE_THRESHOLD, REDUCE_BUCKET_ELEMENTS, STAGE3_MAX_REUSE_DISTANCE,
-                                  block_matrices, blocks_in_stage, overlap_comm,
+                                  block_matrices, blocks_in_stage, overlap_comm, zero3_gathered,
                                   blocks_per_stage, checkpointed_in_stage, checkpointed_layers, checkpointed_of,
                                   params_per_stage, uses_bf16_optimizer, weight_bytes)
 from launcher.plan.profile import Link, Profile, interpolate
@@ -804,11 +807,15 @@ def estimate_step_time(shape: ModelShape, st: Strategy, hw: Hardware, train_toke
             exposed = m * max(0.0, per_mb - hide) + gather_s(par_b, r, link)
         else:
             reduce = all_reduce_s(grad_b, r, link) if sp > 1 else gather_s(grad_b, r, link)
-            # DeepSpeed ZeRO-3 fetches parameters module by module (stage3 parameter coordinator): one all-gather
-            # per module with weights, forward and again backward, each paying the link latency (the modules'
-            # bytes taken as equal, which matters only where NCCL's protocol choice depends on the size).
-            modules = max(1, _fetched_modules(shape, st, blocks[stage], stage, p))
-            per_mb = 2 * modules * gather_s(par_b / modules, r, link) + reduce
+            # DeepSpeed ZeRO-3 fetches parameters module by module (stage3 parameter coordinator), a module's fetch
+            # and each prefetch walk one all-gather, and re-gathers for the backward only what it released after
+            # the forward: the calls and elements of memory.zero3_gathered's replay of that coordinator (held call
+            # for call to DeepSpeed's on CPU ranks, bench/steptime/results.md), each call paying the link latency
+            # (a phase's calls taken as equal in size, which matters only where NCCL's protocol choice depends on
+            # it). ZeRO 3 runs without a pipeline, so the stage is the whole model.
+            fetches = zero3_gathered(shape, st)
+            per_mb = reduce + sum(calls * gather_s(elements * w / calls, r, link)
+                                  for calls, elements in (fetches.forward_gathers, fetches.backward_gathers) if calls)
             if ckpts[stage]:
                 again, again_modules = _zero3_regathered_per_block(shape, st)
                 if again_modules:
@@ -886,27 +893,14 @@ def _syncs_per_micro_batch(shape: ModelShape, st: Strategy, stage: int) -> tuple
     if cp > 1:
         syncs, group = syncs + 2 * blocks + ckpt + cp * blocks, max(group, cp)
     if r > 1 and st.zero_stage == 3:
-        modules = max(1, _fetched_modules(shape, st, blocks, stage, p))
+        fetches = zero3_gathered(shape, st)
         again = ckpt * _zero3_regathered_per_block(shape, st)[1]
-        syncs, group = syncs + 2 * modules + again + 1, max(group, r)
+        syncs, group = syncs + fetches.forward_gathers[0] + fetches.backward_gathers[0] + again + 1, max(group, r)
     elif r > 1 and st.zero_stage == 2:
         syncs, group = syncs + 1, max(group, r)
     if p > 1:
         syncs, group = syncs + 2 * ((stage > 0) + (stage < p - 1)), max(group, 2)
     return syncs, group
-
-
-def _fetched_modules(shape: ModelShape, st: Strategy, blocks: int, stage: int, p: int) -> int:
-    """Modules whose weights ZeRO-3 all-gathers on a stage, each its own gather: those holding a parameter larger
-    than stage3_param_persistence_threshold (memory.PARAM_PERSISTENCE_THRESHOLD); smaller ones stay whole on every
-    rank (DeepSpeed parameter_offload.py, persistent parameters) and are never fetched. Per block LLaMA's q, k, v,
-    o, gate, up, down, GPT's and BLOOM's qkv, dense, fc, proj (norms and biases are far below the threshold);
-    the embedding on the first stage, the head on the last (untied: the tiny recipe and most large models), V/TP
-    rows of each under TP (vocab-parallel)."""
-    t, h = st.tensor_degree, shape.hidden_size
-    big = sum(x / t > PARAM_PERSISTENCE_THRESHOLD for x in block_matrices(shape))
-    vocab = st.padded_vocab_size * h / t > PARAM_PERSISTENCE_THRESHOLD
-    return blocks * big + vocab * ((stage == 0) + (stage == p - 1))
 
 
 def _zero3_regathered_per_block(shape: ModelShape, st: Strategy) -> tuple[float, int]:

@@ -52,21 +52,27 @@ def test_plan_reads_the_activations_of_each_parallel_layout(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("knobs,whole", [
-    ("persist=0", 1_327_104),                                      # every linear kept: the whole model
-    ("persist=0,prefetch=0,reuse=1000000", 507_904),                # the reuse distance alone: head, block 4, a down
-    ("persist=0,prefetch=20000,reuse=0", 1_327_104),                # the prefetch walks alone: the whole model
-    ("persist=0,prefetch=20000,reuse=0,live=300000", 307_200),      # the walks under a live limit
+    ("persist=1000", 1_327_104),                                      # every linear kept: the whole model
+    ("persist=1000,prefetch=0,reuse=1000000", 507_904),                # the reuse distance alone: head, block 4, a down
+    ("persist=1000,prefetch=20000,reuse=0", 1_327_104),                # the prefetch walks alone: the whole model
+    ("persist=1000,prefetch=20000,reuse=0,live=300000", 307_200),      # the walks under a live limit
 ])
 def test_plan_reads_what_zero3_holds_gathered(tmp_path, knobs, whole):
-    """ZeRO 3's whole tensors at the peak (launcher/plan/memory.py zero3_gathered) with DeepSpeed's fetching knobs
-    set so that recipe=tiny's modules are fetched (persistence 0) and kept by each rule in turn; the plan is told the
-    same knobs. The cases differ by up to 1,063,808 bf16 elements (2.0 MiB of a 59-61 MiB rank): a replay without
-    the reuse distance would plan the second 2.6% over, one without the walks the third 3.3% under; the plan before
-    2026-12-06 (two blocks, 401,408 elements, whatever the knobs) read the first and the third 2.9% under."""
+    """ZeRO 3's whole tensors at the peak and its all-gathers (launcher/plan/memory.py zero3_gathered) with
+    DeepSpeed's fetching knobs set so that recipe=tiny's linears are fetched (persistence 1,000: above its norms,
+    below its linears) and kept by each rule in turn; the plan is told the same knobs. The cases differ by up to
+    1,019,904 bf16 elements (1.9 MiB of a 59-61 MiB rank): a replay without the reuse distance would plan the
+    second 2.5% over, one without the walks the third 3.3% under; the plan before 2026-12-06 (two blocks, 401,408
+    elements, whatever the knobs) read the first and the third 2.9% under. Every rank's all-gathers in the step,
+    forward, backward and after the optimizer step apart (calls and elements), must be the replay's: the step time
+    prices the first two (the third, the persistent tensors' refresh, is in calibrate's ZeRO-3 hook terms)."""
     out = tmp_path / "rows.json"
     subprocess.run([sys.executable, str(ROOT / "bench" / "steptime" / "live_at_peak.py"), "--bucket", "200000",
                     "--zero3", knobs, "--json", str(out), "DP2 ZeRO-3 bf16"],
                    cwd=ROOT, check=True, capture_output=True, text=True, timeout=600)
     (row,) = json.loads(out.read_text())
-    assert row["zero3_gathered_elements"] - 1_152 == whole     # 1,152: the norms, whole (persistent) in the plan
+    assert row["zero3_gathered_elements"] - 1_152 == whole     # 1,152: the norms, whole (persistent)
     assert 0.99 <= row["planned_over_measured"] <= 1.01, row
+    planned = [list(phase) for phase in row["zero3_gathers_planned"]]
+    for rank in row["zero3_gathers_measured"][0]:   # forward, backward, and after the optimizer step
+        assert [rank["forward"], rank["backward"], rank["step"]] == planned, (rank, planned)

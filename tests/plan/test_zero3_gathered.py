@@ -84,6 +84,11 @@ def test_at_deepspeeds_defaults_a_large_model_fills_the_live_limit():
     largest_module = 4096 * 11008
     assert 1e9 <= g.kept + g.prefetched <= 1e9 + largest_module
     assert g.total > 2 * shape.params.per_layer      # the two blocks the plan charged before 2026-12-06
+    # The backward gathers again exactly what the forward did not keep: the fetched tensors (the embedding, the
+    # head, 32 blocks' linears) less the kept ones; the step time charges that, not a second whole model.
+    fetched = 2 * 32000 * 4096 + 32 * (4 * 4096 * 4096 + 3 * 4096 * 11008)
+    assert g.backward_gathers[1] == fetched - g.kept
+    assert g.forward_gathers[1] >= fetched
 
 
 def test_one_rank_gathers_nothing():
