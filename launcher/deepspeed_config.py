@@ -9,7 +9,6 @@ This module imports neither torch nor deepspeed.
 from __future__ import annotations
 
 from launcher.config.layout import Layout, reduce_dtype
-from launcher.plan import memory
 from launcher.plan.memory import REDUCE_BUCKET_ELEMENTS, overlap_comm_on, reduce_bucket_for
 from launcher.plan.params import param_numels
 
@@ -113,12 +112,12 @@ def _zero(cfg, layout: Layout) -> dict:
     if layout.zero_stage == 3:
         # Export needs the full 16-bit weights gathered on save (launcher export reads them).
         zero["stage3_gather_16bit_weights_on_model_save"] = True
-        # How many parameters ZeRO 3 holds gathered: DeepSpeed's defaults, written from the constants the plan
-        # charges them with (launcher/plan/memory.py zero3_gathered), so that the two cannot drift apart.
-        zero.update({"stage3_param_persistence_threshold": memory.PARAM_PERSISTENCE_THRESHOLD,
-                     "stage3_max_reuse_distance": memory.STAGE3_MAX_REUSE_DISTANCE,
-                     "stage3_prefetch_bucket_size": memory.STAGE3_PREFETCH_BUCKET,
-                     "stage3_max_live_parameters": memory.STAGE3_MAX_LIVE_PARAMETERS})
+        # How many parameters ZeRO 3 holds gathered and when it gathers them (parallel.zero3_*, DeepSpeed's defaults
+        # unless set): the plan replays the same values (launcher/plan/memory.py zero3_gathered).
+        zero.update({"stage3_param_persistence_threshold": par.zero3_param_persistence_threshold,
+                     "stage3_max_reuse_distance": par.zero3_max_reuse_distance,
+                     "stage3_prefetch_bucket_size": par.zero3_prefetch_bucket_size,
+                     "stage3_max_live_parameters": par.zero3_max_live_parameters})
     if par.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": layout.device == "cuda"}
     if par.offload_param:

@@ -21,9 +21,9 @@ allocations, without a GPU. --bucket N runs DeepSpeed and the plan with a reduce
 the model's size, the reductions fire inside the backward as they do for a stage past 5e8 parameters.
 LIVE_AT_PEAK_SIZES=1 prints each group's tensor sizes; LIVE_AT_PEAK_DUMP=DIR keeps each rank's record.
 --overlap turns on DeepSpeed's overlap_comm on these CPU ranks, as the launcher does on GPUs (its second reduce
-buffer, stage_1_and_2.py setup_buckets); --zero3 persist=N,reuse=N,prefetch=N,live=N sets ZeRO 3's
-stage3_param_persistence_threshold, stage3_max_reuse_distance, stage3_prefetch_bucket_size and
-stage3_max_live_parameters (any of them), for DeepSpeed and the plan alike (launcher/plan/memory.py zero3_gathered).
+buffer, stage_1_and_2.py setup_buckets); --zero3 persist=N,reuse=N,prefetch=N,live=N passes ZeRO 3's
+fetching keys (parallel.zero3_param_persistence_threshold, _max_reuse_distance, _prefetch_bucket_size,
+_max_live_parameters; any of them) to the run and the plan alike (launcher/plan/memory.py zero3_gathered).
 Readings: bench/steptime/results.md.
 """
 from __future__ import annotations
@@ -62,9 +62,10 @@ LAYOUTS = {
                              "batch.global_batch_size=2"],
 }
 
-ZERO3_KNOBS = {"persist": "PARAM_PERSISTENCE_THRESHOLD", "reuse": "STAGE3_MAX_REUSE_DISTANCE",
-               "prefetch": "STAGE3_PREFETCH_BUCKET", "live": "STAGE3_MAX_LIVE_PARAMETERS"}
-HOOK = "ZERO3_KNOBS = %r\n" % ZERO3_KNOBS + r'''
+# --zero3's short names for ZeRO 3's fetching keys, passed to `launcher train` and the plan as overrides
+ZERO3_KNOBS = {"persist": "parallel.zero3_param_persistence_threshold", "reuse": "parallel.zero3_max_reuse_distance",
+               "prefetch": "parallel.zero3_prefetch_bucket_size", "live": "parallel.zero3_max_live_parameters"}
+HOOK = r'''
 import json, os
 if os.environ.get("LIVE_AT_PEAK_BUCKET"):
     # a bucket smaller than the model: reductions fire inside the backward, as a model larger than 5e8 parameters
@@ -83,12 +84,6 @@ if os.environ.get("LIVE_AT_PEAK_OVERLAP"):
         return {**_base(stage, device), "overlap_comm": True}
     _dc.zero_optimization_base = _with_overlap
     _mem.overlap_comm = lambda hw: True
-if os.environ.get("LIVE_AT_PEAK_ZERO3"):
-    # ZeRO 3's fetching knobs (persist, reuse, prefetch, live: stage3_param_persistence_threshold,
-    # stage3_max_reuse_distance, stage3_prefetch_bucket_size, stage3_max_live_parameters) for DeepSpeed and the plan
-    import launcher.plan.memory as _mem
-    for _k, _v in (kv.split("=") for kv in os.environ["LIVE_AT_PEAK_ZERO3"].split(",")):
-        setattr(_mem, ZERO3_KNOBS[_k], int(float(_v)))
 if os.environ.get("LOCAL_RANK") is not None and os.environ.get("LIVE_AT_PEAK_OUT"):
     import torch
     from deepspeed.runtime.engine import DeepSpeedEngine
@@ -269,8 +264,6 @@ def planned(extra: list[str], bucket_env: dict) -> tuple:
     mem.REDUCE_BUCKET_ELEMENTS = int(bucket_env.get("LIVE_AT_PEAK_BUCKET", 500_000_000))
     overlap = "LIVE_AT_PEAK_OVERLAP" in bucket_env
     mem.overlap_comm = lambda hw: overlap
-    for k, v in (kv.split("=") for kv in bucket_env.get("LIVE_AT_PEAK_ZERO3", "").split(",") if kv):
-        setattr(mem, ZERO3_KNOBS[k], int(float(v)))
     cfg = compose(["recipe=tiny", "cluster.gpus_per_node=2", f"cluster.profile={HERE / 'profile.yaml'}", *extra])
     layout = resolve_layout(cfg)
     shape, st = model_shape(cfg.model), strategy(cfg, layout)
@@ -284,11 +277,13 @@ def main() -> None:
     args = sys.argv[1:]
     bucket_env = {}
     json_out = None
+    zero3 = []
     while args[:1] in (["--bucket"], ["--overlap"], ["--json"], ["--zero3"]):
         if args[0] == "--bucket":
             bucket_env["LIVE_AT_PEAK_BUCKET"], args = args[1], args[2:]
         elif args[0] == "--zero3":
-            bucket_env["LIVE_AT_PEAK_ZERO3"], args = args[1], args[2:]
+            zero3 = [f"{ZERO3_KNOBS[k]}={int(float(v))}" for k, v in (kv.split("=") for kv in args[1].split(","))]
+            args = args[2:]
         elif args[0] == "--json":
             json_out, args = Path(args[1]), args[2:]
         else:
@@ -301,7 +296,7 @@ def main() -> None:
         hook.mkdir()
         (hook / "sitecustomize.py").write_text(HOOK)
         for name in names:
-            extra = LAYOUTS[name]
+            extra = LAYOUTS[name] + zero3
             out = Path(tmp) / name.replace(" ", "_")
             out.mkdir()
             env = {**os.environ, "PYTHONPATH": str(hook), "LIVE_AT_PEAK_OUT": str(out), "LIVE_AT_PEAK_STEP": str(STEP),

@@ -121,6 +121,14 @@ class DataConfig:
     the corpus); 0 = in corpus order. Range: >= 0."""
 
 
+# DeepSpeed 0.19.8's ZeRO-3 fetching defaults (deepspeed/runtime/zero/config.py; tests/plan/test_zero3_gathered.py
+# holds these to it): the parallel.zero3_* keys below default to them, and the plan replays what they keep gathered.
+ZERO3_PARAM_PERSISTENCE_THRESHOLD = 100_000
+ZERO3_MAX_REUSE_DISTANCE = 1_000_000_000
+ZERO3_PREFETCH_BUCKET_SIZE = 50_000_000
+ZERO3_MAX_LIVE_PARAMETERS = 1_000_000_000
+
+
 @dataclass
 class ParallelConfig:
     tensor_degree: int = 1
@@ -148,6 +156,21 @@ class ParallelConfig:
     """ZeRO-Infinity parameter offload to CPU; needs zero_stage = 3."""
     partition_method: str = "parameters"
     """How pipeline stages split the layers: `uniform`, `parameters` or `type:<regex>` (DeepSpeed PipelineModule)."""
+    zero3_max_live_parameters: int = ZERO3_MAX_LIVE_PARAMETERS
+    """ZeRO 3 (DeepSpeed stage3_max_live_parameters): its prefetch stops while this many parameter elements are
+    gathered whole; at the default the gathered set of any model past ~1B parameters grows to about this (2 GB a
+    rank in bf16; `launcher plan` shows it). Lower it to save memory, at more all-gathers; the reuse distance still
+    keeps the last modules, up to about zero3_max_reuse_distance / 2 elements, for their backward: lower both to go
+    under that. Range: >= 0."""
+    zero3_max_reuse_distance: int = ZERO3_MAX_REUSE_DISTANCE
+    """ZeRO 3 (stage3_max_reuse_distance): a module's gathered weights are kept after it runs if it runs again within
+    this many parameter elements of the module trace (the last blocks, for their backward). Range: >= 0."""
+    zero3_prefetch_bucket_size: int = ZERO3_PREFETCH_BUCKET_SIZE
+    """ZeRO 3 (stage3_prefetch_bucket_size): parameter elements each fetch gathers ahead of the module it runs.
+    Range: >= 0."""
+    zero3_param_persistence_threshold: int = ZERO3_PARAM_PERSISTENCE_THRESHOLD
+    """ZeRO 3 (stage3_param_persistence_threshold): tensors of at most this many elements stay whole on every rank
+    (norms, biases, small linears), never fetched. Range: >= 0."""
 
 
 @dataclass

@@ -18,6 +18,8 @@ from typing import Optional
 from launcher.config import hardware
 from launcher.config.errors import ConfigError
 from launcher.config.layout import reduce_dtype, zero12_reduces_in_fp32
+from launcher.config.schema import (ZERO3_MAX_LIVE_PARAMETERS, ZERO3_MAX_REUSE_DISTANCE, ZERO3_PARAM_PERSISTENCE_THRESHOLD,
+                                    ZERO3_PREFETCH_BUCKET_SIZE)
 from launcher.plan.params import ParamCount, count_params, param_numels
 from launcher.plan.profile import BUILTIN, Profile, generic_profile, load_profile, nics_added, scaled
 
@@ -32,6 +34,11 @@ SDPA_ARCHS = frozenset({"llama", "mistral", "qwen2", "gpt"})
 # Korthikanti et al.'s selective recomputation (the attention core) is what a flash / memory-efficient SDPA kernel
 # already does; the runtime has no separate mode for it.
 RECOMPUTE_MODES = ("none", "full", "selective")
+
+
+# parallel.* keys that Strategy copies as they are: ZeRO 3's fetching knobs
+ZERO3_KNOBS = ("zero3_max_live_parameters", "zero3_max_reuse_distance", "zero3_prefetch_bucket_size",
+               "zero3_param_persistence_threshold")
 
 
 @dataclass(frozen=True)
@@ -176,6 +183,11 @@ class Strategy:
     context_degree: int = 1     # ring-attention CP ranks (launcher/parallel/context.py)
     document_mask: bool = False            # data.document_mask: a (micro, 1, s, s) mask reaches every block (plan/activations.py)
     reduce_dtype: Optional[str] = None     # gradients' dtype on the wire (config.layout.reduce_dtype); None = dtype
+    # ZeRO 3's parameter fetching (parallel.zero3_*; memory.zero3_gathered replays what they keep gathered)
+    zero3_max_live_parameters: int = ZERO3_MAX_LIVE_PARAMETERS
+    zero3_max_reuse_distance: int = ZERO3_MAX_REUSE_DISTANCE
+    zero3_prefetch_bucket_size: int = ZERO3_PREFETCH_BUCKET_SIZE
+    zero3_param_persistence_threshold: int = ZERO3_PARAM_PERSISTENCE_THRESHOLD
 
     @property
     def checkpointing(self) -> bool:
@@ -240,4 +252,4 @@ def strategy(cfg, layout, recompute: Optional[str] = None) -> Strategy:
         offload_optimizer=bool(cfg.parallel.offload_optimizer), offload_param=bool(cfg.parallel.offload_param),
         partition_method=cfg.parallel.partition_method, sequence_parallel=layout.sequence_parallel,
         context_degree=layout.context_degree, document_mask=bool(getattr(cfg.data, "document_mask", False)),
-        reduce_dtype=reduce_dtype(cfg))
+        reduce_dtype=reduce_dtype(cfg), **{k: getattr(cfg.parallel, k) for k in ZERO3_KNOBS})

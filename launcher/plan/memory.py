@@ -86,16 +86,6 @@ from launcher.config.supported import LLAMA_FAMILY, PIPELINE_ARCHS
 from launcher.plan.stages import rank_param_counts, stage_blocks
 
 FRAMEWORK_OVERHEAD_BYTES = 2e9
-# ZeRO 3's parameter fetching, DeepSpeed 0.19.8 zero/config.py defaults (launcher/deepspeed_config.py sets none of
-# them): a tensor of at most this many elements stays whole on every rank ("persistent");
-PARAM_PERSISTENCE_THRESHOLD = 100_000
-# a module's gathered weights are kept after its forward when their next use is within this many parameters of the
-# recorded module trace;
-STAGE3_MAX_REUSE_DISTANCE = 1_000_000_000
-# the parameters gathered ahead of the module being computed, at most,
-STAGE3_PREFETCH_BUCKET = 50_000_000
-# and no prefetch past this many gathered at once.
-STAGE3_MAX_LIVE_PARAMETERS = 1_000_000_000
 # zero_optimization.reduce_bucket_size in elements: launcher/deepspeed_config.py's REDUCE_BUCKET_SIZE is this value,
 # raised for ZeRO 3 with the sequence split (reduce_bucket_for).
 REDUCE_BUCKET_ELEMENTS = 500_000_000
@@ -179,7 +169,7 @@ def block_vector_tensors(shape: ModelShape) -> int:
 @dataclass(frozen=True)
 class Zero3Gathered:
     """Parameter elements a ZeRO-3 rank holds whole, beyond its partitions, at the top of its backward."""
-    persistent: float   # tensors of <= PARAM_PERSISTENCE_THRESHOLD elements: whole on every rank, always
+    persistent: float   # tensors of <= parallel.zero3_param_persistence_threshold elements: whole on every rank
     kept: float         # modules gathered in the forward and not released (their reuse comes soon, or prefetch saw it)
     prefetched: float   # modules gathered ahead for the backward
     # the all-gathers of one forward and one backward: (collectives, elements); a fetch gathers its module in one,
@@ -199,8 +189,9 @@ def zero3_gathered(shape: ModelShape, st: Strategy) -> Zero3Gathered:
     """What DeepSpeed 0.19.8's ZeRO 3 holds gathered at the top of the backward (the step's peak), per rank: its
     parameter coordinator replayed over the model's module trace (_zero3_replay). Elements are this rank's (/ TP for
     the split matrices and the vocabulary); ZeRO 3 runs without a pipeline, so the stage is the whole model."""
-    return _zero3_replay(shape, st.tensor_degree, st.padded_vocab_size, STAGE3_MAX_REUSE_DISTANCE,
-                         STAGE3_PREFETCH_BUCKET, PARAM_PERSISTENCE_THRESHOLD, STAGE3_MAX_LIVE_PARAMETERS)
+    return _zero3_replay(shape, st.tensor_degree, st.padded_vocab_size, st.zero3_max_reuse_distance,
+                         st.zero3_prefetch_bucket_size, st.zero3_param_persistence_threshold,
+                         st.zero3_max_live_parameters)
 
 
 @functools.lru_cache(maxsize=256)
@@ -632,7 +623,8 @@ def _overhead(shape: ModelShape, st: Strategy, n: float, process_bytes: Optional
     if gathered:
         terms.append(f"ZeRO 3's whole tensors at the top of the backward: {g.persistent:,.0f} persistent + "
                      f"{g.kept:,.0f} gathered in the forward and kept + {g.prefetched:,.0f} prefetched = "
-                     f"{g.total:,.0f} elements x {w} B = {_size(gathered)}")
+                     f"{g.total:,.0f} elements x {w} B = {_size(gathered)} (parallel.zero3_max_live_parameters and "
+                     "zero3_max_reuse_distance bound it)")
     return base + buffers, " + ".join(terms)
 
 
@@ -794,7 +786,7 @@ def predict_model_state_bytes(cfg, layout, dp_rank: int = 0) -> dict:
     else:
         parts_g = [[zero3_partition_numel(x, d) for x in g] for g in groups]
         parts = [p for g in parts_g for p in g]
-        persistent = sum(d * p for x, p in zip(numels, parts) if x <= PARAM_PERSISTENCE_THRESHOLD)
+        persistent = sum(d * p for x, p in zip(numels, parts) if x <= cfg.parallel.zero3_param_persistence_threshold)
         params = w * (sum(parts) + persistent)
         grads = w_acc * sum(parts)
         # stage3.py _create_fp16_sub_groups runs per parameter group; fp32 weights are their own master

@@ -103,7 +103,7 @@ One micro-batch on one rank (n = b s / sp tokens outside attention; t = TP, sp =
                             Under full recompute the backward gathers what the forward released again for
                             its recomputed forward, and once more for its own
                             backward those modules that DeepSpeed released in between: the ones followed in
-                            the block by >= stage3_max_reuse_distance (1e9, the default we keep) parameters
+                            the block by >= parallel.zero3_max_reuse_distance (1e9 by default) parameters
                             (_zero3_regathered_per_block). With overlap_comm (on for GPUs in
                             our DeepSpeed config) the traffic of a micro-batch hides behind its backward (ZeRO
                             3: its forward + backward, prefetched) and only the excess is exposed; the pipeline
@@ -199,8 +199,7 @@ from typing import Optional
 from launcher.config.supported import LLAMA_FAMILY
 from launcher.plan.flops import flops_per_token, recompute_flops_per_token
 from launcher.plan.inputs import Hardware, ModelShape, Strategy
-from launcher.plan.memory import (PARAM_PERSISTENCE_THRESHOLD, REDUCE_BUCKET_ELEMENTS, STAGE3_MAX_REUSE_DISTANCE,
-                                  block_matrices, blocks_in_stage, overlap_comm, zero3_gathered,
+from launcher.plan.memory import (REDUCE_BUCKET_ELEMENTS, block_matrices, blocks_in_stage, overlap_comm, zero3_gathered,
                                   blocks_per_stage, checkpointed_in_stage, checkpointed_layers, checkpointed_of,
                                   params_per_stage, uses_bf16_optimizer, weight_bytes)
 from launcher.plan.profile import Link, Profile, interpolate
@@ -915,10 +914,10 @@ def _zero3_regathered_per_block(shape: ModelShape, st: Strategy) -> tuple[float,
     the backward. LLaMA-65B (h 8192, f 22016) keeps all but q/k/v/o; GPT-175B (h 12288) re-gathers all but the
     last linear: (qkv + dense + fc) / block = 2/3 of the block's bytes a third time."""
     t = st.tensor_degree
-    fetched = [x / t for x in block_matrices(shape) if x / t > PARAM_PERSISTENCE_THRESHOLD]
+    fetched = [x / t for x in block_matrices(shape) if x / t > st.zero3_param_persistence_threshold]
     again, modules, after = 0.0, 0, 0.0
     for x in reversed(fetched):
-        if 2 * after >= STAGE3_MAX_REUSE_DISTANCE:
+        if 2 * after >= st.zero3_max_reuse_distance:
             again, modules = again + x, modules + 1
         after += x
     return again, modules

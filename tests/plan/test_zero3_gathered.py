@@ -105,15 +105,50 @@ def test_one_rank_gathers_nothing():
         memory.FRAMEWORK_OVERHEAD_BYTES + memory.REDUCE_BUCKET_ELEMENTS * 2)
 
 
-def test_the_deepspeed_config_runs_the_knobs_the_plan_replays():
+def test_the_knobs_default_to_deepspeeds_and_reach_deepspeed_and_the_plan():
     from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    from launcher.config import schema
 
     defaults = DeepSpeedZeroConfig()
     assert (defaults.param_persistence_threshold, defaults.max_reuse_distance, defaults.prefetch_bucket_size,
-            defaults.max_live_parameters) == (memory.PARAM_PERSISTENCE_THRESHOLD, memory.STAGE3_MAX_REUSE_DISTANCE,
-                                              memory.STAGE3_PREFETCH_BUCKET, memory.STAGE3_MAX_LIVE_PARAMETERS)
+            defaults.max_live_parameters) == (schema.ZERO3_PARAM_PERSISTENCE_THRESHOLD, schema.ZERO3_MAX_REUSE_DISTANCE,
+                                              schema.ZERO3_PREFETCH_BUCKET_SIZE, schema.ZERO3_MAX_LIVE_PARAMETERS)
     cfg, layout, _, _ = tiny()
     zero = build_deepspeed_config(cfg, layout)["zero_optimization"]
     assert (zero["stage3_param_persistence_threshold"], zero["stage3_max_reuse_distance"],
             zero["stage3_prefetch_bucket_size"], zero["stage3_max_live_parameters"]) == (
         100_000, 1_000_000_000, 50_000_000, 1_000_000_000)
+    knobs = ["parallel.zero3_param_persistence_threshold=1000", "parallel.zero3_max_reuse_distance=0",
+             "parallel.zero3_prefetch_bucket_size=20000", "parallel.zero3_max_live_parameters=300000"]
+    cfg, layout, shape, st = tiny(*knobs)
+    zero = build_deepspeed_config(cfg, layout)["zero_optimization"]
+    assert (zero["stage3_param_persistence_threshold"], zero["stage3_max_reuse_distance"],
+            zero["stage3_prefetch_bucket_size"], zero["stage3_max_live_parameters"]) == (1000, 0, 20_000, 300_000)
+    # the plan replays the same: the walks under a live limit of 3e5 keep the head and block 4's down
+    assert memory.zero3_gathered(shape, st).kept == VOCAB + FFN
+
+
+def test_lower_limits_lower_the_plan():
+    """LLaMA-7B over 8 H100s (head 32,000 x 4,096 = 131,072,000; a block's q, k, v, o 16,777,216 each, gate, up,
+    down 45,088,768 each). The default keeps 1.03e9 gathered. A live limit of 2e8 stops the prefetch walks, but the
+    reuse distance (1e9) still keeps every module with under 5e8 after it: the head, block 32, and block 31's down,
+    up, gate, o and v (its k has 502,267,904 after it). With the distance at 4e8 as well: the head and block 32's
+    down and up (its gate has 221,249,536 after it). The plan's peak falls by the difference in bf16."""
+    base = ["model=llama-7b", "cluster=h100-80gb", "cluster.nodes=1", "precision=bf16", "parallel.zero_stage=3",
+            "batch.micro_batch_size=1", "batch.global_batch_size=8"]
+    head, qkvo, ffn = 32000 * 4096, 4096 * 4096, 4096 * 11008
+    expected = [None, head + (4 * qkvo + 3 * ffn) + (3 * ffn + 2 * qkvo), head + 2 * ffn]
+    plans = []
+    for extra, kept in zip(([], ["parallel.zero3_max_live_parameters=200000000"],
+                            ["parallel.zero3_max_live_parameters=200000000",
+                             "parallel.zero3_max_reuse_distance=400000000"]), expected):
+        cfg = compose(base + extra)
+        shape, st = model_shape(cfg.model), strategy(cfg, resolve_layout(cfg))
+        g = memory.zero3_gathered(shape, st)
+        if kept is not None:
+            assert (g.kept, g.prefetched) == (kept, 0)
+        plans.append((g, memory.estimate_memory(shape, st, resolve_hardware(cfg.cluster, cfg.precision.dtype)).peak))
+    for (g0, m0), (g1, m1) in zip(plans, plans[1:]):
+        assert m0.total - m1.total == pytest.approx((g0.total - g1.total) * 2)
+    assert plans[0][1].total - plans[2][1].total > 1.6e9
