@@ -51,7 +51,8 @@ config's reduce_bucket_size = 5e8 elements, launcher/deepspeed_config.py; ZeRO 3
 twice for ZeRO 1/2 under overlap_comm (on for GPUs: its double buffer), and the tensors ZeRO 3 holds whole at the
 top of the backward over more than one rank: its persistent ones, those its forward kept for their backward and those
 it prefetched (zero3_gathered replays its parameter coordinator; up to its 1e9-element live limit, where the plan
-had charged two blocks); under Ulysses / CP ZeRO 3's bucket is raised to the largest parameter (reduce_bucket_for). Not counted: the copies a reduction makes (its flattened bucket, fp32 under Ulysses / CP),
+had charged two blocks); under Ulysses / CP ZeRO 3's bucket is raised to the largest parameter
+(reduce_bucket_for). Not counted: the copies a reduction makes (its flattened bucket, fp32 under Ulysses / CP),
 which bench/steptime/live_at_peak.py saw only after the peak.
 
 On CPU ranks (a `launcher calibrate` profile with process_bytes) the peak is the process's resident set, so the
@@ -211,8 +212,9 @@ def _zero3_replay(shape: ModelShape, t: int, padded_vocab: int, reuse_distance: 
     ahead): the CausalLM wrapper, the base model, the embedding (and learned positions), then per block the block,
     its first norm, the attention and its linears, its second norm, the MLP and its linears with the activation
     between them; the final norm, the head; then the same in reverse for the backward. Norms and biases are taken
-    as persistent (each at most the FFN width, far below the threshold). A tied head is the embedding's tensor. Returned: what is gathered right after the head's backward fetch, with the loss end's
-    tensors live: the step's peak (module docstring). Under full recompute the trace has each block's forward again
+    as persistent (each at most the FFN width, far below the threshold). A tied head is the embedding's tensor.
+    Returned: what is gathered right after the head's backward fetch, with the loss end's tensors live: the step's
+    peak (module docstring). Under full recompute the trace has each block's forward again
     before its backward, which puts a module's reuse further away; the replay without it keeps at least as much.
 
     The plan had charged two blocks (the one computing and the one prefetched). At the defaults (5e7-element
