@@ -255,11 +255,13 @@ if os.environ.get("LOCAL_RANK") is not None and os.environ.get("LIVE_AT_PEAK_OUT
 def planned(extra: list[str], bucket_env: dict) -> tuple:
     """(the plan's peak stage, DeepSpeed's buffers as the plan charges them on a GPU: whole buckets, ZeRO-3's
     whole tensors), with the bucket size, overlap_comm and ZeRO 3's fetching knobs the ranks ran; and for ZeRO 3
-    the plan's gathered elements (memory.zero3_gathered)."""
+    (the plan's gathered elements and all-gathers, memory.zero3_gathered; the persistent tensors' refresh after the
+    step: calls, elements), else None."""
     import launcher.plan.memory as mem
     from launcher.config.compose import compose
     from launcher.config.layout import resolve_layout
     from launcher.plan.inputs import model_shape, resolve_hardware, strategy
+    from launcher.plan.params import param_numels
 
     mem.REDUCE_BUCKET_ELEMENTS = int(bucket_env.get("LIVE_AT_PEAK_BUCKET", 500_000_000))
     overlap = "LIVE_AT_PEAK_OVERLAP" in bucket_env
@@ -270,6 +272,12 @@ def planned(extra: list[str], bucket_env: dict) -> tuple:
     peak = mem.estimate_memory(shape, st, resolve_hardware(cfg.cluster, cfg.precision.dtype)).peak
     buffers = mem._overhead(shape, st, mem.stage_params(shape, st, peak.stage), None, overlap)[0]
     gathered = mem.zero3_gathered(shape, st) if st.zero_stage == 3 else None
+    if gathered is not None:
+        # After each optimizer step DeepSpeed gathers every persistent tensor again, one all-gather each (stage3.py);
+        # the plan does not price these apart (calibrate's ZeRO-3 hook terms carry them), so they are counted here,
+        # from the model's own tensors
+        small = [x for x in param_numels(cfg.model, st.padded_vocab_size) if x <= st.zero3_param_persistence_threshold]
+        gathered = (gathered, (len(small), sum(small)))
     return peak, buffers - mem.FRAMEWORK_OVERHEAD_BYTES, gathered
 
 
@@ -304,7 +312,8 @@ def main() -> None:
             run = train(name, 2, extra, HERE / "profile.yaml", STEP + 2, Path(tmp) / "runs", env)
             if "error" in run:
                 raise SystemExit(f"{name}: launcher train failed:\n{run['error']}")
-            peak, buffers, gathered = planned(extra, bucket_env)
+            peak, buffers, planned_zero3 = planned(extra, bucket_env)
+            gathered, refresh = planned_zero3 if planned_zero3 is not None else (None, None)
             terms = peak.params + peak.grads + peak.optimizer + peak.activations
             print(f"## {name}: planned params {peak.params / M:.2f}, grads {peak.grads / M:.2f}, optimizer "
                   f"{peak.optimizer / M:.2f}, activations {peak.activations / M:.2f} MiB, DeepSpeed's buffers "
@@ -314,7 +323,7 @@ def main() -> None:
                       f"kept from the forward + {gathered.prefetched:,.0f} prefetched elements; all-gathers planned: "
                       f"forward {gathered.forward_gathers[0]} ({gathered.forward_gathers[1]:,.0f} elements), backward "
                       f"{gathered.backward_gathers[0]} ({gathered.backward_gathers[1]:,.0f}), optimizer step "
-                      f"{gathered.step_gathers[0]} ({gathered.step_gathers[1]:,.0f})")
+                      f"{refresh[0]} ({refresh[1]:,.0f})")
             ranks = {path: json.loads(path.read_text()) for path in sorted(out.glob("rank*.json"))}
             largest = max(r["held"] + r["peak"] for r in ranks.values())
             print(f"  the largest rank {largest / M:.2f} MiB; planned {(terms + buffers) / M:.2f} "
@@ -323,7 +332,7 @@ def main() -> None:
                          "planned_over_measured": (terms + buffers) / largest,
                          "zero3_gathered_elements": gathered.total if gathered is not None else None,
                          "zero3_gathers_planned": [gathered.forward_gathers, gathered.backward_gathers,
-                                                   gathered.step_gathers]
+                                                   refresh]
                          if gathered is not None else None,
                          "zero3_gathers_measured": [[r.get("gathers") for r in ranks.values()]]})
             for path, r in ranks.items():

@@ -159,14 +159,6 @@ def block_matrices(shape: ModelShape) -> list:
     return [h * (a + 2 * kv) * d, a * d * h, h * f, f * h]
 
 
-def block_vector_tensors(shape: ModelShape) -> int:
-    """A block's norm weights and biases (params.param_numels): LLaMA's two RMSNorm weights (Qwen2: and its q, k, v
-    biases); GPT-2's and BLOOM's two LayerNorms (weight and bias) and four linear biases."""
-    if shape.arch in LLAMA_FAMILY:
-        return 5 if shape.arch == "qwen2" else 2
-    return 8
-
-
 @dataclass(frozen=True)
 class Zero3Gathered:
     """Parameter elements a ZeRO-3 rank holds whole, beyond its partitions, at the top of its backward."""
@@ -177,9 +169,6 @@ class Zero3Gathered:
     # a prefetch walk what it passes in another (partition_parameters.py all_gather_coalesced)
     forward_gathers: tuple = (0, 0.0)
     backward_gathers: tuple = (0, 0.0)
-    # after each optimizer step the persistent tensors are gathered again, one all-gather each (stage3.py); the step
-    # time does not price these apart: calibrate's ZeRO-3 hook terms (per parameter tensor and step) carry them
-    step_gathers: tuple = (0, 0.0)
 
     @property
     def total(self) -> float:
@@ -221,7 +210,7 @@ def _zero3_replay(shape: ModelShape, t: int, padded_vocab: int, reuse_distance: 
     prefetch bucket, 1e9 reuse distance and live limit) the forward's prefetch walks run ahead of the compute by up
     to 5e7 elements a module fetched, so for a model of modules below 5e7 elements the gathered set grows to the
     live limit; modules above it are prefetched one ahead. Held to the allocations of 2 CPU ranks, and to DeepSpeed's
-    all-gathers call for call (forward, backward, after the step), by tests/plan/test_live_at_peak.py
+    all-gathers call for call (forward and backward), by tests/plan/test_live_at_peak.py
     (bench/steptime/live_at_peak.py --zero3); hand-counted cases in tests/plan/test_zero3_gathered.py."""
     h = shape.hidden_size
     vocab = padded_vocab * h / t
@@ -308,16 +297,7 @@ def _zero3_replay(shape: ModelShape, t: int, padded_vocab: int, reuse_distance: 
             continue
         del gathered[m]
         live -= sizes[m]
-    # The persistent tensors one by one: a block's vectors and small linears, the final norm (LLaMA one tensor,
-    # GPT-2 and BLOOM weight and bias), BLOOM's embedding LayerNorm (two) or GPT-2's positions (one), and the
-    # vocabulary's tensors where small.
-    small_linears = sum(x / t <= persistence for x in block_matrices(shape))
-    ends = (1 if shape.arch in LLAMA_FAMILY else 2) + (
-        (2 if shape.arch == "bloom" else 1) if positions and positions <= persistence else 0) + (
-        (1 if shape.tied_embeddings else 2) if vocab <= persistence else 0)
-    refresh = (shape.num_layers * (block_vector_tensors(shape) + small_linears) + ends, peak[0])
-    return Zero3Gathered(*peak, forward_gathers=tuple(calls[0]), backward_gathers=tuple(calls[1]),
-                         step_gathers=refresh)
+    return Zero3Gathered(*peak, forward_gathers=tuple(calls[0]), backward_gathers=tuple(calls[1]))
 
 
 def zero1_holds_partition(zero_stage: int, grad_accum_steps: int, pipeline_degree: int, bf16_opt: bool,

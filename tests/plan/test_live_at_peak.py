@@ -64,8 +64,9 @@ def test_plan_reads_what_zero3_holds_gathered(tmp_path, knobs, whole):
     1,019,904 bf16 elements (1.9 MiB of a 59-61 MiB rank): a replay without the reuse distance would plan the
     second 2.5% over, one without the walks the third 3.3% under; the plan before 2026-12-06 (two blocks, 401,408
     elements, whatever the knobs) read the first and the third 2.9% under. Every rank's all-gathers in the step,
-    forward, backward and after the optimizer step apart (calls and elements), must be the replay's: the step time
-    prices the first two (the third, the persistent tensors' refresh, is in calibrate's ZeRO-3 hook terms)."""
+    forward and backward apart (calls and elements), must be the replay's, which the step time prices; those after
+    the optimizer step (the persistent tensors' refresh, in calibrate's ZeRO-3 hook terms) must be one a persistent
+    tensor of the model, counted by the bench from its tensors."""
     out = tmp_path / "rows.json"
     subprocess.run([sys.executable, str(ROOT / "bench" / "steptime" / "live_at_peak.py"), "--bucket", "200000",
                     "--zero3", knobs, "--json", str(out), "DP2 ZeRO-3 bf16"],
