@@ -49,4 +49,37 @@ def checkpoint_kwargs(mode: str) -> dict:
     kwargs = {"use_reentrant": False}   # non-reentrant: works with ZeRO-3's parameter hooks, needs no requires_grad
     if mode == "selective":
         kwargs["context_fn"] = selective_context
+        keep_zero3_fetches_out_of_the_cache()
     return kwargs
+
+
+def keep_zero3_fetches_out_of_the_cache() -> None:
+    """Run ZeRO 3's parameter fetch and release hooks outside torch's selective-checkpoint dispatch modes.
+
+    The modes number every operator of a checkpointed block by kind, in the forward and again in the recompute,
+    and the recompute takes the n-th kept output of a kind from the forward's cache: the two must issue the same
+    operators. ZeRO 3's forward hooks run inside the block and issue operators of their own (the all-gather's
+    concatenation, the release's partition copies), and how many depends on what is gathered at that moment:
+    where the recompute gathers more inside a block than the forward did (the forward's prefetch walks gathered
+    it from the block before), the recompute stops with "aten.cat.default (or aten.slice.Tensor) invocation index
+    N encountered during backward but not found in storage". Seen on 2 CPU ranks with lowered fetching knobs
+    (recipe=tiny: parallel.zero3_max_reuse_distance=2e5, prefetch 1e5, live 4e5, persistence 1e3;
+    tests/train/equivalence_driver.py's zero3_selective_fetching case); not run at the defaults on a model
+    whose linears exceed the 1e5 persistence threshold, where the same fetches happen inside the blocks. Those
+    hooks move parameters and compute nothing the backward needs, so they run with the modes set aside (torch's
+    _disable_current_modes, private: torch offers no public way to exempt a region from a dispatch mode).
+    Idempotent."""
+    from deepspeed.runtime.zero.parameter_offload import DeepSpeedZeRoOffload
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    for name in ("pre_sub_module_forward_function", "post_sub_module_forward_function"):
+        hook = getattr(DeepSpeedZeRoOffload, name)
+        if getattr(hook, "outside_dispatch_modes", False):
+            continue
+
+        def outside(self, sub_module, _hook=hook):
+            with _disable_current_modes():
+                return _hook(self, sub_module)
+
+        outside.outside_dispatch_modes = True
+        setattr(DeepSpeedZeRoOffload, name, outside)

@@ -43,6 +43,14 @@ CASES = {
                                "model.checkpoint_mode=selective", "model.checkpoint_blocks=2"],
     "zero3_selective": ["parallel.zero_stage=3", "batch.micro_batch_size=4", "model.activation_checkpointing=true",
                         "model.checkpoint_mode=selective"],
+    # ... and with ZeRO 3 fetching the linears inside the blocks, keeping some of them gathered from the forward to
+    # the recompute: the forward and the recompute then gather different modules, which torch's selective
+    # dispatch modes must not see (launcher/runtime/recompute.py keep_zero3_fetches_out_of_the_cache)
+    "zero3_selective_fetching": ["parallel.zero_stage=3", "batch.micro_batch_size=4",
+                                 "model.activation_checkpointing=true", "model.checkpoint_mode=selective",
+                                 "parallel.zero3_param_persistence_threshold=1000",
+                                 "parallel.zero3_max_reuse_distance=4000", "parallel.zero3_prefetch_bucket_size=2000",
+                                 "parallel.zero3_max_live_parameters=8000"],
 }
 SAVE_CASES = ("zero0", "zero3")
 
