@@ -200,6 +200,10 @@ def search_reading(searches: list[dict], machine: dict) -> str:
     by = {s["world_size"]: s for s in searches}
     bloom, llama, big = by[384], by[2048], by[16384]
     return (
+        "Reading (search, 2026-12-06, 16:50 UTC). Under recompute ZeRO 3's all-gathers now come from the same "
+        "replay, whose trace holds each checkpointed block's forward again (launcher/plan/memory.py zero3_gathered), "
+        "in place of steptime's separate count of a third gather; the replay runs a longer trace for those layouts. "
+        "No fit count and no first row of these three searches moved. "
         "Reading (search, 2026-12-06, 13:20 UTC). ZeRO 3's whole tensors at the peak are now what DeepSpeed's "
         "parameter coordinator holds (launcher/plan/memory.py zero3_gathered: its persistent tensors, the modules its "
         "reuse distance and prefetch walks keep, up to its 1e9-element live limit; none over one rank), where the plan "

@@ -266,14 +266,31 @@ def summary(rows: list[dict], key: str = "error") -> dict:
             "worst_abs_error": max(errs)}
 
 
-# Written by hand after the runs of 2026-12-06 (ZeRO-3's gathers as DeepSpeed issues them; one compute derating
+# Written by hand after the runs of 2026-12-06 (ZeRO-3's recompute in the coordinator's replay; ZeRO-3's gathers as
+# DeepSpeed issues them; one compute derating
 # swept; the network's two ends; precision.reduce_dtype under Ulysses / CP),
 # 2026-12-05 (ZeRO-1/2's all-reduce, the gradients' wire dtype),
 # 2026-12-03 (Megatron's unfused attention; before it the Triton kernel's rates),
 # 2026-12-02 (fms-fsdp added),
 # 2026-11-29 05:05 UTC, 2026-11-28 10:00 UTC,
 # 2026-11-26 21:10 UTC, 2026-11-26 18:00 UTC and 2026-11-25 05:10 UTC (re-read it when the table is regenerated).
-READING = """Reading (2026-12-06, 13:30 UTC: ZeRO-3's all-gathers counted as DeepSpeed issues them; 18 rows moved,
+READING = """Reading (2026-12-06, 16:40 UTC: ZeRO-3's all-gathers under recompute from the same replay; 10 rows moved,
+all faster). Under full recompute the step time had added, beside the replay's backward, a third gather of every
+linear followed in its block by >= the reuse distance (steptime's _zero3_regathered_per_block, a second copy of the
+coordinator's rule). The replay's trace now holds the recompute as DeepSpeed records it (transformers' non-reentrant
+checkpoint re-runs a block's forward after its last linear's backward fetch; torch's early stop leaves that linear
+gathered), and the step time charges the replay's calls alone. On 2 CPU ranks the replay gives DeepSpeed's
+all-gathers call for call over thirteen recompute settings (full, first two blocks, selective); the old count was
+off in eleven of them (58 for 54, 28 for 0, 50 for 24, ...; bench/steptime/results.md). Here, at the default 1e9 reuse
+distance, GPT-3-shaped blocks re-gather qkv and dense a third time, not fc as well (proj, fetched before the
+recompute, is all that lies between fc's recompute and its backward): Narayanan's three ZeRO-3 175B rows +35.8 /
++7.6 / +2.0% -> +49.3 / +18.3 / +12.3%; the 34B / 70B fms-fsdp rows +4.7 / +1.1% -> +13.4 / +7.8%; MosaicML's 70B
+rows -50.7 / -42.6 / +8.8 / -24.4% -> -45.2 / -36.3 / +11.9 / -16.1%; NeMo's 70B CP2 -64.1% -> -62.4%. Within 10%
+44.3% -> 42.7%, within 20% 71.0% -> 71.4%, median 11.6% -> 11.9%, worst 64.1% -> 62.4%; with each run's own kernels
+58.0% -> 56.5%, 87.4% -> 87.8%, 8.7%, 62.4%. The rows that moved away ran FSDP (or 2021's DeepSpeed), whose
+traffic under recompute the old over-count had happened to approach; the model predicts the launcher's runtime.
+
+Reading (2026-12-06, 13:30 UTC: ZeRO-3's all-gathers counted as DeepSpeed issues them; 18 rows moved,
 17 of them faster). The model had charged every ZeRO-3 run one all-gather per fetched module forward and the same again
 backward, of the whole model's bytes. launcher/plan/memory.py zero3_gathered now replays DeepSpeed 0.19.8's parameter
 coordinator (prefetch walks, reuse distance, live limit), and the step time charges its calls: the backward

@@ -24,6 +24,9 @@ LIVE_AT_PEAK_SIZES=1 prints each group's tensor sizes; LIVE_AT_PEAK_DUMP=DIR kee
 buffer, stage_1_and_2.py setup_buckets); --zero3 persist=N,reuse=N,prefetch=N,live=N passes ZeRO 3's
 fetching keys (parallel.zero3_param_persistence_threshold, _max_reuse_distance, _prefetch_bucket_size,
 _max_live_parameters; any of them) to the run and the plan alike (launcher/plan/memory.py zero3_gathered).
+LIVE_AT_PEAK_TRACE=1 with LIVE_AT_PEAK_DUMP keeps ZeRO 3's recorded module trace in each rank's record (module
+name, its own parameter elements): the order zero3_gathered replays. The ZeRO-3 layouts with "recompute" and
+"selective" in their names run activation checkpointing (all blocks, the first two, selective).
 Readings: bench/steptime/results.md.
 """
 from __future__ import annotations
@@ -48,6 +51,11 @@ LAYOUTS = {
     "DP2 ZeRO-1 fp32": ["parallel.zero_stage=1"],
     "SP2 ZeRO-1 fp32": ["parallel.sequence_degree=2", "parallel.zero_stage=1"],
     "DP2 ZeRO-3 bf16": ["parallel.zero_stage=3", "precision=bf16"],
+    "DP2 ZeRO-3 bf16 recompute": ["parallel.zero_stage=3", "precision=bf16", "model.activation_checkpointing=true"],
+    "DP2 ZeRO-3 bf16 recompute 2 blocks": ["parallel.zero_stage=3", "precision=bf16",
+                                           "model.activation_checkpointing=true", "model.checkpoint_blocks=2"],
+    "DP2 ZeRO-3 bf16 selective": ["parallel.zero_stage=3", "precision=bf16", "model.activation_checkpointing=true",
+                                  "model.checkpoint_mode=selective"],
     "TP2 ZeRO-1 bf16": ["parallel.tensor_degree=2", "parallel.zero_stage=1", "precision=bf16"],
     "TP2-SP ZeRO-1 bf16": ["parallel.tensor_degree=2", "parallel.sequence_parallel=true", "parallel.zero_stage=1",
                            "precision=bf16"],
@@ -150,7 +158,7 @@ if os.environ.get("LOCAL_RANK") is not None and os.environ.get("LIVE_AT_PEAK_OUT
         out = os.path.join(os.environ["LIVE_AT_PEAK_OUT"], "rank%s.json" % os.environ["RANK"])
         with open(out + ".tmp", "w") as f:
             json.dump({"held": _state["held"], "peak": best, "count": len(snap), "largest": largest, "zero": zero,
-                       "gathers": _state.get("gathers"),
+                       "gathers": _state.get("gathers"), "trace": _state.get("trace"),
                        "groups": grouped(snap), "end_of_backward": at_mark[0] if at_mark else None,
                        "end_of_backward_groups": grouped(at_mark[1]) if at_mark else []}, f)
         os.replace(out + ".tmp", out)
@@ -186,6 +194,12 @@ if os.environ.get("LOCAL_RANK") is not None and os.environ.get("LIVE_AT_PEAK_OUT
         finally:
             _state["phase"] = "forward"
         if _state["prof"] is not None and self.global_steps > _step_at:
+            if os.environ.get("LIVE_AT_PEAK_TRACE") and hasattr(self.optimizer, "parameter_offload"):
+                # ZeRO 3's recorded module trace, by name and own parameter elements (the replay's trace)
+                names = {id(m): n for n, m in self.module.named_modules()}
+                order = self.optimizer.parameter_offload.get_param_coordinator()._PartitionedParameterCoordinator__submodule_order
+                _state["trace"] = [(names.get(id(m), "?"), sum(p.ds_numel for p in m.parameters(recurse=False)))
+                                   for m in order]
             prof, _state["prof"], _state["done"] = _state["prof"], None, True
             prof.__exit__(None, None, None)
             _write(prof)

@@ -177,16 +177,17 @@ class Zero3Gathered:
 
 def zero3_gathered(shape: ModelShape, st: Strategy) -> Zero3Gathered:
     """What DeepSpeed 0.19.8's ZeRO 3 holds gathered at the top of the backward (the step's peak), per rank: its
-    parameter coordinator replayed over the model's module trace (_zero3_replay). Elements are this rank's (/ TP for
-    the split matrices and the vocabulary); ZeRO 3 runs without a pipeline, so the stage is the whole model."""
+    parameter coordinator replayed over the model's module trace (_zero3_replay), and the all-gathers it issues
+    (the checkpointed blocks' recompute included). Elements are this rank's (/ TP for the split matrices and the
+    vocabulary); ZeRO 3 runs without a pipeline, so the stage is the whole model."""
     return _zero3_replay(shape, st.tensor_degree, st.padded_vocab_size, st.zero3_max_reuse_distance,
                          st.zero3_prefetch_bucket_size, st.zero3_param_persistence_threshold,
-                         st.zero3_max_live_parameters)
+                         st.zero3_max_live_parameters, checkpointed_layers(shape, st))
 
 
 @functools.lru_cache(maxsize=256)
 def _zero3_replay(shape: ModelShape, t: int, padded_vocab: int, reuse_distance: float, prefetch_bucket: float,
-                  persistence: float, max_live: float) -> Zero3Gathered:
+                  persistence: float, max_live: float, recomputed: int = 0) -> Zero3Gathered:
     """DeepSpeed 0.19.8's zero/partitioned_param_coordinator.py over one step's module trace, as it runs once the
     first step has recorded the trace:
 
@@ -197,20 +198,25 @@ def _zero3_replay(shape: ModelShape, t: int, padded_vocab: int, reuse_distance: 
       walk has already passed a later use of them (__most_recent_step_id_param_fetched_for), or their next use comes
       within reuse_distance parameters of the trace (__params_to_release sums ds_numel module by module).
 
-    The trace: the model's modules in forward order, those without parameters of their own too (their fetches walk
-    ahead): the CausalLM wrapper, the base model, the embedding (and learned positions), then per block the block,
-    its first norm, the attention and its linears, its second norm, the MLP and its linears with the activation
-    between them; the final norm, the head; then the same in reverse for the backward. Norms and biases are taken
-    as persistent (each at most the FFN width, far below the threshold). A tied head is the embedding's tensor.
+    The trace, as DeepSpeed records it (bench/steptime/live_at_peak.py LIVE_AT_PEAK_TRACE=1 dumps its own): the
+    model's modules in forward order, those without parameters of their own too (their fetches walk ahead): the
+    CausalLM wrapper, the base model, the embedding (and learned positions), the rotary embedding, then per block
+    the block, its first norm, the attention and its linears, its second norm, the MLP and its linears with the
+    activation between them; the final norm, the head. The backward in autograd's order (a container's
+    pre-backward hook fires before its children's): the wrapper, the head, the base model, the final norm, per
+    block from the last the block, the MLP, its modules in reverse, the second norm, the attention, its linears in
+    reverse, the first norm; the embedding. A checkpointed block (the first checkpointed_layers, transformers'
+    non-reentrant checkpoint, full or selective alike) runs its forward again inside that backward, after the
+    last linear's backward fetch: see the loop below. Norms are persistent where their h-element tensors are within
+    the threshold; the linears' biases are counted with the norms. A tied head is the embedding's tensor.
     Returned: what is gathered right after the head's backward fetch, with the loss end's tensors live: the step's
-    peak (module docstring). Under full recompute the trace has each block's forward again
-    before its backward, which puts a module's reuse further away; the replay without it keeps at least as much.
+    peak (module docstring); and the all-gathers of the whole trace, recompute included.
 
     The plan had charged two blocks (the one computing and the one prefetched). At the defaults (5e7-element
     prefetch bucket, 1e9 reuse distance and live limit) the forward's prefetch walks run ahead of the compute by up
     to 5e7 elements a module fetched, so for a model of modules below 5e7 elements the gathered set grows to the
     live limit; modules above it are prefetched one ahead. Held to the allocations of 2 CPU ranks, and to DeepSpeed's
-    all-gathers call for call (forward and backward), by tests/plan/test_live_at_peak.py
+    all-gathers call for call (forward and backward, with and without recompute), by tests/plan/test_live_at_peak.py
     (bench/steptime/live_at_peak.py --zero3); hand-counted cases in tests/plan/test_zero3_gathered.py."""
     h = shape.hidden_size
     vocab = padded_vocab * h / t
@@ -233,29 +239,49 @@ def _zero3_replay(shape: ModelShape, t: int, padded_vocab: int, reuse_distance: 
     run(*container)             # rotary embedding / dropout
     matrices = [x / t for x in block_matrices(shape)]
     attention, (up_in, down) = matrices[:-3] if shape.arch in LLAMA_FAMILY else matrices[:-2], matrices[-2:]
+    # a norm's tensors are h elements each (persistent at DeepSpeed's default threshold for every model up to
+    # h = 1e5); the linears' biases are counted with the norms and taken to follow them
+    norm_whole = h <= persistence
+    blocks = []     # each block's modules: (the block, first norm, attention, its linears, second norm, MLP, its modules)
     for _ in range(shape.num_layers):
-        run(*container)                         # the block
-        run(vectors / 2, True)                  # its first norm
-        run(*container)                         # attention
-        for x in attention:
-            run(x, x <= persistence)
-        run(vectors / 2, True)                  # its second norm
-        run(*container)                         # the MLP
+        block = run(*container)
+        norm1 = run(vectors / 2, norm_whole)
+        attn = run(*container)
+        linears = [run(x, x <= persistence) for x in attention]
+        norm2 = run(vectors / 2, norm_whole)
+        mlp = run(*container)
         if shape.arch in LLAMA_FAMILY:          # down(act(gate(x)) * up(x))
             gate = matrices[-3]
-            run(gate, gate <= persistence)
-            run(*container)
-            run(up_in, up_in <= persistence)
+            ffn = [run(gate, gate <= persistence), run(*container), run(up_in, up_in <= persistence)]
         else:                                   # proj(act(fc(x)))
-            run(up_in, up_in <= persistence)
-            run(*container)
-        run(down, down <= persistence)
-    run(shape.params.final_norm, True)
+            ffn = [run(up_in, up_in <= persistence), run(*container)]
+        ffn.append(run(down, down <= persistence))
+        blocks.append((block, norm1, attn, linears, norm2, mlp, ffn))
+    run(shape.params.final_norm, norm_whole)
     if shape.tied_embeddings:
         forward.append(embedding)
     else:
         run(vocab, vocab <= persistence)
-    trace = forward + forward[::-1]
+    # The backward as autograd runs it: a module's pre-backward hook fires as the gradient reaches its output, so
+    # a container comes before its children (the CausalLM wrapper, the head, the base model, the final norm; per
+    # block the block, the MLP, then the MLP's modules in reverse, the second norm, the attention, its linears in
+    # reverse, the first norm); at the far end the embedding's own tensors in reverse.
+    backward, held = [forward[0], forward[-1], forward[1], forward[-2]], set()
+    for b in range(shape.num_layers - 1, -1, -1):
+        block, norm1, attn, linears, norm2, mlp, ffn = blocks[b]
+        rest = ffn[::-1][1:] + [norm2, attn] + linears[::-1] + [norm1]
+        backward += [block, mlp, ffn[-1]]
+        if b < recomputed:
+            # transformers' non-reentrant checkpoint recomputes the block's forward (its modules, not the block
+            # itself) when the last linear's backward unpacks its first saved tensor, after that linear's
+            # pre-backward fetch; torch stops the recompute (early stop) as that linear's forward saves its tensors,
+            # before its post-forward release. So the fetch before the recompute releases nothing, and the release
+            # after the linear's backward comes at the step the recompute's fetch of it ends (DeepSpeed's step_id).
+            held.add(len(forward) + len(backward) - 1)
+            backward += [norm1, attn] + linears + [norm2, mlp] + ffn
+        backward += rest
+    backward += [m for m in forward[2:blocks[0][0]] if sizes[m]][::-1]
+    trace = forward + backward
     prefix = [0.0]
     for m in trace:
         prefix.append(prefix[-1] + sizes[m])
@@ -286,11 +312,11 @@ def _zero3_replay(shape: ModelShape, t: int, padded_vocab: int, reuse_distance: 
             queue += 1
         if walked:
             phase[0], phase[1] = phase[0] + 1, phase[1] + walked
-        if i == len(forward):   # the head's backward fetch and its prefetch walk: the peak
+        if i == len(forward) + 1:   # the head's backward fetch and its prefetch walk: the peak
             peak = (sum(x for x, p in zip(sizes, persistent) if p),
                     sum(sizes[u] for u, at in gathered.items() if not persistent[u] and at < len(forward)),
                     sum(sizes[u] for u, at in gathered.items() if at >= len(forward)))
-        if persistent[m] or walked_to[m] > i:
+        if persistent[m] or walked_to[m] > i or i in held:
             continue
         j = next_use[i]
         if j is not None and prefix[j] - prefix[i + 1] < reuse_distance:

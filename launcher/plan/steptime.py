@@ -100,11 +100,11 @@ One micro-batch on one rank (n = b s / sp tokens outside attention; t = TP, sp =
                             parameter coordinator issues them (a fetch or a prefetch walk one call, each
                             paying the link latency; the backward re-gathers only what the forward released:
                             memory.zero3_gathered replays it, held call for call to DeepSpeed on CPU ranks).
-                            Under full recompute the backward gathers what the forward released again for
-                            its recomputed forward, and once more for its own
-                            backward those modules that DeepSpeed released in between: the ones followed in
-                            the block by >= parallel.zero3_max_reuse_distance (1e9 by default) parameters
-                            (_zero3_regathered_per_block). With overlap_comm (on for GPUs in
+                            Under recompute the replay's trace has each checkpointed block's forward again
+                            before its backward, so the backward gathers what the forward released for the
+                            recompute, and once more for its own backward what DeepSpeed released in between
+                            (the modules followed in the block by >= parallel.zero3_max_reuse_distance
+                            parameters). With overlap_comm (on for GPUs in
                             our DeepSpeed config) the traffic of a micro-batch hides behind its backward (ZeRO
                             3: its forward + backward, prefetched) and only the excess is exposed; the pipeline
                             engine and ZeRO 0 reduce after the flush, exposed; on CPU ranks (overlap_comm off)
@@ -199,7 +199,7 @@ from typing import Optional
 from launcher.config.supported import LLAMA_FAMILY
 from launcher.plan.flops import flops_per_token, recompute_flops_per_token
 from launcher.plan.inputs import Hardware, ModelShape, Strategy
-from launcher.plan.memory import (REDUCE_BUCKET_ELEMENTS, block_matrices, blocks_in_stage, overlap_comm, zero3_gathered,
+from launcher.plan.memory import (REDUCE_BUCKET_ELEMENTS, blocks_in_stage, overlap_comm, zero3_gathered,
                                   blocks_per_stage, checkpointed_in_stage, checkpointed_layers, checkpointed_of,
                                   params_per_stage, uses_bf16_optimizer, weight_bytes)
 from launcher.plan.profile import Link, Profile, interpolate
@@ -812,13 +812,9 @@ def estimate_step_time(shape: ModelShape, st: Strategy, hw: Hardware, train_toke
             # for call to DeepSpeed's on CPU ranks, bench/steptime/results.md), each call paying the link latency
             # (a phase's calls taken as equal in size, which matters only where NCCL's protocol choice depends on
             # it). ZeRO 3 runs without a pipeline, so the stage is the whole model.
-            fetches = zero3_gathered(shape, st)
+            fetches = zero3_gathered(shape, st)     # the recompute's gathers included
             per_mb = reduce + sum(calls * gather_s(elements * w / calls, r, link)
                                   for calls, elements in (fetches.forward_gathers, fetches.backward_gathers) if calls)
-            if ckpts[stage]:
-                again, again_modules = _zero3_regathered_per_block(shape, st)
-                if again_modules:
-                    per_mb += ckpts[stage] * again_modules * gather_s(again * w / again_modules, r, link)
             hide = x["compute"] if overlap else 0.0
             exposed = m * max(0.0, per_mb - hide)
         dp_exposed.append(exposed)
@@ -893,34 +889,12 @@ def _syncs_per_micro_batch(shape: ModelShape, st: Strategy, stage: int) -> tuple
         syncs, group = syncs + 2 * blocks + ckpt + cp * blocks, max(group, cp)
     if r > 1 and st.zero_stage == 3:
         fetches = zero3_gathered(shape, st)
-        again = ckpt * _zero3_regathered_per_block(shape, st)[1]
-        syncs, group = syncs + fetches.forward_gathers[0] + fetches.backward_gathers[0] + again + 1, max(group, r)
+        syncs, group = syncs + fetches.forward_gathers[0] + fetches.backward_gathers[0] + 1, max(group, r)
     elif r > 1 and st.zero_stage == 2:
         syncs, group = syncs + 1, max(group, r)
     if p > 1:
         syncs, group = syncs + 2 * ((stage > 0) + (stage < p - 1)), max(group, 2)
     return syncs, group
-
-
-def _zero3_regathered_per_block(shape: ModelShape, st: Strategy) -> tuple[float, int]:
-    """(parameters, modules) of one block that ZeRO-3 all-gathers a third time per micro-batch under full recompute.
-
-    The original forward releases every fetched module (its next use, the recompute, is the whole model away).
-    The recomputed forward of a block gathers them again; after each module's recomputed forward DeepSpeed
-    releases its parameters unless they are used again within stage3_max_reuse_distance parameters of the trace
-    (partitioned_param_coordinator.py __params_to_release walks the recorded module order, summing ds_numel). A
-    module's next use is its own backward, after the rest of the block's recomputed forward and the backward of
-    those same modules: 2 x the parameters after it in the block. Released modules are gathered once more for
-    the backward. LLaMA-65B (h 8192, f 22016) keeps all but q/k/v/o; GPT-175B (h 12288) re-gathers all but the
-    last linear: (qkv + dense + fc) / block = 2/3 of the block's bytes a third time."""
-    t = st.tensor_degree
-    fetched = [x / t for x in block_matrices(shape) if x / t > st.zero3_param_persistence_threshold]
-    again, modules, after = 0.0, 0, 0.0
-    for x in reversed(fetched):
-        if 2 * after >= st.zero3_max_reuse_distance:
-            again, modules = again + x, modules + 1
-        after += x
-    return again, modules
 
 
 def _hooked_modules(shape: ModelShape, blocks: int, stage: int, p: int) -> int:

@@ -51,13 +51,18 @@ def test_plan_reads_the_activations_of_each_parallel_layout(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("knobs,whole", [
-    ("persist=1000", 1_327_104),                                      # every linear kept: the whole model
-    ("persist=1000,prefetch=0,reuse=1000000", 507_904),                # the reuse distance alone: head, block 4, a down
-    ("persist=1000,prefetch=20000,reuse=0", 1_327_104),                # the prefetch walks alone: the whole model
-    ("persist=1000,prefetch=20000,reuse=0,live=300000", 307_200),      # the walks under a live limit
+@pytest.mark.parametrize("layout,knobs,whole", [
+    ("DP2 ZeRO-3 bf16", "persist=1000", 1_327_104),                   # every linear kept: the whole model
+    ("DP2 ZeRO-3 bf16", "persist=1000,prefetch=0,reuse=1000000", 507_904),   # the reuse distance alone: head, block 4, a down
+    ("DP2 ZeRO-3 bf16", "persist=1000,prefetch=20000,reuse=0", 1_327_104),   # the prefetch walks alone: the whole model
+    ("DP2 ZeRO-3 bf16", "persist=1000,prefetch=20000,reuse=0,live=300000", 307_200),   # the walks under a live limit
+    # the recomputed forward in the trace: every block, the first two, and selective (whose dispatch modes crashed
+    # the run at these knobs before launcher/runtime/recompute.py kept ZeRO 3's fetches out of them)
+    ("DP2 ZeRO-3 bf16 recompute", "persist=1000,reuse=200000,prefetch=100000,live=400000", 417_792),
+    ("DP2 ZeRO-3 bf16 recompute 2 blocks", "persist=1000,reuse=0,prefetch=0", 262_144),
+    ("DP2 ZeRO-3 bf16 selective", "persist=1000,reuse=200000,prefetch=100000,live=400000", 417_792),
 ])
-def test_plan_reads_what_zero3_holds_gathered(tmp_path, knobs, whole):
+def test_plan_reads_what_zero3_holds_gathered(tmp_path, layout, knobs, whole):
     """ZeRO 3's whole tensors at the peak and its all-gathers (launcher/plan/memory.py zero3_gathered) with
     DeepSpeed's fetching knobs set so that recipe=tiny's linears are fetched (persistence 1,000: above its norms,
     below its linears) and kept by each rule in turn; the plan is told the same knobs. The cases differ by up to
@@ -66,10 +71,13 @@ def test_plan_reads_what_zero3_holds_gathered(tmp_path, knobs, whole):
     elements, whatever the knobs) read the first and the third 2.9% under. Every rank's all-gathers in the step,
     forward and backward apart (calls and elements), must be the replay's, which the step time prices; those after
     the optimizer step (the persistent tensors' refresh, in calibrate's ZeRO-3 hook terms) must be one a persistent
-    tensor of the model, counted by the bench from its tensors."""
+    tensor of the model, counted by the bench from its tensors. Under recompute the backward's all-gathers are the
+    recompute's and the backward's together. steptime's separate count before (the backward's re-gathers plus a
+    third gather of each linear followed in its block by >= the reuse distance) read 44 for the two-block case's
+    42: torch's early stop leaves a block's last linear gathered from the recompute to its backward."""
     out = tmp_path / "rows.json"
     subprocess.run([sys.executable, str(ROOT / "bench" / "steptime" / "live_at_peak.py"), "--bucket", "200000",
-                    "--zero3", knobs, "--json", str(out), "DP2 ZeRO-3 bf16"],
+                    "--zero3", knobs, "--json", str(out), layout],
                    cwd=ROOT, check=True, capture_output=True, text=True, timeout=600)
     (row,) = json.loads(out.read_text())
     assert row["zero3_gathered_elements"] - 1_152 == whole     # 1,152: the norms, whole (persistent)

@@ -21,7 +21,7 @@ from launcher.plan import memory
 from launcher.plan.inputs import model_shape, resolve_hardware, strategy
 
 VOCAB, BLOCK, FFN, ATTN = 262_144, 200_704, 45_056, 16_384
-WHOLE_MODEL = 2 * VOCAB + 4 * BLOCK     # every tensor above 1e5 elements or, at persistence 0, every linear
+WHOLE_MODEL = 2 * VOCAB + 4 * BLOCK     # every tensor above 1e5 elements or, at persistence 1,000, every linear
 
 
 def tiny(*overrides):
@@ -30,8 +30,9 @@ def tiny(*overrides):
     return cfg, layout, model_shape(cfg.model), strategy(cfg, layout)
 
 
-def replay(shape, st, reuse, prefetch, live=1e9, persistence=0):
-    return memory._zero3_replay(shape, st.tensor_degree, st.padded_vocab_size, reuse, prefetch, persistence, live)
+def replay(shape, st, reuse, prefetch, live=1e9, persistence=1000, recomputed=0):
+    return memory._zero3_replay(shape, st.tensor_degree, st.padded_vocab_size, reuse, prefetch, persistence, live,
+                                recomputed)
 
 
 def test_the_reuse_distance_keeps_the_last_modules_for_their_backward():
@@ -58,6 +59,51 @@ def test_a_prefetch_walk_keeps_what_it_passes():
     # At a live limit of 3e5 a walk gathers only while fewer are live: the lead stays a module or two, and at the
     # head's forward (262,144 live) its walk passes the head's backward use and gathers block 4's down, and stops.
     assert replay(shape, st, reuse=0, prefetch=20_000, live=300_000).kept == VOCAB + FFN
+
+
+def test_a_recomputed_block_is_gathered_again_but_its_last_linear():
+    """Under activation checkpointing the backward of a block runs its forward again (transformers' non-reentrant
+    checkpoint), after the last linear's backward fetch; torch stops the recompute as that linear saves its
+    tensors, before DeepSpeed's release, so it is gathered once for both."""
+    _, _, shape, st = tiny()
+    block_linears = 4 * ATTN + 3 * FFN          # 200,704 a block: q, k, v, o, gate, up, down
+    # Nothing kept (reuse 0, no walks). Without recompute the backward gathers each of the 30 fetched modules again
+    # (the head, 4 x 7 linears, the embedding).
+    plain = replay(shape, st, reuse=0, prefetch=0)
+    assert plain.forward_gathers == (30, 2 * VOCAB + 4 * block_linears)
+    assert plain.backward_gathers == (30, 2 * VOCAB + 4 * block_linears)
+    # With every block recomputed, a block's backward gathers its down (1), the recompute its other six (the down
+    # is whole already), and after each of those six's recomputed forward DeepSpeed releases it (reuse 0) to gather
+    # it for its backward once more: 13 calls, down + 2 x (q, k, v, o, gate, up) elements. Measured on 2 CPU ranks:
+    # 54 all-gathers, 1,949,696 elements (bench/steptime/results.md, 2026-12-06 16:30 UTC). steptime's separate
+    # count before (a third gather of every linear followed by >= the distance) charged 58 and 2,129,920.
+    g = replay(shape, st, reuse=0, prefetch=0, recomputed=4)
+    assert g.forward_gathers == plain.forward_gathers
+    assert g.backward_gathers == (2 + 4 * 13, 2 * VOCAB + 4 * (FFN + 2 * (4 * ATTN + 2 * FFN)))
+    # model.checkpoint_blocks=2: the first two blocks recompute, the last two do not (measured: 42, 1,638,400)
+    g = replay(shape, st, reuse=0, prefetch=0, recomputed=2)
+    assert g.backward_gathers == (2 + 2 * 13 + 2 * 7, 2 * VOCAB + 2 * (FFN + 2 * (4 * ATTN + 2 * FFN)) + 2 * block_linears)
+    # Reuse 6e5: the forward keeps the head and block 4's down (their next uses, the backward's head and down
+    # fetches, come within 524,544 elements); the recompute's gathers are kept to their backward (q's is 323,840
+    # elements away: k, v, o, the norm, gate, up, down, then up, gate, the norm, o, v, k). The backward gathers
+    # block 4's six other linears, blocks 1-3 whole and the embedding: 28 calls, as without recompute.
+    g = replay(shape, st, reuse=600_000, prefetch=0, recomputed=4)
+    assert g.kept == VOCAB + FFN
+    assert g.backward_gathers == (6 + 3 * 7 + 1, 4 * ATTN + 2 * FFN + 3 * block_linears + VOCAB)
+    assert g.backward_gathers == replay(shape, st, reuse=600_000, prefetch=0).backward_gathers
+
+
+def test_the_plan_replays_the_recompute_it_runs():
+    """zero3_gathered counts the checkpointed blocks the runtime recomputes (memory.checkpointed_layers)."""
+    base = ["parallel.zero3_param_persistence_threshold=1000", "parallel.zero3_max_reuse_distance=0",
+            "parallel.zero3_prefetch_bucket_size=0"]
+    counts = {}
+    for name, extra in (("none", []), ("full", ["model.activation_checkpointing=true"]),
+                        ("first 2", ["model.activation_checkpointing=true", "model.checkpoint_blocks=2"]),
+                        ("selective", ["model.activation_checkpointing=true", "model.checkpoint_mode=selective"])):
+        _, _, shape, st = tiny(*base, *extra)
+        counts[name] = memory.zero3_gathered(shape, st).backward_gathers[0]
+    assert counts == {"none": 30, "full": 54, "first 2": 42, "selective": 54}
 
 
 def test_persistent_tensors_are_whole_on_every_rank_and_never_fetched():
