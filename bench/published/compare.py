@@ -288,9 +288,12 @@ recompute, is all that lies between fc's recompute and its backward): Narayanan'
 rows -50.7 / -42.6 / +8.8 / -24.4% -> -45.2 / -36.3 / +11.9 / -16.1%; NeMo's 70B CP2 -64.1% -> -62.4%. Within 10%
 44.3% -> 42.7%, within 20% 71.0% -> 71.4%, median 11.6% -> 11.9%, worst 64.1% -> 62.4%; with each run's own kernels
 58.0% -> 56.5%, 87.4% -> 87.8%, 8.7%, 62.4%. The rows that moved away ran FSDP (or 2021's DeepSpeed). FSDP
-gathers each unit twice a micro-batch with or without recompute (its pre-backward unshard serves the recompute),
-less than either count, so what these rows miss is not the sharding's traffic: the old over-count had been hiding
-some other under-charge of these large data-parallel runs, which is not found yet.
+with the checkpoint inside its unit, as llm-foundry and fms-fsdp apply it, gathers a unit twice a micro-batch, its
+pre-backward unshard serving the recompute (fairscale issue 777's FSDP(checkpoint(module))); with the checkpoint
+outside the unit, or under transformers' own checkpointing with FSDP1, three times (pytorch issue 105635 saw two
+all-gathers a layer in the backward). Not traced for these runs. If they gathered twice, what they miss is not the
+sharding's traffic, and the old over-count had been hiding some other under-charge of large data-parallel runs,
+not found yet; if three times, the over-count had stood in for FSDP's own, and the model predicts the launcher's.
 
 Reading (2026-12-06, 13:30 UTC: ZeRO-3's all-gathers counted as DeepSpeed issues them; 18 rows moved,
 17 of them faster). The model had charged every ZeRO-3 run one all-gather per fetched module forward and the same again
