@@ -67,8 +67,9 @@ def keep_zero3_fetches_out_of_the_cache() -> None:
     tests/train/equivalence_driver.py's zero3_selective_fetching case); not run at the defaults on a model
     whose linears exceed the 1e5 persistence threshold, where the same fetches happen inside the blocks. Those
     hooks move parameters and compute nothing the backward needs, so they run with the modes set aside (torch's
-    _disable_current_modes, private: torch offers no public way to exempt a region from a dispatch mode).
-    Idempotent."""
+    _disable_current_modes, private: torch 2.13 offers no public way to exempt a region from a dispatch mode; the
+    same failure in torch's own FSDP drew a scoped bypass of the selective-checkpoint modes around its all-gather,
+    pytorch pull request 196862, which this torch does not have). Idempotent."""
     from deepspeed.runtime.zero.parameter_offload import DeepSpeedZeRoOffload
     from torch.utils._python_dispatch import _disable_current_modes
 
