@@ -13,7 +13,7 @@ import pytest
 from launcher.config.compose import compose
 from launcher.config.errors import ConfigError
 from launcher.config.layout import resolve_layout
-from launcher.plan import memory, steptime
+from launcher.plan import steptime
 from launcher.plan.inputs import Hardware, model_shape, strategy
 from launcher.plan.params import count_params
 from launcher.plan.profile import BUILTIN, PROFILE_VERSION, Link, NcclTuning, Profile, load_profile, profile_to_dict
@@ -506,31 +506,6 @@ def test_zero3_gathers_what_deepspeed_fetches_on_cpu_ranks():
     assert st.grad_accum_steps == 1
     assert t.dp_comm_exposed_s == pytest.approx(reduce + lat + 0.5 * 4 * fetched / (bus * 1e9), rel=1e-9)
     assert t.engine_s == 0.0
-
-
-def test_zero3_full_recompute_regathers_modules_released_before_their_backward():
-    # GPT-175B's block (h 12288, 96 heads): qkv 3h^2 = 453M, dense h^2 = 151M, fc and proj 4h^2 = 604M elements.
-    # Without prefetch walks (parallel.zero3_prefetch_bucket_size=0) and at the 1e9 reuse distance, a block far from
-    # the head is released after its forward and, without recompute, gathered once for its backward: 4 calls, 12h^2.
-    # Under full recompute (memory.zero3_gathered's trace): proj for its backward (1), the recompute qkv, dense, fc
-    # (3; proj is whole, and torch's early stop skips its release); after each recomputed module DeepSpeed keeps it
-    # only if its backward comes within 1e9 elements: fc's (proj between) does, dense's (fc, proj, fc: 1.8e9) and
-    # qkv's (2.1e9) do not, so those two are gathered a third time: 6 calls, 4h^2 + 8h^2 + 4h^2 = 16h^2 elements.
-    # One more block at the front adds exactly that.
-    h = 12288
-
-    def backward_gathers(layers, *extra):
-        _, shape, st = setup("model=gpt3-175b", f"model.num_hidden_layers={layers}", "parallel.zero_stage=3",
-                             "parallel.zero3_prefetch_bucket_size=0", *extra)
-        return memory.zero3_gathered(shape, st).backward_gathers
-
-    for extra, calls, elements in (((), 4, 12 * h * h), (("model.activation_checkpointing=true",), 6, 16 * h * h)):
-        (c1, e1), (c2, e2) = backward_gathers(8, *extra), backward_gathers(9, *extra)
-        assert (c2 - c1, e2 - e1) == (calls, elements), extra
-    # recipe=tiny at the defaults keeps everything it fetches (the embedding and the head): recompute adds nothing
-    _, shape, st = setup("parallel.zero_stage=3", "model.activation_checkpointing=true")
-    plain = setup("parallel.zero_stage=3")
-    assert memory.zero3_gathered(shape, st).backward_gathers == memory.zero3_gathered(plain[1], plain[2]).backward_gathers
 
 
 def test_zero3_module_hooks_cost_per_module_and_micro_batch():

@@ -106,6 +106,31 @@ def test_the_plan_replays_the_recompute_it_runs():
     assert counts == {"none": 30, "full": 54, "first 2": 42, "selective": 54}
 
 
+def test_a_recomputed_gpt3_block_gathers_qkv_and_dense_a_third_time():
+    # GPT-175B's block (h 12288, 96 heads): qkv 3h^2 = 453M, dense h^2 = 151M, fc and proj 4h^2 = 604M elements.
+    # Without prefetch walks (parallel.zero3_prefetch_bucket_size=0) and at the 1e9 reuse distance, a block far from
+    # the head is released after its forward and, without recompute, gathered once for its backward: 4 calls, 12h^2.
+    # Under full recompute: proj for its backward (1), the recompute qkv, dense, fc (3; proj is whole, and torch's
+    # early stop skips its release); after each recomputed module DeepSpeed keeps it only if its backward comes
+    # within 1e9 elements: fc's (proj between) does, dense's (fc, proj, fc: 1.8e9) and qkv's (2.1e9) do not, so
+    # those two are gathered a third time: 6 calls, 4h^2 + 8h^2 + 4h^2 = 16h^2 elements. One more block at the
+    # front adds exactly that. (steptime's separate count before charged qkv, dense and fc a third time.)
+    h = 12288
+
+    def backward_gathers(layers, *extra):
+        _, _, shape, st = tiny("model=gpt3-175b", f"model.num_hidden_layers={layers}",
+                               "parallel.zero3_prefetch_bucket_size=0", *extra)
+        return memory.zero3_gathered(shape, st).backward_gathers
+
+    for extra, calls, elements in (((), 4, 12 * h * h), (("model.activation_checkpointing=true",), 6, 16 * h * h)):
+        (c1, e1), (c2, e2) = backward_gathers(8, *extra), backward_gathers(9, *extra)
+        assert (c2 - c1, e2 - e1) == (calls, elements), extra
+    # recipe=tiny at the defaults keeps everything it fetches (the embedding and the head): recompute adds nothing
+    _, _, shape, st = tiny("model.activation_checkpointing=true")
+    _, _, plain_shape, plain_st = tiny()
+    assert memory.zero3_gathered(shape, st).backward_gathers == memory.zero3_gathered(plain_shape, plain_st).backward_gathers
+
+
 def test_persistent_tensors_are_whole_on_every_rank_and_never_fetched():
     _, _, shape, st = tiny()
     g = memory.zero3_gathered(shape, st)
