@@ -46,6 +46,13 @@ A profile says how fast one accelerator (or one CPU rank) runs each kind of oper
                             optimizer step and what follows it), measured by running the same probe at 1 and 3
                             micro-batches a step; then zero3_module_s / zero3_param_s are the per-micro-batch part.
                             0 where not measured apart (the built-ins, older files): all of it every micro-batch
+    zero3_recompute_param_s what a checkpointed block's recompute adds to ZeRO-3's hooks per parameter tensor of the
+                            block: the recompute runs every module's forward again, and DeepSpeed's forward hooks
+                            (fetch, trace, release) with it. Measured by `launcher calibrate` (a Linear, one module
+                            and one parameter, under torch's non-reentrant checkpoint against the same Linear
+                            wrapped alike) and charged per parameter tensor, as ZeRO-3's cost follows the
+                            parameters more than the modules (calibrate._zero3_hooks); 0 where not measured (the
+                            built-ins, older files: not charged)
     engine_element_s[dtype] DeepSpeed's own work per parameter element and optimizer step, by ZeRO stage 0..3
                             (a list of 4): what its engine does beyond a plain forward + backward + optimizer
                             step (gradient buckets flattened and copied, fp32 partitions, the clipping norm, ZeRO-3
@@ -214,6 +221,7 @@ class Profile:
     zero3_param_s: float = 0.0
     zero3_module_step_s: float = 0.0
     zero3_param_step_s: float = 0.0
+    zero3_recompute_param_s: float = 0.0
     engine_element_s: dict = field(default_factory=dict)
     engine_tensor_s: dict = field(default_factory=dict)
     engine_element_micro_s: dict = field(default_factory=dict)
@@ -720,6 +728,7 @@ def load_profile(path: str) -> Profile:
             zero3_param_s=float(doc.get("zero3_param_s") or 0.0),
             zero3_module_step_s=float(doc.get("zero3_module_step_s") or 0.0),
             zero3_param_step_s=float(doc.get("zero3_param_step_s") or 0.0),
+            zero3_recompute_param_s=float(doc.get("zero3_recompute_param_s") or 0.0),
             engine_element_s={str(k): [float(x) for x in v] for k, v in (doc.get("engine_element_s") or {}).items()},
             engine_tensor_s={str(k): [float(x) for x in v] for k, v in (doc.get("engine_tensor_s") or {}).items()},
             engine_element_micro_s={str(k): [float(x) for x in v]
@@ -794,6 +803,7 @@ def alone_rates(prof: Profile, measured_ranks) -> Profile:
                    memory_gbps=prof.memory_gbps * f, kernel_overhead_s=prof.kernel_overhead_s / f,
                    zero3_module_s=prof.zero3_module_s / f, zero3_param_s=prof.zero3_param_s / f,
                    zero3_module_step_s=prof.zero3_module_step_s / f, zero3_param_step_s=prof.zero3_param_step_s / f,
+                   zero3_recompute_param_s=prof.zero3_recompute_param_s / f,
                    engine_element_s={d: [x / f for x in v] for d, v in prof.engine_element_s.items()},
                    engine_tensor_s={d: [x / f for x in v] for d, v in prof.engine_tensor_s.items()},
                    engine_element_micro_s={d: [x / f for x in v] for d, v in prof.engine_element_micro_s.items()},

@@ -111,7 +111,9 @@ One micro-batch on one rank (n = b s / sp tokens outside attention; t = TP, sp =
                             everything is exposed. ZeRO-3 also runs Python hooks on every module, forward and
                             backward: modules x the profile's measured zero3_module_s + parameter tensors x
                             its zero3_param_s per micro-batch, and the part that comes once a step (the
-                            boundary's partitioned optimizer step: zero3_module_step_s, zero3_param_step_s) once.
+                            boundary's partitioned optimizer step: zero3_module_step_s, zero3_param_step_s) once;
+                            a checkpointed block's recompute runs its modules' forward hooks again: its parameter
+                            tensors x the profile's measured zero3_recompute_param_s (0 in the built-ins).
                             On 2 CPU ranks most of it is the step's: calibrate's probe paid ~1.05 ms a parameter
                             tensor a step and ~0.11 a micro-batch (bench/steptime/results.md).
     DeepSpeed's engine      its own work per parameter element beyond a plain forward + backward + optimizer
@@ -720,7 +722,7 @@ def estimate_step_time(shape: ModelShape, st: Strategy, hw: Hardware, train_toke
         if stage == p - 1:
             c = c + last
         costs.append(c)
-    hooks, hooks_step = _zero3_hooks_s(shape, st, prof, costs)
+    hooks, hooks_step = _zero3_hooks_s(shape, st, prof, costs, ckpts)
     # DeepSpeed's per-element and per-tensor work (module docstring): where calibrate measured it apart, the part
     # every micro-batch pays and the step's rest; otherwise all of it per micro-batch under ZeRO 2/3 (they reduce in
     # every backward) and per step under ZeRO 0/1.
@@ -912,12 +914,16 @@ def _hooked_modules(shape: ModelShape, blocks: int, stage: int, p: int) -> int:
     return blocks * per_block + (outside if p == 1 else 3 * ((stage == 0) + (stage == p - 1)))
 
 
-def _zero3_hooks_s(shape: ModelShape, st: Strategy, prof: Profile, costs: list) -> tuple[list, list]:
+def _zero3_hooks_s(shape: ModelShape, st: Strategy, prof: Profile, costs: list, ckpts: list) -> tuple[list, list]:
     """(per micro-batch, per step) by stage: ZeRO-3's engine work beyond a plain model (forward and backward hooks:
     fetch / release / partition decisions in Python; the boundary's partitioned step), the profile's measured
     seconds per hooked module and per parameter tensor, every micro-batch (zero3_module_s, zero3_param_s) and once
     a step (zero3_module_step_s, zero3_param_step_s; `launcher calibrate`: a ZeRO-3 engine against a plain model at
-    1 and 3 micro-batches a step); 0 without ZeRO-3."""
+    1 and 3 micro-batches a step); 0 without ZeRO-3. Each checkpointed block (`ckpts`, full or selective: the
+    block's modules run again either way) adds its parameter tensors x the profile's zero3_recompute_param_s a
+    micro-batch (the forward hooks firing again in the recompute; calibrate's checkpointed Linear). recipe=tiny on
+    2 CPU ranks, 2026-12-06: checkpointing every block added 35-37 ms a step under ZeRO-3 and 24-27 under ZeRO-1,
+    where the plan had added 30.7 to both (bench/steptime/results.md)."""
     zero = [0.0] * len(costs)
     if st.zero_stage != 3:
         return zero, zero
@@ -925,7 +931,9 @@ def _zero3_hooks_s(shape: ModelShape, st: Strategy, prof: Profile, costs: list) 
     blocks = blocks_per_stage(shape, st)
     modules = [_hooked_modules(shape, blocks[s], s, p) for s in range(p)]
     params = [_parameter_tensors(shape, blocks[s], s, p) for s in range(p)]
-    return ([mo * prof.zero3_module_s + pa * prof.zero3_param_s for mo, pa in zip(modules, params)],
+    per_block = _parameter_tensors(shape, 1, 0, 1) - _parameter_tensors(shape, 0, 0, 1)   # one block's tensors
+    return ([mo * prof.zero3_module_s + pa * prof.zero3_param_s + c * per_block * prof.zero3_recompute_param_s
+             for mo, pa, c in zip(modules, params, ckpts)],
             [mo * prof.zero3_module_step_s + pa * prof.zero3_param_step_s for mo, pa in zip(modules, params)])
 
 

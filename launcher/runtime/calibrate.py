@@ -43,7 +43,9 @@ memory bus and cores as they will in training, measures:
     ZeRO-3 hooks       a DeepSpeed ZeRO-3 engine over 8 and 40 small Linear modules (bare, then each in a
                        wrapper module) against the same modules plain, forward + backward, at 1 and 3
                        micro-batches a step: seconds per module and per parameter tensor, every micro-batch
-                       (zero3_module_s, zero3_param_s) and once a step (zero3_module_step_s, zero3_param_step_s)
+                       (zero3_module_s, zero3_param_s) and once a step (zero3_module_step_s, zero3_param_step_s);
+                       then the wrapped Linear under a non-reentrant checkpoint: what the recompute's hooks add
+                       a parameter tensor (zero3_recompute_param_s)
     engine per element a DeepSpeed engine at each ZeRO stage 0-3, fp32 and bf16, over 8 and 40 Linear(d, d)
                        against the same layers plain with the same SGD step, each rank its own data-parallel
                        group (no collective: the plan charges traffic apart), at d = 32 and d = 384 (GPU: 2,048;
@@ -136,7 +138,7 @@ ALL, NETWORK = "all", "network"
 # The profile fields a network-only calibration measures; every other field is the base profile's.
 NETWORK_FIELDS = ("intra", "inter", "inter_groups", "all_to_all", "intra_groups", "straggler", "release", "straggler_unshared",
                   "release_unshared", "zero3_module_s", "zero3_param_s", "zero3_module_step_s", "zero3_param_step_s",
-                  "host_memory_gb", "process_bytes")
+                  "zero3_recompute_param_s", "host_memory_gb", "process_bytes")
 # The raw measurements a profile keeps that a network-only calibration measures again (and the run's own facts).
 NETWORK_MEASUREMENTS = ("all_reduce", "all_reduce_after_compute", "all_to_all_after_compute",
                         "all_reduce_groups_after_compute", "all_reduce_rail_after_compute",
@@ -372,6 +374,7 @@ def _network_fit(raw: dict) -> tuple[dict, str]:
                   zero3_module_s=raw["zero3_module_s"], zero3_param_s=raw["zero3_param_s"],
                   zero3_module_step_s=raw.get("zero3_module_step_s", 0.0),
                   zero3_param_step_s=raw.get("zero3_param_step_s", 0.0),
+                  zero3_recompute_param_s=raw.get("zero3_recompute_param_s", 0.0),
                   straggler={int(g): rows for g, rows in raw["straggler"].items()},
                   release={int(g): pooled_release(rows, device) for g, rows in raw.get("release", {}).items()},
                   straggler_unshared={int(g): rows for g, rows in raw.get("straggler_unshared", {}).items()},
@@ -1429,6 +1432,10 @@ def _zero3_hooks(dev, sync, agree, grad_clip: float, mpu=None) -> tuple[list, di
     split_by_micro_batches. On 2 CPU ranks
     the parameter's ~1.16 ms split ~0.11 a micro-batch and ~1.05 a step (bench/steptime/results.md); charged all
     per micro-batch, recipe=tiny at ZeRO-3 and micro-batch 1 (8 a step) was planned at 1.9x its measured step.
+    Then, at one micro-batch a step, the wrapper's Linear under torch's non-reentrant checkpoint (the plain side
+    checkpoints too, so the recompute's arithmetic cancels): over the wrapped unit, what the recompute's hooks cost
+    a parameter (zero3_split: zero3_recompute_param_s). On 2 CPU ranks, 2026-12-06, two calibrations' three rounds
+    each: 0.15 / 0.32 / 0.88 and 0.29 / -0.06 / 0.87 ms a unit (medians 0.32, 0.29).
 
     Over every rank, not each rank alone (`mpu`, _AloneGroups, is for bench/steptime/zero3_rounds.py): alone, the
     same units cost 3-4x less (2 CPU ranks, 2026-12-01: a Linear at 1 micro-batch 0.23-0.33 ms against 0.82-1.41),
@@ -1439,6 +1446,7 @@ def _zero3_hooks(dev, sync, agree, grad_clip: float, mpu=None) -> tuple[list, di
     import logging
 
     from torch import nn
+    from torch.utils.checkpoint import checkpoint
 
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
 
@@ -1450,11 +1458,24 @@ def _zero3_hooks(dev, sync, agree, grad_clip: float, mpu=None) -> tuple[list, di
         def forward(self, x):
             return self.inner(x)
 
-    units = {"linear": lambda: nn.Linear(32, 32, bias=False), "wrapped": lambda: Wrap(nn.Linear(32, 32, bias=False))}
+    class Recompute(nn.Module):
+        """Wrap with its Linear under torch's non-reentrant checkpoint, as transformers checkpoints a block: the
+        backward runs the Linear's forward again, and with it ZeRO-3's forward hooks (fetch, trace, release)."""
+
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x):
+            return checkpoint(self.inner, x, use_reentrant=False)
+
+    units = {"linear": lambda: nn.Linear(32, 32, bias=False), "wrapped": lambda: Wrap(nn.Linear(32, 32, bias=False)),
+             "recompute": lambda: Recompute(nn.Linear(32, 32, bias=False))}
     rows, slope = [], {}
     m = SPLIT_MICRO_BATCHES
     for kind, unit in units.items():
-        for micro_batches in (1, m):
+        # the recompute unit against the wrapped one at one micro-batch: the step's part is the same in both
+        for micro_batches in ((1,) if kind == "recompute" else (1, m)):
             measured, slope[f"{kind}/{micro_batches}"] = engine_cost_per_unit(unit, 32, dev, sync, agree, mpu=mpu,
                                                                             grad_clip=grad_clip,
                                                                             micro_batches=micro_batches)
@@ -1463,9 +1484,9 @@ def _zero3_hooks(dev, sync, agree, grad_clip: float, mpu=None) -> tuple[list, di
 
 
 def zero3_split(rounds: list) -> dict:
-    """{zero3_module_s, zero3_param_s, zero3_module_step_s, zero3_param_step_s} from _zero3_hooks' costs per unit
-    ({"linear/1": s, "linear/3": s, "wrapped/1": s, "wrapped/3": s}), one dict a round: each cost the median of
-    its rounds', then split by micro-batches and by unit kind. The four figures are differences of differences of
+    """{zero3_module_s, zero3_param_s, zero3_module_step_s, zero3_param_step_s, zero3_recompute_param_s} from
+    _zero3_hooks' costs per unit ({"linear/1": s, "linear/3": s, "wrapped/1": s, "wrapped/3": s, "recompute/1": s}),
+    one dict a round: each cost the median of its rounds', then split by micro-batches and by unit kind. The four figures are differences of differences of
     medians; from one timing they moved the plan of recipe=tiny as ZeRO-3 at micro-batch 2 by 25% between two
     calibrations minutes apart (engine 176 against 97 ms a step, bench/steptime/results.md, 2026-12-01)."""
     m = SPLIT_MICRO_BATCHES
@@ -1475,6 +1496,13 @@ def zero3_split(rounds: list) -> dict:
     for part, suffix in enumerate(("_s", "_step_s")):      # (per micro-batch, once a step)
         out["zero3_module" + suffix] = module = max(0.0, split["wrapped"][part] - split["linear"][part])
         out["zero3_param" + suffix] = max(0.0, split["linear"][part] - module)
+    # The recompute's hooks: what a checkpointed Linear (one module, one parameter) costs over the same Linear
+    # wrapped alike, at one micro-batch a step (its forward hooks run again inside the backward). The median of
+    # each round's difference, not the difference of the medians: the two run minutes apart in the same round, and
+    # the paired difference is the steadier (2 CPU ranks, 2026-12-06, three rounds: 0.29 / -0.06 / 0.87 ms, median
+    # 0.29; the medians' difference 0.73). Clipped at 0; 0 where the rounds lack it (a profile from before).
+    paired = [r["recompute/1"] - r["wrapped/1"] for r in rounds if "recompute/1" in r]
+    out["zero3_recompute_param_s"] = max(0.0, statistics.median(paired)) if paired else 0.0
     return out
 
 

@@ -551,6 +551,49 @@ def test_zero3_step_part_is_paid_once_a_step_whatever_the_micro_batches():
     assert steptime.estimate_step_time(zero2[1], zero2[2], hardware(per_step, device="cpu")).engine_s == 0.0
 
 
+def test_zero3_recompute_runs_a_checkpointed_blocks_hooks_again():
+    # zero3_recompute_param_s: each checkpointed block adds its parameter tensors x the figure a micro-batch (its
+    # modules' forward hooks fire again in the recompute). A LLaMA block of recipe=tiny has 9 parameter tensors
+    # (7 linears, 2 RMSNorms): 9 x 0.3 ms = 2.7 ms a checkpointed block a micro-batch, over the 59 x 1e-3 + 39 x 1e-4
+    # = 62.9 ms of hooks without recompute. 2 micro-batches here.
+    prof = ideal(zero3_module_s=1e-3, zero3_param_s=1e-4, zero3_recompute_param_s=3e-4)
+    plain = ideal(zero3_module_s=1e-3, zero3_param_s=1e-4)
+    for extra, blocks in (((), 0), (("model.activation_checkpointing=true",), 4),
+                          (("model.activation_checkpointing=true", "model.checkpoint_blocks=2"), 2),
+                          (("model.activation_checkpointing=true", "model.checkpoint_mode=selective"), 4)):
+        _, shape, st = setup("parallel.zero_stage=3", "batch.global_batch_size=32", *extra)
+        assert st.grad_accum_steps == 2
+        t = steptime.estimate_step_time(shape, st, hardware(prof, device="cpu"))
+        assert t.engine_s == pytest.approx(2 * (62.9e-3 + blocks * 2.7e-3)), extra
+        without = steptime.estimate_step_time(shape, st, hardware(plain, device="cpu"))
+        assert t.step_time_s - without.step_time_s == pytest.approx(2 * blocks * 2.7e-3, rel=1e-9, abs=1e-12)
+    # BLOOM's block: 4 linears and 2 LayerNorms, each a weight and a bias: 12 tensors, 3.6 ms a checkpointed block.
+    _, shape, st = setup("parallel.zero_stage=3", "model.arch=bloom", "model.num_key_value_heads=null",
+                         "model.intermediate_size=null", "model.activation_checkpointing=true")
+    t = steptime.estimate_step_time(shape, st, hardware(ideal(zero3_recompute_param_s=3e-4), device="cpu"))
+    assert t.engine_s == pytest.approx(st.grad_accum_steps * shape.num_layers * 12 * 3e-4)
+    # Not ZeRO-3: nothing, checkpointed or not.
+    _, shape, st = setup("parallel.zero_stage=1", "model.activation_checkpointing=true")
+    assert steptime.estimate_step_time(shape, st, hardware(prof, device="cpu")).engine_s == 0.0
+
+
+def test_zero3_recompute_figure_in_profile_files(tmp_path):
+    import yaml
+
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(profile_to_dict(ideal(zero3_recompute_param_s=2.9e-4))))
+    assert load_profile(str(path)).zero3_recompute_param_s == 2.9e-4
+    # A file from before it was measured: not charged.
+    doc = profile_to_dict(ideal())
+    del doc["zero3_recompute_param_s"]
+    path.write_text(yaml.safe_dump(doc))
+    assert load_profile(str(path)).zero3_recompute_param_s == 0.0
+    # Measured by 4 ranks on 2 cores: one rank alone pays half, as for the other hook figures (alone_rates).
+    path.write_text(yaml.safe_dump(profile_to_dict(ideal(zero3_recompute_param_s=2.9e-4, compute_slots=2),
+                                                   measured={"world": 4})))
+    assert load_profile(str(path)).zero3_recompute_param_s == pytest.approx(1.45e-4)
+
+
 def test_zero3_step_part_in_profile_files(tmp_path):
     import yaml
 

@@ -90,15 +90,17 @@ def test_calibrate_two_cpu_ranks_then_plan(tmp_path, capsys, monkeypatch):
     # per-tensor work in at least one of its eight figures (2 dtypes x 2 stages x per step / per micro-batch).
     assert max(table[dt][stage] for table in (prof.engine_tensor_s, prof.engine_tensor_micro_s)
                for dt in ("fp32", "bf16") for stage in (1, 2)) > 0
-    # ZeRO-3's probe: both units (bare and wrapped Linear) at 1 and 3 micro-batches a step, K = 8 and 40, engine and
-    # plain timed; the profile carries a per-micro-batch and a per-step part, none negative. On these 2 ranks most of
-    # it is the step's (~1 ms a parameter tensor against ~0.1-0.35 a micro-batch), so the step part shows.
+    # ZeRO-3's probe: both units (bare and wrapped Linear) at 1 and 3 micro-batches a step, and the wrapped Linear
+    # under a checkpoint at 1, K = 8 and 40, engine and plain timed; the profile carries a per-micro-batch and a
+    # per-step part and the recompute's figure, none negative. On these 2 ranks most of it is the step's (~1 ms a
+    # parameter tensor against ~0.1-0.35 a micro-batch), so the step part shows.
     assert sorted({(r[0], r[1], r[2]) for r in raw["zero3"]}) == sorted(
-        (u, m, k) for u in ("linear", "wrapped") for m in (1, 3) for k in (8, 40))
+        [(u, m, k) for u in ("linear", "wrapped") for m in (1, 3) for k in (8, 40)]
+        + [("recompute", 1, k) for k in (8, 40)])
     assert all(r[3] > 0 and r[4] > 0 for r in raw["zero3"])
-    parts = (prof.zero3_module_s, prof.zero3_param_s, prof.zero3_module_step_s, prof.zero3_param_step_s)
-    assert dict(zip(("zero3_module_s", "zero3_param_s", "zero3_module_step_s", "zero3_param_step_s"), parts)) == \
-        zero3_split(rounds["zero3"])      # from the median of each round's costs per unit
+    names = ("zero3_module_s", "zero3_param_s", "zero3_module_step_s", "zero3_param_step_s", "zero3_recompute_param_s")
+    parts = tuple(getattr(prof, n) for n in names)
+    assert dict(zip(names, parts)) == zero3_split(rounds["zero3"])      # from each round's costs per unit
     assert min(parts) >= 0 and prof.zero3_module_step_s + prof.zero3_param_step_s > 0
     # The framework probe: every architecture and dtype timed at both block counts, forward and backward; three
     # blocks take longer than one (each block is ~100 more operators forward); the residual is what the profile

@@ -163,4 +163,18 @@ def test_zero3_hooks_are_split_from_the_median_of_their_rounds():
               {"linear/1": 5.0e-3, "linear/3": 6.0e-3, "wrapped/1": 7.0e-3, "wrapped/3": 9.0e-3},
               {"linear/1": 1.0e-3, "linear/3": 1.2e-3, "wrapped/1": 1.4e-3, "wrapped/3": 1.8e-3}]
     assert zero3_split(rounds) == pytest.approx({"zero3_module_s": 0.1e-3, "zero3_param_s": 0.0,
-                                                 "zero3_module_step_s": 0.3e-3, "zero3_param_step_s": 0.8e-3}, abs=1e-12)
+                                                 "zero3_module_step_s": 0.3e-3, "zero3_param_step_s": 0.8e-3,
+                                                 "zero3_recompute_param_s": 0.0}, abs=1e-12)
+
+
+def test_zero3_recompute_figure_is_the_checkpointed_unit_over_the_wrapped_one_round_by_round():
+    # The checkpointed Linear (in its wrapper) at 1 micro-batch against the wrapped Linear of the same round; the
+    # median of the rounds' differences (0.3, -0.1, 0.9 ms -> 0.3), not the difference of the medians (1.9 - 1.6).
+    rounds = [{"linear/1": 1.2e-3, "linear/3": 1.6e-3, "wrapped/1": 1.6e-3, "wrapped/3": 2.2e-3, "recompute/1": 1.9e-3},
+              {"linear/1": 1.1e-3, "linear/3": 1.5e-3, "wrapped/1": 1.0e-3, "wrapped/3": 2.1e-3, "recompute/1": 0.9e-3},
+              {"linear/1": 1.3e-3, "linear/3": 1.7e-3, "wrapped/1": 1.7e-3, "wrapped/3": 2.3e-3, "recompute/1": 2.6e-3}]
+    assert zero3_split(rounds)["zero3_recompute_param_s"] == pytest.approx(0.3e-3)
+    # Below the wrapped unit (a median difference under 0): clipped at 0.
+    for r in rounds:
+        r["recompute/1"] = r["wrapped/1"] - 0.1e-3
+    assert zero3_split(rounds)["zero3_recompute_param_s"] == 0.0
