@@ -24,7 +24,7 @@ from launcher.config.supported import check_supported  # pure rules: plan --sear
 from launcher.deepspeed_config import build_deepspeed_config
 from launcher.plan.rankmap import rank_coord
 from launcher.runtime import checkpoint as ckpt
-from launcher.runtime.cpualloc import recycle_step_buffers
+from launcher.runtime.cpualloc import recycle_step_buffers, zero3_gathered_bytes
 from launcher.runtime.data import TokenBatches, prepare_data
 from launcher.runtime.durable import write_atomic
 from launcher.protocol import EXIT_NONFINITE, PREEMPTED_FILE
@@ -366,7 +366,8 @@ def run(cfg) -> int:
             truncate_metrics(run_dir, start_step)
 
     #    CPU ranks: the build's transients are gone; from here a step's buffers are reused, not mapped afresh.
-    recycle_step_buffers(layout.device, layout.zero_stage)
+    recycle_step_buffers(layout.device, layout.zero_stage,
+                         zero3_gathered_bytes(engine.module) if layout.zero_stage == 3 else None)
 
     # 6. Recorders (rank 0 only writes).
     sink = MetricsSink(cfg, run_dir, enabled=is_main, resumed=resume_from is not None)

@@ -15,10 +15,15 @@ So once the engine is built, the rank raises the mmap threshold to 32 MiB (glibc
 64-bit) and the trim threshold to 64 MiB: a step's buffers are reused from the heap the next step (500-1,600 faults
 a step; TP2's step 309 ms against 370, the mean of two runs each).
 
-Not under ZeRO-3, whose steps gather and free whole parameters at every layer as its build does: the 0.8B ZeRO-3 x
-DP4 rank's peak after one step went from 2.52-2.54 GiB to 3.22-4.15 GiB with the step settings (freed 16 MiB
-gathers left between live buffers, where no trim reaches them), against 2.95-2.98 -> 3.10-3.15 GiB for the same
-model as PP2 x TP2, whose step took 16.0 s instead of 19.5 (bench/build/results.md, "glibc").
+Not under ZeRO-3 where its steps gather a buffer the build's threshold would map, as they gather and free whole
+parameters at every layer: the 0.8B ZeRO-3 x DP4 rank's peak after one step went from 2.52-2.54 GiB to 3.22-4.15
+GiB with the step settings (freed 16 MiB gathers left between live buffers, where no trim reaches them), against
+2.95-2.98 -> 3.10-3.15 GiB for the same model as PP2 x TP2, whose step took 16.0 s instead of 19.5
+(bench/build/results.md, "glibc"). Where every parameter ZeRO-3 gathers, all together, stays under that threshold
+(zero3_gathered_bytes: one all-gather's flat buffer holds at most all of them), its gathers come from the heaps
+under either setting, and the step settings change only the other buffers: recipe=tiny as DP2 ZeRO-3 (2 MiB of
+gathered embedding and head) faulted 12,300-13,200 pages a step against ZeRO-1's 1,300-1,800 (bench/steptime
+breakdown.py, 2026-12-06), the fp32 logits' 8 MiB tensors mapped afresh every step, ~24 ms at the VM's 2 us a fault.
 """
 from __future__ import annotations
 
@@ -33,10 +38,24 @@ STEP_MMAP_THRESHOLD = 32 << 20
 STEP_TRIM_THRESHOLD = 64 << 20
 
 
-def recycle_step_buffers(device: str, zero_stage: int) -> bool:
-    """On a CPU rank started with CPU_MALLOC_ENV's values, switch glibc to the step settings unless the run is
-    ZeRO-3; True when it did. A user's own MALLOC_* settings win (nothing changes), as does a libc without mallopt."""
-    if device != "cpu" or zero_stage >= 3 or any(os.environ.get(k) != v for k, v in CPU_MALLOC_ENV.items()):
+BUILD_MMAP_THRESHOLD = int(CPU_MALLOC_ENV["MALLOC_MMAP_THRESHOLD_"])
+
+
+def zero3_gathered_bytes(module) -> int:
+    """Bytes of every parameter of `module` that DeepSpeed ZeRO-3 gathers (not persistent: over
+    stage3_param_persistence_threshold), whole, in the dtype it gathers them in (the parameter's): the most one
+    all-gather's flat buffer can hold (partition_parameters.py _all_gather_params coalesces a fetch's parameters)."""
+    return sum(p.ds_numel * p.element_size() for p in module.parameters() if not getattr(p, "ds_persist", True))
+
+
+def recycle_step_buffers(device: str, zero_stage: int, zero3_gathered: int | None = None) -> bool:
+    """On a CPU rank started with CPU_MALLOC_ENV's values, switch glibc to the step settings, under ZeRO-3 only where
+    everything it gathers (`zero3_gathered`, zero3_gathered_bytes; None: not known) stays under the build's mmap
+    threshold; True when it did. A user's own MALLOC_* settings win (nothing changes), as does a libc without
+    mallopt."""
+    if device != "cpu" or any(os.environ.get(k) != v for k, v in CPU_MALLOC_ENV.items()):
+        return False
+    if zero_stage >= 3 and (zero3_gathered is None or zero3_gathered >= BUILD_MMAP_THRESHOLD):
         return False
     try:
         mallopt = ctypes.CDLL(None).mallopt

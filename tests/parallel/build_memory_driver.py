@@ -84,7 +84,7 @@ def main() -> None:
     from launcher.config.layout import resolve_layout
     from launcher.deepspeed_config import build_deepspeed_config
     from launcher.runtime.distributed import avoid_shm_comm_build, leave_rank
-    from launcher.runtime.cpualloc import recycle_step_buffers
+    from launcher.runtime.cpualloc import recycle_step_buffers, zero3_gathered_bytes
     from launcher.train import build_engine
 
     out_path, mode = sys.argv[1], sys.argv[2]
@@ -121,7 +121,8 @@ def main() -> None:
     build_s = time.perf_counter() - t0
     hwm_before_step, rss["before_step"] = vm("VmHWM"), vm("VmRSS")
     rss["file"] = vm("RssFile")   # of that, pages mapped from files (the libraries' code), shared by every rank
-    recycle_step_buffers(layout.device, layout.zero_stage)   # as launcher/train.py run() does before its loop
+    recycle_step_buffers(layout.device, layout.zero_stage,   # as launcher/train.py run() does before its loop
+                         zero3_gathered_bytes(engine.module) if layout.zero_stage == 3 else None)
     held = sum((p.ds_tensor.numel() if hasattr(p, "ds_tensor") else p.numel()) for p in engine.module.parameters())
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, layout.vocab_size, (layout.micro_batch_size, layout.seq_length), generator=g)
