@@ -1434,8 +1434,9 @@ def _zero3_hooks(dev, sync, agree, grad_clip: float, mpu=None) -> tuple[list, di
     per micro-batch, recipe=tiny at ZeRO-3 and micro-batch 1 (8 a step) was planned at 1.9x its measured step.
     Then, at one micro-batch a step, the wrapper's Linear under torch's non-reentrant checkpoint (the plain side
     checkpoints too, so the recompute's arithmetic cancels): over the wrapped unit, what the recompute's hooks cost
-    a parameter (zero3_split: zero3_recompute_param_s). On 2 CPU ranks, 2026-12-06, two calibrations' three rounds
-    each: 0.15 / 0.32 / 0.88 and 0.29 / -0.06 / 0.87 ms a unit (medians 0.32, 0.29).
+    a parameter (zero3_split: zero3_recompute_param_s). On 2 CPU ranks, 2026-12-06, the probe alone and three
+    calibrations, three rounds each: 0.32 / 0.15 / 0.88, 0.29 / -0.06 / 0.87, -0.08 / -0.04 / 0.13 and 0.50 / 0.16 /
+    1.04 ms a unit (medians 0.32, 0.29, 0, 0.50): noise as large as the figure.
 
     Over every rank, not each rank alone (`mpu`, _AloneGroups, is for bench/steptime/zero3_rounds.py): alone, the
     same units cost 3-4x less (2 CPU ranks, 2026-12-01: a Linear at 1 micro-batch 0.23-0.33 ms against 0.82-1.41),
@@ -1458,13 +1459,9 @@ def _zero3_hooks(dev, sync, agree, grad_clip: float, mpu=None) -> tuple[list, di
         def forward(self, x):
             return self.inner(x)
 
-    class Recompute(nn.Module):
+    class Recompute(Wrap):
         """Wrap with its Linear under torch's non-reentrant checkpoint, as transformers checkpoints a block: the
         backward runs the Linear's forward again, and with it ZeRO-3's forward hooks (fetch, trace, release)."""
-
-        def __init__(self, inner):
-            super().__init__()
-            self.inner = inner
 
         def forward(self, x):
             return checkpoint(self.inner, x, use_reentrant=False)
@@ -1486,7 +1483,8 @@ def _zero3_hooks(dev, sync, agree, grad_clip: float, mpu=None) -> tuple[list, di
 def zero3_split(rounds: list) -> dict:
     """{zero3_module_s, zero3_param_s, zero3_module_step_s, zero3_param_step_s, zero3_recompute_param_s} from
     _zero3_hooks' costs per unit ({"linear/1": s, "linear/3": s, "wrapped/1": s, "wrapped/3": s, "recompute/1": s}),
-    one dict a round: each cost the median of its rounds', then split by micro-batches and by unit kind. The four figures are differences of differences of
+    one dict a round: each cost the median of its rounds', then split by micro-batches and by unit kind (the
+    recompute's figure below is paired by round instead). The first four figures are differences of differences of
     medians; from one timing they moved the plan of recipe=tiny as ZeRO-3 at micro-batch 2 by 25% between two
     calibrations minutes apart (engine 176 against 97 ms a step, bench/steptime/results.md, 2026-12-01)."""
     m = SPLIT_MICRO_BATCHES
