@@ -143,9 +143,25 @@ def main() -> None:
     print("\n".join(lines))
 
 
-# Written by hand after the runs of 2026-12-06 06:37 UTC, 2026-12-04 16:10 UTC, 2026-11-26 18:20 UTC and 2026-11-25 05:03 UTC (re-read it
+# Written by hand after the runs of 2026-12-06 23:58 UTC, 2026-12-06 06:37 UTC, 2026-12-04 16:10 UTC, 2026-11-26 18:20 UTC and 2026-11-25 05:03 UTC (re-read it
 # when the table is regenerated).
 READING = (
+    "Reading (2026-12-06, 23:58 UTC: gradient accumulation charged, launcher/plan/steptime.py grad_accumulation; "
+    "bench/published/results.md's reading of 23:55). With m > 1 micro-batches a step every backward after the "
+    "first adds its weight gradients into the held ones, (m - 1) x 3 w bytes a parameter a step at memory "
+    "bandwidth, which nothing had charged. Megatron's rows run one sequence a micro-batch against 0.2-3B parameters "
+    "a GPU, so they move most: Table 1 1.7B +10.3% -> +6.7% .. 18.4B -1.4% -> -4.6%, the pipelined rows (39.1B .. "
+    "1T, without interleaving) +7.8 .. +12.3% -> +3.2 .. +8.2%, BLOOM-176B +15.4% -> +13.1%, LLaMA-65B as published "
+    "-25.5% -> -27.7%. No fit count moved, nor bloom-176b's or the 405B config's first row. llama-65b's did: its "
+    "first five had been within 0.5% of one another (TP4+SP x PP16 and x PP8 at micro-batch 1, 32-64 micro-batches "
+    "a step, first to fourth at 5.94-5.96 s; TP8+SP at one stage, DP256 ZeRO-1, micro-batch 4 with 12 blocks a stage "
+    "recomputed, 2 micro-batches a step, fifth at 5.97 s). The add, 32-64 times a step over 1-2B parameters a GPU, "
+    "puts that TP8+SP layout first at 6.00 s and the pipelines fifth to eighth at 6.24-6.25 s "
+    "(`launcher plan recipe=llama-65b --search`). The search times above are "
+    "slower than the last reading's (0.63 s for the 405B config then) because this box is slower tonight: "
+    "the commit before this one, timed alternately with it in the same minutes (5 searches each, twice), took "
+    "0.955 / 0.946 s CPU median for the 405B config against 0.865 / 0.915 s with it, and 1.321 / 0.965 s for "
+    "llama-65b against 1.116 / 1.064 s. "
     "Reading (2026-12-06: the table regenerated; it had last been on 2026-12-04). Nothing was fitted, and nothing in "
     "this commit moves a row: the search's new ranking at the network's other end (network_ends) leaves every "
     "prediction as it was. The rows moved with the step-time changes of 2026-12-04 .. 12-06, each read against the "

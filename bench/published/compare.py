@@ -177,7 +177,8 @@ def own_kernels_model():
     (variants.py: one kernel a norm, an activation, a rotary); where its `attention_kernel` has cited rates of its
     own (variants.OWN_ATTENTION: MPT's Triton FlashAttention), those in place of the profile's FlashAttention-2
     tables; where it is Megatron's unfused core attention, the variant that charges its scores in memory
-    (variants.ATTENTION_VARIANTS). Nothing fitted. Every other run as the
+    (variants.ATTENTION_VARIANTS); where its weight-gradient GEMMs accumulated the micro-batches' gradients
+    (`grad_accumulation: fused_wgrad`), no add of its own (variants.py fused-grad-accumulation). Nothing fitted. Every other run as the
     launcher's runtime (None: the headline's prediction stands, not computed again). A diagnostic beside the
     headline, which charges the launcher's own kernels."""
     import sys
@@ -191,6 +192,8 @@ def own_kernels_model():
                  and shape.arch in variants.FUSED_BY_ARCH else ())
         if record.get("attention_kernel") in variants.ATTENTION_VARIANTS:
             names += (variants.ATTENTION_VARIANTS[record["attention_kernel"]],)
+        if record.get("grad_accumulation") == "fused_wgrad":
+            names += ("fused-grad-accumulation",)
         if names not in mods:
             mods[names] = variants.variant_module(*names)
         mod = mods[names]
@@ -266,7 +269,8 @@ def summary(rows: list[dict], key: str = "error") -> dict:
             "worst_abs_error": max(errs)}
 
 
-# Written by hand after the runs of 2026-12-06 (ZeRO-3's recompute in the coordinator's replay; ZeRO-3's gathers as
+# Written by hand after the runs of 2026-12-06 (gradient accumulation, 23:55 UTC; ZeRO-3's recompute in the
+# coordinator's replay; ZeRO-3's gathers as
 # DeepSpeed issues them; one compute derating
 # swept; the network's two ends; precision.reduce_dtype under Ulysses / CP),
 # 2026-12-05 (ZeRO-1/2's all-reduce, the gradients' wire dtype),
@@ -274,7 +278,27 @@ def summary(rows: list[dict], key: str = "error") -> dict:
 # 2026-12-02 (fms-fsdp added),
 # 2026-11-29 05:05 UTC, 2026-11-28 10:00 UTC,
 # 2026-11-26 21:10 UTC, 2026-11-26 18:00 UTC and 2026-11-25 05:10 UTC (re-read it when the table is regenerated).
-READING = """Reading (2026-12-06, 16:40 UTC: ZeRO-3's all-gathers under recompute from the same replay; 10 rows moved,
+READING = """Reading (2026-12-06, 23:55 UTC: gradient accumulation charged; 172 rows moved, all slower). With m > 1
+micro-batches a step, every backward after the first adds its weight gradients into the held ones (autograd's
+AccumulateGrad, p.grad += g: read both, write one), (m - 1) x 3 w bytes a parameter a step at memory bandwidth
+(steptime.grad_accumulation, as element-wise work of the stage's backward). Nothing had charged it: calibrate's
+engine probe counts it on its plain side, and the A100 / H100 built-ins have no engine terms. It weighs most where
+a GPU holds many parameters against few tokens a micro-batch and runs many micro-batches: Narayanan's PTD-P rows
+(1.8-1.9B parameters a GPU, one 2,048-token sequence a micro-batch, 96-384 of them a step) +14.6 / +13.8 / +12.6%
+(175B) and +12.4 / +11.6 / +10.5% (530B) -> +10.1 / +9.3 / +8.3% and +7.5 / +6.8 / +5.8%; MT-NLG +37.3 / +38.8 / +42.8% -> +31.5
+/ +32.9 / +36.8%; BLOOM +15.9% -> +13.7%; the Megatron README's GPT-3 +19.9% -> +15.2%; Narayanan's TP-only rows 1.7B
++14.6% -> +10.8%, 3.6B +8.2% -> +4.5%, 7.5B -2.5% -> -5.7%, 18.4B +0.6% -> -2.8% (3.2-6.0 points for Megatron's
+rows). NVIDIA's NeMo rows (32-64 micro-batches) go 2.4-3.0 points slower in the headline, where the launcher's runtime
+pays the add; their own view charges none: NeMo 2's GPTConfig turns on Megatron-Core's gradient_accumulation_fusion,
+whose weight-gradient GEMM accumulates into the fp32 main_grad (runs.yaml `grad_accumulation: fused_wgrad` on its 97
+NeMo records; variants.py fused-grad-accumulation). MosaicML's rows with m > 1 0.1-4.0 points slower: FSDP adds the
+reduce-scattered shard (1/r of the gradients), charged whole here as the launcher's runtime adds them. Within 10%
+42.7% -> 43.9%, within 20% 71.4% -> 71.8%, median 11.9% -> 11.3%, worst 62.4%; with each run's own kernels 56.5% ->
+59.5%, 87.8% -> 88.9%, 8.7% -> 8.3%. On 2 CPU ranks the term is small (recipe=tiny's 1.3M parameters, the calibrated
+copy bandwidth): its TP2, SP2, PP2 and TP2 x PP2 layouts (2 micro-batches) plan 0.5-1 ms slower, ZeRO-3 at
+micro-batch 2 (4 micro-batches) 2.5 ms (bench/steptime/results.md's committed-model column, 265 -> 268 ms).
+
+Reading (2026-12-06, 16:40 UTC: ZeRO-3's all-gathers under recompute from the same replay; 10 rows moved,
 all faster). Under full recompute the step time had added, beside the replay's backward, a third gather of every
 linear followed in its block by >= the reuse distance (steptime's _zero3_regathered_per_block, a second copy of the
 coordinator's rule). The replay's trace now holds the recompute as DeepSpeed records it (transformers' non-reentrant

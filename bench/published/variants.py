@@ -18,6 +18,9 @@ Variants (bytes per kernel by the kernel's definition: each input read once, eac
                          18.9% of the hidden time: the mean computational slowdown under overlapped communication
                          measured on 4 A100 / H100 / MI250 / MI210 with GPT and LLaMA models (arXiv:2507.03114,
                          abstract: "an average computational slowdown of 18.9%, with a maximum of 40.0%")
+  fused-grad-accumulation  no add of each micro-batch's weight gradients into the held ones: the weight-gradient
+                         GEMM accumulates into fp32 main_grad (Megatron-Core's gradient_accumulation_fusion, on in
+                         NeMo 2; runs.yaml `grad_accumulation: fused_wgrad`)
   megatron-attention     Megatron's core attention (Megatron-LM / Megatron-DeepSpeed before FlashAttention): QK^T
                          and PV as batched GEMMs over the whole s x s square (the causal half is masked, not
                          skipped), the scores in memory in the model's 16-bit dtype, FusedScaleMaskSoftmax (one
@@ -67,6 +70,10 @@ VARIANTS = {
          "            exposed = m * max(0.0, per_mb - hide) + m * 0.189 * min(per_mb, hide) + gather_s(par_b, r, link)\n"),
         ("            exposed = m * max(0.0, per_mb - hide)\n",
          "            exposed = m * max(0.0, per_mb - hide) + m * 0.189 * min(per_mb, hide)\n"),
+    ],
+    "fused-grad-accumulation": [
+        ("    m = st.grad_accum_steps\n    if m <= 1:\n",
+         "    m = 1   # variant: the weight-gradient GEMM accumulates into main_grad, no add of its own\n    if m <= 1:\n"),
     ],
     "megatron-attention": [
         ("    if shape.flash_attention:\n",

@@ -185,6 +185,14 @@ One micro-batch on one rank (n = b s / sp tokens outside attention; t = TP, sp =
     optimizer               AdamW over this rank's shard at memory bandwidth: fp32 master, m, v read and
                             written, the gradient read (and the norm's extra read), the low-precision weights
                             written: (4 + 4 + 4) x 2 + 4 + 4 (+ 2 for a 16-bit copy) bytes per parameter.
+    gradient accumulation   with m > 1 micro-batches a step, every backward after the first adds its weight
+                            gradients into the ones held (autograd's AccumulateGrad: p.grad += g, one kernel a
+                            parameter tensor reading both and writing the sum): (m - 1) x 3 w bytes a stage
+                            parameter at memory bandwidth a step, charged as element-wise work of the stage's
+                            backward, (m - 1) / m of it each micro-batch (grad_accumulation). That is what a plain
+                            loop pays, and what calibrate's engine probe counts in its plain side; DeepSpeed's own
+                            accumulation beyond it (ZeRO 2/3 reduce each micro-batch's gradients into their
+                            partition, BF16_Optimizer adds them into fp32) is the engine's per-micro-batch term.
     CPU ranks               when a node runs more ranks than the profile's compute_slots (cores), compute
                             stretches by ranks / slots while every rank computes (_compute_stretch); a
                             pipeline's ranks idle in fill and drain, so its 1F1B schedule is played out with
@@ -692,6 +700,16 @@ def _optimizer_s(params: float, st: Strategy, prof: Profile, tensors: int) -> fl
     return memory_s(params * per_param, 15 * tensors, prof)
 
 
+def grad_accumulation(params: float, tensors: int, st: Strategy, prof: Profile) -> Cost:
+    """What adding each backward's weight gradients into the held ones costs a stage, per micro-batch averaged over
+    the step (module docstring, gradient accumulation): (m - 1) / m of one add over its `params` in the model's
+    dtype (read both, write one: 3 w bytes each), one kernel per parameter tensor. Nothing at m = 1."""
+    m = st.grad_accum_steps
+    if m <= 1:
+        return Cost()
+    return Cost(memory=(m - 1) / m * memory_s(params * 3 * weight_bytes(st.dtype), tensors, prof))
+
+
 def estimate_step_time(shape: ModelShape, st: Strategy, hw: Hardware, train_tokens: Optional[float] = None) -> StepTime:
     """Step time, its breakdown, throughput, TFLOP/s per GPU, MFU and training days for one layout."""
     prof = hw.profile
@@ -714,9 +732,11 @@ def estimate_step_time(shape: ModelShape, st: Strategy, hw: Hardware, train_toke
     blocks = blocks_per_stage(shape, st)
     ckpts = [checkpointed_of(st, b) for b in blocks]
     stage_n = params_per_stage(shape, st)
+    accumulate = [grad_accumulation(stage_n[stage], _parameter_tensors(shape, blocks[stage], stage, p), st, prof)
+                  for stage in range(p)]
     costs = []
     for stage in range(p):
-        c = per_block * blocks[stage] + recomputed * ckpts[stage]
+        c = per_block * blocks[stage] + recomputed * ckpts[stage] + accumulate[stage]
         if stage == 0:
             c = c + first
         if stage == p - 1:
@@ -740,7 +760,8 @@ def estimate_step_time(shape: ModelShape, st: Strategy, hw: Hardware, train_toke
     engine_step = [r + once for r, once in zip(rest, hooks_step)]
     # A pipeline whose node runs more ranks than compute slots: its 1F1B schedule played out with the cores shared
     # (_shared_pipeline), each stage's compute stretched by what it met; otherwise one stretch for every stage.
-    shared = (_shared_pipeline(shape, st, prof, bf, bb, recomputed, first, last, hooks, p2p, ranks_here, blocks, ckpts)
+    shared = (_shared_pipeline(shape, st, prof, bf, bb, recomputed, first, last, hooks, p2p, ranks_here, blocks, ckpts,
+                               accumulate)
               if stretch > 1.0 and p > 1 else None)
     k = _compute_stretch(costs, hooks, m, p, ranks_here, prof, stretch, p2p) if shared is None else None
 
@@ -976,7 +997,8 @@ def _compute_stretch(costs: list, hooks: list, m: int, p: int, ranks: int, prof:
 
 
 def _shared_pipeline(shape: ModelShape, st: Strategy, prof: Profile, bf: Cost, bb: Cost, recomputed: Cost,
-                     first: Cost, last: Cost, hooks: list, p2p: float, ranks: int, blocks: list, ckpts: list) -> dict:
+                     first: Cost, last: Cost, hooks: list, p2p: float, ranks: int, blocks: list, ckpts: list,
+                     accumulate: list) -> dict:
     """A pipeline's step on a node with more ranks than compute slots: its 1F1B schedule played out with the cores
     shared (processor sharing: while n ranks compute on c slots, each computes at min(1, c / n) of its speed alone).
 
@@ -1010,7 +1032,7 @@ def _shared_pipeline(shape: ModelShape, st: Strategy, prof: Profile, bf: Cost, b
         end = (first if stage == 0 else Cost()) + (last if stage == p - 1 else Cost())
         neighbours = (stage > 0) + (stage < p - 1)
         f = bf * blocks[stage] + end * fwd
-        b = bb * blocks[stage] + recomputed * ckpts[stage] + end * (1 - fwd)
+        b = bb * blocks[stage] + recomputed * ckpts[stage] + end * (1 - fwd) + accumulate[stage]
         syncs, group = _syncs_per_micro_batch(shape, st, stage) if prof.straggler or prof.release else (0, 1)
         passes.append({"F": (f.compute, f.tp + f.sp + hooks[stage] * fwd + neighbours * p2p, syncs / 2, group),
                        "B": (b.compute, b.tp + b.sp + hooks[stage] * (1 - fwd) + neighbours * p2p, syncs / 2, group)})

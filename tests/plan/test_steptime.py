@@ -618,17 +618,29 @@ def test_mistral_and_qwen2_are_planned_as_the_llama_blocks_they_run():
     # gate and up): every operator term is llama's for the same shape, under a profile where element-wise work and
     # kernels cost, with recompute, with TP. Qwen2 differs only in its q, k, v biases: the same operators, 3 more
     # parameter tensors a block for ZeRO-3's hooks (4 x 12 + 3 = 51 for a 4-block model with an untied head), and
-    # their elements in the optimizer and the data-parallel traffic.
+    # their elements in the optimizer, the data-parallel traffic and the gradient accumulation (2 micro-batches a
+    # step here: their element-wise work is the biases' add more, one kernel a tensor).
     prof = ideal(gemm_half_dim={"any": 64.0}, memory_gbps=10.0, kernel_overhead_s=5e-6, attention_tflops={"any": 0.05})
     for extra in ([], ["model.activation_checkpointing=true"], ["parallel.tensor_degree=2"],
                   ["parallel.zero_stage=3"], ["precision=bf16", "parallel.pipeline_degree=2", "parallel.zero_stage=1"]):
-        by_arch = {}
+        by_arch, setups = {}, {}
         for arch in ("llama", "mistral", "qwen2"):
             _, shape, st = setup(f"model.arch={arch}", "model.num_key_value_heads=2", "batch.global_batch_size=32", *extra)
             by_arch[arch] = steptime.estimate_step_time(shape, st, hardware(prof, device="cpu")).breakdown()
+            setups[arch] = shape, st
         assert by_arch["mistral"] == by_arch["llama"], extra
-        ops = ("gemm", "attention", "memory_bound", "framework", "tp_comm", "sp_comm")
+        ops = ("gemm", "attention", "framework", "tp_comm", "sp_comm")
         assert {k: by_arch["qwen2"][k] for k in ops} == {k: by_arch["llama"][k] for k in ops}, extra
+        shape, st = setups["qwen2"]
+        if st.pipeline_degree == 1:
+            m = st.grad_accum_steps     # 2, and 4 under TP2 (one data-parallel rank)
+            assert m in (2, 4)
+            h, kv = shape.hidden_size, shape.num_kv_heads * shape.head_dim
+            biases = shape.num_layers * (h + 2 * kv) / st.tensor_degree
+            w = 4 if st.dtype == "fp32" else 2
+            # m - 1 adds of the biases' gradients a step, 3 w bytes each at 10 GB/s, and 3 kernels a block
+            assert by_arch["qwen2"]["memory_bound"] - by_arch["llama"]["memory_bound"] == pytest.approx(
+                (m - 1) * (biases * 3 * w / 10e9 + 3 * shape.num_layers * 5e-6), rel=1e-6), extra
     _, shape, st = setup("model.arch=qwen2", "parallel.zero_stage=3", "batch.global_batch_size=32")
     assert steptime.estimate_step_time(shape, st, hardware(ideal(zero3_param_s=1e-4), device="cpu")).engine_s \
         == pytest.approx(2 * 51 * 1e-4)
@@ -637,6 +649,25 @@ def test_mistral_and_qwen2_are_planned_as_the_llama_blocks_they_run():
 
     cfg = compose(["recipe=tiny", "model.arch=qwen2"])
     assert len(list(build_model(cfg.model, 0, device="meta").parameters())) == 51
+
+
+def test_gradient_accumulation_adds_the_gradients_once_per_micro_batch_after_the_first():
+    # recipe=tiny (fp32; 39 parameter tensors, the count the ZeRO-3 hook tests above use) at 1 and 4 micro-batches a
+    # step: only the element-wise work differs from 4 x one micro-batch's, by 3 adds of every gradient into the held
+    # ones (read both, write one: 3 x 4 bytes a parameter at 10 GB/s, one 5 us kernel a tensor). bf16: 2 bytes.
+    N = count_params(compose(["recipe=tiny"]).model).total
+    prof = ideal(memory_gbps=10.0, kernel_overhead_s=5e-6)
+    for dtype, w in (("fp32", 4), ("bf16", 2)):
+        one, four = (steptime.estimate_step_time(*setup(f"precision={dtype}", f"batch.global_batch_size={gbs}")[1:],
+                                                 hardware(prof, device="cpu")) for gbs in (16, 64))
+        assert four.memory_bound_s - 4 * one.memory_bound_s == pytest.approx(3 * (N * 3 * w / 10e9 + 39 * 5e-6),
+                                                                             rel=1e-9), dtype
+        assert four.gemm_s == pytest.approx(4 * one.gemm_s, rel=1e-9)
+        assert sum(four.breakdown().values()) == pytest.approx(four.step_time_s, rel=1e-9)
+    # and nothing at one micro-batch: the first backward writes the gradients (its GEMMs), it adds to nothing
+    _, shape, st = setup("batch.global_batch_size=16")
+    assert st.grad_accum_steps == 1
+    assert steptime.grad_accumulation(N, 39, st, prof) == steptime.Cost()
 
 
 def test_engine_per_element_work_per_step_or_per_micro_batch():
