@@ -178,7 +178,8 @@ def own_kernels_model():
     own (variants.OWN_ATTENTION: MPT's Triton FlashAttention), those in place of the profile's FlashAttention-2
     tables; where it is Megatron's unfused core attention, the variant that charges its scores in memory
     (variants.ATTENTION_VARIANTS); where its weight-gradient GEMMs accumulated the micro-batches' gradients
-    (`grad_accumulation: fused_wgrad`), no add of its own (variants.py fused-grad-accumulation). Nothing fitted. Every other run as the
+    (`grad_accumulation: fused_wgrad`), no add of its own (variants.py fused-grad-accumulation). Nothing fitted.
+    Every other run as the
     launcher's runtime (None: the headline's prediction stands, not computed again). A diagnostic beside the
     headline, which charges the launcher's own kernels."""
     import sys
@@ -285,8 +286,8 @@ AccumulateGrad, p.grad += g: read both, write one), (m - 1) x 3 w bytes a parame
 engine probe counts it on its plain side, and the A100 / H100 built-ins have no engine terms. It weighs most where
 a GPU holds many parameters against few tokens a micro-batch and runs many micro-batches: Narayanan's PTD-P rows
 (1.8-1.9B parameters a GPU, one 2,048-token sequence a micro-batch, 96-384 of them a step) +14.6 / +13.8 / +12.6%
-(175B) and +12.4 / +11.6 / +10.5% (530B) -> +10.1 / +9.3 / +8.3% and +7.5 / +6.8 / +5.8%; MT-NLG +37.3 / +38.8 / +42.8% -> +31.5
-/ +32.9 / +36.8%; BLOOM +15.9% -> +13.7%; the Megatron README's GPT-3 +19.9% -> +15.2%; Narayanan's TP-only rows 1.7B
+(175B) and +12.4 / +11.6 / +10.5% (530B) -> +10.1 / +9.3 / +8.3% and +7.5 / +6.8 / +5.8%; MT-NLG +37.3 / +38.8
+/ +42.8% -> +31.5 / +32.9 / +36.8%; BLOOM +15.9% -> +13.7%; the Megatron README's GPT-3 +19.9% -> +15.2%; Narayanan's TP-only rows 1.7B
 +14.6% -> +10.8%, 3.6B +8.2% -> +4.5%, 7.5B -2.5% -> -5.7%, 18.4B +0.6% -> -2.8% (3.2-6.0 points for Megatron's
 rows). NVIDIA's NeMo rows (32-64 micro-batches) go 2.4-3.0 points slower in the headline, where the launcher's runtime
 pays the add; their own view charges none: NeMo 2's GPTConfig turns on Megatron-Core's gradient_accumulation_fusion,

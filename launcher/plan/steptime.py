@@ -192,7 +192,10 @@ One micro-batch on one rank (n = b s / sp tokens outside attention; t = TP, sp =
                             backward, (m - 1) / m of it each micro-batch (grad_accumulation). That is what a plain
                             loop pays, and what calibrate's engine probe counts in its plain side; DeepSpeed's own
                             accumulation beyond it (ZeRO 2/3 reduce each micro-batch's gradients into their
-                            partition, BF16_Optimizer adds them into fp32) is the engine's per-micro-batch term.
+                            partition) is the engine's per-micro-batch term. BF16_Optimizer's (it zeroes the bf16
+                            gradients and cast-adds them into fp32 every micro-batch: ~20 bytes a parameter more)
+                            is charged by nothing yet: calibrate's probe never runs it (bench/steptime/results.md,
+                            2026-12-07 01:09 UTC).
     CPU ranks               when a node runs more ranks than the profile's compute_slots (cores), compute
                             stretches by ranks / slots while every rank computes (_compute_stretch); a
                             pipeline's ranks idle in fill and drain, so its 1F1B schedule is played out with
