@@ -452,6 +452,20 @@ def _warn_fp32_reduce(cfg, sp: int, cp: int, zero: int, warnings: list[str]) -> 
                         "honour it")
 
 
+def _check_grad_accum_dtype(cfg, zero: int, dtype: str) -> None:
+    # DeepSpeed 0.19.8 (runtime/engine.py _do_optimizer_sanity_check): without ZeRO the engine takes a gradient
+    # accumulation dtype only equal to the model's ("unsupported mix of model_dtype and grad_accum_dtype" otherwise);
+    # its fp32 accumulation for bf16 weights is BF16_Optimizer, which it selects at ZeRO stage 1.
+    acc = cfg.precision.grad_accum_dtype
+    if zero == 0 and acc is not None and acc != dtype:
+        raise ConfigError("precision.grad_accum_dtype", acc,
+                          f"DeepSpeed 0.19.8 accumulates gradients in the model's dtype without ZeRO "
+                          f"(parallel.zero_stage=0, precision.dtype={dtype}); it refuses another at engine start "
+                          f"(engine.py: unsupported mix of model_dtype and grad_accum_dtype)",
+                          "set parallel.zero_stage=1 (with bf16 and fp32 accumulation DeepSpeed runs its BF16_Optimizer, "
+                          "as recipe=bloom-176b does) or precision.grad_accum_dtype=null")
+
+
 def _warn_bf16_pipeline_accumulation(cfg, pp: int, zero: int, dtype: str, warnings: list[str]) -> None:
     # DeepSpeed 0.19.8 picks its BF16_Optimizer (fp32 gradient accumulation and master weights, what BLOOM
     # ran) for bf16 + ZeRO-1 only when data_types.grad_accum_dtype is fp32 (runtime/engine.py,
@@ -546,6 +560,7 @@ def resolve_layout(cfg) -> Layout:
     accum = _check_batch(cfg, dp)
     _check_pipeline(cfg, pp, p.zero_stage, accum, warnings)
     _check_precision(cfg, device, cfg.precision.dtype)
+    _check_grad_accum_dtype(cfg, p.zero_stage, cfg.precision.dtype)
     _warn_bf16_pipeline_accumulation(cfg, pp, p.zero_stage, cfg.precision.dtype, warnings)
     _warn_fp32_reduce(cfg, sp, cp, p.zero_stage, warnings)
     _check_offload(cfg, p.zero_stage)
