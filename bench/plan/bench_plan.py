@@ -143,9 +143,14 @@ def main() -> None:
     print("\n".join(lines))
 
 
-# Written by hand after the runs of 2026-12-06 23:58 UTC, 2026-12-06 06:37 UTC, 2026-12-04 16:10 UTC, 2026-11-26 18:20 UTC and 2026-11-25 05:03 UTC (re-read it
+# Written by hand after the runs of 2026-12-07 03:55 UTC, 2026-12-06 23:58 UTC, 2026-12-06 06:37 UTC, 2026-12-04 16:10 UTC, 2026-11-26 18:20 UTC and 2026-11-25 05:03 UTC (re-read it
 # when the table is regenerated).
 READING = (
+    "Reading (2026-12-07, 03:55 UTC: DeepSpeed's BF16_Optimizer charged its own accumulation, launcher/plan/steptime.py "
+    "bf16_accumulation; bench/published/results.md's reading of 03:50). recipe bloom-176b (bf16, ZeRO 1 with "
+    "precision.grad_accum_dtype=fp32: BF16_Optimizer, as BLOOM ran) +13.1% -> +6.2%: its 512 micro-batches a step "
+    "each zero the bf16 gradients and cast-add them into fp32. The Megatron Table 1 rows are fp16 ZeRO 1 here (no "
+    "BF16_Optimizer) and do not move. "
     "Reading (2026-12-06, 23:58 UTC: gradient accumulation charged, launcher/plan/steptime.py grad_accumulation; "
     "bench/published/results.md's reading of 23:55). With m > 1 micro-batches a step every backward after the "
     "first adds its weight gradients into the held ones, (m - 1) x 3 w bytes a parameter a step at memory "
@@ -216,6 +221,22 @@ def search_reading(searches: list[dict], machine: dict) -> str:
     by = {s["world_size"]: s for s in searches}
     bloom, llama, big = by[384], by[2048], by[16384]
     return (
+        "Reading (search, 2026-12-07, 03:55 UTC). Two changes. The step time charges DeepSpeed's BF16_Optimizer its "
+        "own accumulation (launcher/plan/steptime.py bf16_accumulation: bf16 ZeRO-0 pipelines, and bf16 ZeRO-1 with "
+        "precision.grad_accum_dtype=fp32), and a layout whose gradient accumulation dtype differs from the model's at "
+        "ZeRO 0 is refused, as DeepSpeed 0.19.8 refuses it at engine start (config/layout.py _check_grad_accum_dtype). "
+        "recipe=bloom-176b sets grad_accum_dtype fp32, so its ZeRO-0 layouts, ranked first before (TP8 PP12 DP4 ZeRO "
+        "0 micro-batch 1 at 75.6 s a step), are now invalid: "
+        f"{bloom['counts']['invalid']:,} of {bloom['counts']['enumerated']:,} enumerated, {bloom['counts']['fit']:,} "
+        "fit (125 of 724 before, none invalid); its first is TP8 PP12 DP4 ZeRO 1 micro-batch 1 at 88.1 s (75.7 s "
+        "before; 512 micro-batches a step each adding 1.8B bf16 gradients into fp32). The 405B config's first keeps "
+        "its shape and moves from ZeRO 0 to ZeRO 1 (TP8 PP32 DP32, micro-batch 1, full recompute), as the ZeRO-0 "
+        "pipeline now pays BF16_Optimizer's accumulation; llama-65b's first five are unchanged, its ZeRO-0 pipelines "
+        "(#5-#6 before) behind their ZeRO-1 twins. Those ZeRO-1 pipelines accumulate in bf16, which the plan warns "
+        "about (_warn_bf16_pipeline_accumulation); the search ranks by time and leaves the dtype to the config. "
+        f"The times above ({big['median_s']:.2f} s for the 405B config) are this box this morning: the commit before, "
+        "timed alternately with this one (5 searches each, twice), took 1.30 / 0.97 s CPU median for the 405B config "
+        "against 1.23 / 0.98 s with it, and 1.56 / 1.18 s for llama-65b against 1.51 / 1.46 s. "
         "Reading (search, 2026-12-06, 16:50 UTC). Under recompute ZeRO 3's all-gathers now come from the same "
         "replay, whose trace holds each checkpointed block's forward again (launcher/plan/memory.py zero3_gathered), "
         "in place of steptime's separate count of a third gather; the replay runs a longer trace for those layouts. "
@@ -231,9 +252,8 @@ def search_reading(searches: list[dict], machine: dict) -> str:
         "allocates them (two under overlap_comm on GPUs, ZeRO 3's for the engine's life: +1 GB a rank in bf16) and "
         "ZeRO 1 on GPUs at one micro-batch a step holds its gradient partition (launcher/plan/memory.py _overhead, "
         "zero1_holds_partition; measured with bench/steptime/live_at_peak.py and against the GPU runs, "
-        "bench/gpu/results.md). The fit counts: bloom-176b 127 before, "
-        f"{bloom['counts']['fit']:,} now; llama-65b 1,146 of 2,100 before, {llama['counts']['fit']:,} of "
-        f"{llama['counts']['enumerated']:,} now; the 405B config 632 before, {big['counts']['fit']:,} now. The "
+        "bench/gpu/results.md). The fit counts: bloom-176b 127 before, 125 then; llama-65b 1,146 of 2,100 before, "
+        "1,146 of 2,102 then; the 405B config 632 before, 624 then. The "
         "first three rows of every search compared are unchanged (bloom-176b, llama-65b, and llama-65b / llama-13b on "
         "H100 nodes, whose first five are); recipe=llama-65b's #4 and #5 swap (its TP8+SP layout now recomputes 12 "
         "blocks a stage, not 11), and its fastest with NICs added is #49 (was #47), its least behind at its worse "

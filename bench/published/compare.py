@@ -152,7 +152,10 @@ def to_config(r: dict, base) -> tuple[SimpleNamespace, str, list[str]]:
                         data_degree=None, zero_stage=zero, offload_optimizer=False, offload_param=False)
     batch = _replace(base.batch, micro_batch_size=micro, global_batch_size=r["global_batch"])
     data = _replace(base.data, seq_length=mod["seq"])
-    precision = _replace(base.precision, dtype=dtype)
+    # BLOOM's "bf16 implements its own zero stage 1 equivalent" is DeepSpeed's BF16_Optimizer, which the launcher runs
+    # for bf16 ZeRO-1 with fp32 gradient accumulation (as recipes/bloom-176b.yaml; memory.uses_bf16_optimizer)
+    precision = _replace(base.precision, dtype=dtype, grad_accum_dtype="fp32" if sharding == "bf16_optimizer_zero1"
+                         else base.precision.grad_accum_dtype)
     cfg = _replace(base, model=model, cluster=cluster, parallel=parallel, batch=batch, data=data, precision=precision)
     return cfg, recompute, assumed
 
@@ -270,7 +273,8 @@ def summary(rows: list[dict], key: str = "error") -> dict:
             "worst_abs_error": max(errs)}
 
 
-# Written by hand after the runs of 2026-12-06 (gradient accumulation, 23:55 UTC; ZeRO-3's recompute in the
+# Written by hand after the runs of 2026-12-07 (BF16_Optimizer's accumulation, 03:50 UTC),
+# 2026-12-06 (gradient accumulation, 23:55 UTC; ZeRO-3's recompute in the
 # coordinator's replay; ZeRO-3's gathers as
 # DeepSpeed issues them; one compute derating
 # swept; the network's two ends; precision.reduce_dtype under Ulysses / CP),
@@ -279,7 +283,24 @@ def summary(rows: list[dict], key: str = "error") -> dict:
 # 2026-12-02 (fms-fsdp added),
 # 2026-11-29 05:05 UTC, 2026-11-28 10:00 UTC,
 # 2026-11-26 21:10 UTC, 2026-11-26 18:00 UTC and 2026-11-25 05:10 UTC (re-read it when the table is regenerated).
-READING = """Reading (2026-12-06, 23:55 UTC: gradient accumulation charged; 172 rows moved, all slower). With m > 1
+READING = """Reading (2026-12-07, 03:50 UTC: DeepSpeed's BF16_Optimizer accumulation charged; 7 rows moved, all
+slower). Where the launcher's runtime runs DeepSpeed's BF16_Optimizer (bf16 ZeRO-0 under the pipeline engine, which
+accumulates in bf16; bf16 ZeRO-1 with fp32 accumulation) its accumulation replaces autograd's add: it zeroes the
+bf16 gradients before every backward but the first, adds them into its accumulation gradients after every one (cast
+first where those are fp32), and zeroes those twice a step: m x 6 + (m - 1) x 8 + 4 bytes a parameter a step in
+bf16, m x 18 + (m - 1) x 8 + 8 in fp32, against autograd's (m - 1) x 6 (steptime.bf16_accumulation, counted
+operator by operator on one rank, tests/plan/test_bf16_accumulation.py). And BLOOM's record (`sharding:
+bf16_optimizer_zero1`, its "bf16 implements its own zero stage 1 equivalent") is now set up as the launcher runs
+that optimizer, precision.grad_accum_dtype=fp32 at ZeRO 1 (recipes/bloom-176b.yaml's setting), which it had not
+been. Narayanan's PTD-P rows (ZeRO 0, 96-384 micro-batches of one sequence, 1.8-1.9B parameters a GPU) +10.1 / +9.3
+/ +8.3% (175B) and +7.5 / +6.8 / +5.8% (530B) -> +4.6 / +3.9 / +3.0% and +1.7 / +1.1 / +0.1%; BLOOM +13.7% ->
++6.7% (own kernels +20.0% -> +12.2%). The PTD-P rows' own view charges the same accumulation (+3.1 .. -0.2%), not
+quite what Megatron ran: its DDP adds each fp16 gradient into an fp32 main_grad in a hook (2 + 4 + 4 = 10 bytes a
+micro-batch, against the 14 charged) or, with gradient_accumulation_fusion, inside the GEMM; no variant says so
+yet. Within 10% 43.9% -> 44.7%, within 20% 71.8% (unchanged), median 11.3%, worst 62.4%; with each run's own
+kernels 59.5% / 88.9% -> 59.5% / 89.3%, median 8.3%. Nothing fitted.
+
+Reading (2026-12-06, 23:55 UTC: gradient accumulation charged; 172 rows moved, all slower). With m > 1
 micro-batches a step, every backward after the first adds its weight gradients into the held ones (autograd's
 AccumulateGrad, p.grad += g: read both, write one), (m - 1) x 3 w bytes a parameter a step at memory bandwidth
 (steptime.grad_accumulation, as element-wise work of the stage's backward). Nothing had charged it: calibrate's

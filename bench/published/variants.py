@@ -72,8 +72,9 @@ VARIANTS = {
          "            exposed = m * max(0.0, per_mb - hide) + m * 0.189 * min(per_mb, hide)\n"),
     ],
     "fused-grad-accumulation": [
-        ("    m = st.grad_accum_steps\n    if m <= 1:\n",
-         "    m = 1   # variant: the weight-gradient GEMM accumulates into main_grad, no add of its own\n    if m <= 1:\n"),
+        ("    m = st.grad_accum_steps\n    if uses_bf16_optimizer(",
+         "    return Cost()   # variant: the weight-gradient GEMM accumulates into main_grad, no add of its own\n"
+         "    m = st.grad_accum_steps\n    if uses_bf16_optimizer("),
     ],
     "megatron-attention": [
         ("    if shape.flash_attention:\n",

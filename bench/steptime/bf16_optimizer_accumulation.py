@@ -32,6 +32,10 @@ def main() -> None:
         os.environ.setdefault(k, v)
     import deepspeed
 
+    from launcher.runtime.distributed import avoid_shm_comm_build
+
+    avoid_shm_comm_build("cpu")   # no JIT build of DeepSpeed's shared-memory comm op
+
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
     torch.set_num_threads(1)
     d, layers = (int(sys.argv[1]) if len(sys.argv) > 1 else 1024), 24

@@ -192,10 +192,14 @@ One micro-batch on one rank (n = b s / sp tokens outside attention; t = TP, sp =
                             backward, (m - 1) / m of it each micro-batch (grad_accumulation). That is what a plain
                             loop pays, and what calibrate's engine probe counts in its plain side; DeepSpeed's own
                             accumulation beyond it (ZeRO 2/3 reduce each micro-batch's gradients into their
-                            partition) is the engine's per-micro-batch term. BF16_Optimizer's (it zeroes the bf16
-                            gradients and cast-adds them into fp32 every micro-batch: ~20 bytes a parameter more)
-                            is charged by nothing yet: calibrate's probe never runs it (bench/steptime/results.md,
-                            2026-12-07 01:09 UTC).
+                            partition) is the engine's per-micro-batch term. Where DeepSpeed's BF16_Optimizer
+                            runs (bf16 ZeRO-0 pipelines, bf16 ZeRO-1 with fp32 accumulation) its own accumulation
+                            replaces autograd's: it zeroes the bf16 gradients before every backward but the
+                            first and (cast-)adds them into its fp32 (ZeRO 1) or bf16 (ZeRO 0) gradients after
+                            every one, and zeroes those twice a step: m x 18 + (m - 1) x 8 + 8 bytes a parameter
+                            in fp32, m x 6 + (m - 1) x 8 + 4 in bf16 (bf16_accumulation, counted on one rank),
+                            charged 1 / m of it each micro-batch, at m = 1 too. calibrate's engine probe never
+                            runs that optimizer, so nothing else counts it.
     CPU ranks               when a node runs more ranks than the profile's compute_slots (cores), compute
                             stretches by ranks / slots while every rank computes (_compute_stretch); a
                             pipeline's ranks idle in fill and drain, so its 1F1B schedule is played out with
@@ -699,18 +703,46 @@ def _group_link(prof: Profile, ranks: int, stride: int, gpus_per_node: int) -> L
 def _optimizer_s(params: float, st: Strategy, prof: Profile, tensors: int) -> float:
     """AdamW over `params` at memory bandwidth (module docstring), plus zeroing the gradients."""
     w = weight_bytes(st.dtype)
-    per_param = 2 * 3 * F32 + 2 * F32 + (w if w != F32 else 0) + (F32 if st.grad_accum_fp32 else w)
+    # the gradients zeroed: BF16_Optimizer's fp32 ones are the accumulation term's (bf16_accumulation)
+    zeroed = 0 if uses_bf16_optimizer(st.dtype, st.zero_stage, st.grad_accum_fp32, st.pipeline_degree) else (
+        F32 if st.grad_accum_fp32 else w)
+    per_param = 2 * 3 * F32 + 2 * F32 + (w if w != F32 else 0) + zeroed
     return memory_s(params * per_param, 15 * tensors, prof)
 
 
 def grad_accumulation(params: float, tensors: int, st: Strategy, prof: Profile) -> Cost:
-    """What adding each backward's weight gradients into the held ones costs a stage, per micro-batch averaged over
-    the step (module docstring, gradient accumulation): (m - 1) / m of one add over its `params` in the model's
-    dtype (read both, write one: 3 w bytes each), one kernel per parameter tensor. Nothing at m = 1."""
+    """What accumulating each backward's weight gradients costs a stage, per micro-batch averaged over the step
+    (module docstring, gradient accumulation). Autograd's add: (m - 1) / m of one add over its `params` in the
+    model's dtype (read both, write one: 3 w bytes each), one kernel per parameter tensor; nothing at m = 1.
+    Under DeepSpeed's BF16_Optimizer (memory.uses_bf16_optimizer) what that optimizer does instead: bf16_accumulation."""
     m = st.grad_accum_steps
+    if uses_bf16_optimizer(st.dtype, st.zero_stage, st.grad_accum_fp32, st.pipeline_degree):
+        nbytes, kernels = bf16_accumulation(m, st.grad_accum_fp32)
+        return Cost(memory=memory_s(params * nbytes, tensors * kernels, prof) / m)
     if m <= 1:
         return Cost()
     return Cost(memory=(m - 1) / m * memory_s(params * 3 * weight_bytes(st.dtype), tensors, prof))
+
+
+def bf16_accumulation(m: int, fp32: bool = True) -> tuple:
+    """(bytes a parameter, kernels a parameter tensor) a step of m micro-batches costs DeepSpeed 0.19.8's
+    BF16_Optimizer accumulating gradients, at its default immediate_grad_update false (the launcher does not set it);
+    read in runtime/bf16_optimizer.py, engine.py and pipe/engine.py, and counted operator by operator on one rank
+    (tests/plan/test_bf16_accumulation.py). Its "fp32" gradients are in the accumulation dtype, a bytes: fp32 with
+    precision.grad_accum_dtype=fp32 (ZeRO 1), bf16 otherwise (ZeRO-0 pipelines; `fp32` False).
+    - every backward but the step's first finds the bf16 gradients held: clear_lp_grads zeroes them (2 bytes;
+      torch._foreach_zero_, its kernels not counted) and autograd adds the new ones into them (3 x 2 bytes, a
+      kernel); the first finds none (the step's zero_grad set them to None) and keeps what its GEMMs wrote;
+    - after every backward update_hp_grads adds each one into the accumulation gradient, cast first where a = 4
+      (reads 2, writes 4): the add reads 2 a and writes a (fp32: 18 bytes, two kernels; bf16: 6 bytes, one);
+    - the step zeroes the stage's whole accumulation gradient twice (clear_hp_grads at the end of
+      BF16_Optimizer.step and again in the engine's zero_grad: 2 a bytes, flat, kernels not counted).
+    fp32: m x 18 + (m - 1) x 8 + 8 bytes, against autograd's (m - 1) x 6 under the ZeRO-1 optimizer, 20 bytes more
+    an extra micro-batch, as timed on one CPU rank (bench/steptime/bf16_optimizer_accumulation.py: 0.91-1.45 ns an
+    element against 0.87 ns at that profile's bandwidth); bf16: m x 6 + (m - 1) x 8 + 4."""
+    a = 4 if fp32 else 2
+    cast = (2 + a, 1) if fp32 else (0, 0)
+    return m * (cast[0] + 3 * a) + (m - 1) * 8 + 2 * a, m * (1 + cast[1]) + (m - 1)
 
 
 def estimate_step_time(shape: ModelShape, st: Strategy, hw: Hardware, train_tokens: Optional[float] = None) -> StepTime:
