@@ -66,14 +66,31 @@ LAUNCHES = {
 }
 
 
+CRASH_MARKS = ("Fatal Python error", "terminate called", "what():", "corrupted", "double free", "free():",
+               "Check failed", "Enforce")
+
+
+def crash_lines(stderr: str) -> str:
+    """What a rank that died of a signal left on stderr: its C++ abort message and the stacks of every thread
+    (faulthandler, PYTHONFAULTHANDLER), which the tail of the launch's stderr loses once the other ranks log after
+    it. (CP launches on CPU ranks have died, rarely, of SIGABRT / SIGSEGV in the ring's exchanges:
+    _one_exchange_in_flight_on_cpu in launcher/parallel/context.py; the last one, in a CI run of 2026-12-07, left no
+    trace of the dying rank in the message.)"""
+    lines = stderr.splitlines()
+    marks = [i for i, line in enumerate(lines) if any(m in line for m in CRASH_MARKS)]
+    return "\n".join(line for i in marks[:4] for line in lines[max(0, i - 2):i + 30])
+
+
 def _launch(key: str, tmp_path) -> list[dict]:
     nproc, cases = LAUNCHES[key]
     out = tmp_path / f"{key}.json"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext")}
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext"),
+           "PYTHONFAULTHANDLER": "1"}
     torchrun = str(Path(sys.executable).parent / "torchrun")
     proc = subprocess.run([torchrun, "--nproc_per_node", str(nproc), "--standalone", str(DRIVER), str(out), *cases],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    assert proc.returncode == 0, (crash_lines(proc.stderr) + "\n--- the launch's tails ---\n" + proc.stdout[-3000:]
+                                  + proc.stderr[-6000:])
     return json.loads(out.read_text())
 
 
