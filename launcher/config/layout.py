@@ -466,12 +466,16 @@ def _check_grad_accum_dtype(cfg, zero: int, dtype: str) -> None:
                           "as recipe=bloom-176b does) or precision.grad_accum_dtype=null")
 
 
+def pipeline_accumulates_in_bf16(pp: int, zero: int, dtype: str, grad_accum_dtype) -> bool:
+    """DeepSpeed 0.19.8 picks its BF16_Optimizer (fp32 gradient accumulation and master weights, what BLOOM
+    ran) for bf16 + ZeRO-1 only when data_types.grad_accum_dtype is fp32 (runtime/engine.py,
+    _do_optimizer_sanity_check); otherwise the ZeRO-1 optimizer sums the pipeline's micro-batch
+    gradients in bf16 (8 mantissa bits) without a word (seen on CPU ranks, tests/parallel)."""
+    return pp > 1 and dtype == "bf16" and zero == 1 and grad_accum_dtype != "fp32"
+
+
 def _warn_bf16_pipeline_accumulation(cfg, pp: int, zero: int, dtype: str, warnings: list[str]) -> None:
-    # DeepSpeed 0.19.8 picks its BF16_Optimizer (fp32 gradient accumulation and master weights, what BLOOM
-    # ran) for bf16 + ZeRO-1 only when data_types.grad_accum_dtype is fp32 (runtime/engine.py,
-    # _do_optimizer_sanity_check); otherwise the ZeRO-1 optimizer sums the pipeline's micro-batch
-    # gradients in bf16 (8 mantissa bits) without a word (seen on CPU ranks, tests/parallel).
-    if pp > 1 and dtype == "bf16" and zero == 1 and cfg.precision.grad_accum_dtype != "fp32":
+    if pipeline_accumulates_in_bf16(pp, zero, dtype, cfg.precision.grad_accum_dtype):
         warnings.append(f"bf16 with pipeline_degree={pp} and ZeRO-1 accumulates the micro-batch gradients in bf16 "
                         f"(precision.grad_accum_dtype={cfg.precision.grad_accum_dtype}); set precision.grad_accum_dtype=fp32 "
                         "for DeepSpeed's BF16_Optimizer (fp32 accumulation, as BLOOM trained)")

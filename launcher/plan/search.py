@@ -39,7 +39,7 @@ from types import SimpleNamespace
 from omegaconf import OmegaConf
 
 from launcher.config.errors import ConfigError
-from launcher.config.layout import Layout, resolve_layout
+from launcher.config.layout import Layout, pipeline_accumulates_in_bf16, resolve_layout
 from launcher.config.supported import LLAMA_FAMILY, PIPELINE_ARCHS, check_supported
 from launcher.plan.inputs import (Hardware, ModelShape, Strategy, model_shape, nics_added_hardware, resolve_hardware,
                                   strategy)
@@ -291,6 +291,9 @@ def explain(c: Candidate, best: Candidate) -> str:
             parts.append(f"{name} {sec / t.step_time_s:.0%}")
     if c.strategy.recompute == "full":
         parts.append("recompute +{:.0%} FLOPs".format(t.hardware_flops_per_token / t.flops_per_token - 1))
+    st = c.strategy
+    if pipeline_accumulates_in_bf16(st.pipeline_degree, st.zero_stage, st.dtype, "fp32" if st.grad_accum_fp32 else None):
+        parts.append("gradients accumulated in bf16")   # the layout's warning (in the JSON rows) says how not to
     parts.append(f"{c.memory.headroom_bytes / 1e9:.0f} GB free")
     if c is not best:
         parts.insert(0, f"{1 - t.tokens_per_s / best.time.tokens_per_s:.1%} slower")
@@ -308,7 +311,8 @@ def search_rows(ranked: list[Candidate], top: int = 10) -> list[dict]:
                     "micro_batch_size": st.micro_batch_size, "recompute": st.recompute,
                     "checkpoint_blocks": st.checkpoint_blocks,
                     "tokens_per_s": t.tokens_per_s, "step_time_s": t.step_time_s, "mfu": t.mfu,
-                    "memory_total_bytes": c.memory.peak.total, "why": explain(c, ranked[0])})
+                    "memory_total_bytes": c.memory.peak.total, "why": explain(c, ranked[0]),
+                    "warnings": list(c.layout.warnings)})
     return out
 
 

@@ -188,3 +188,26 @@ def test_search_proposes_selective_checkpointing_where_none_does_not_fit(tmp_pat
             every = dataclasses.replace(st, checkpoint_blocks=None)
             assert cand.time.step_time_s < estimate_step_time(shape, every, hw).step_time_s
     assert any(c.strategy.checkpoint_blocks is not None for c in selective)
+
+
+def test_search_says_which_layouts_accumulate_gradients_in_bf16():
+    # bf16 ZeRO-1 pipelines without precision.grad_accum_dtype=fp32 sum their micro-batches' gradients in bf16
+    # (DeepSpeed's ZeRO-1 optimizer; fp32 is its BF16_Optimizer). The plan warns; since the step time charges
+    # BF16_Optimizer its accumulation, such layouts rank first for llama-65b (2,048 A100s), so each row says so in
+    # its "why" and carries its layout's warnings. ZeRO-0 pipelines (BF16_Optimizer, bf16 accumulation by its own
+    # choice, no warning) and layouts without a pipeline do not.
+    from launcher.plan.search import search_rows
+
+    ranked, _ = search_layouts(compose(["recipe=llama-65b"]))
+    rows = search_rows(ranked, top=40)
+    flagged = [r for r in rows if "accumulated in bf16" in r["why"]]
+    assert flagged and len(flagged) < len(rows)
+    for r in rows:
+        bf16_sum = r["pipeline_degree"] > 1 and r["zero_stage"] == 1
+        assert ("accumulated in bf16" in r["why"]) == bf16_sum, r
+        assert any("accumulates the micro-batch gradients in bf16" in w for w in r["warnings"]) == bf16_sum, r
+    # with fp32 accumulation asked for, none is flagged (ZeRO-0 layouts are then refused: DeepSpeed would be)
+    ranked, _ = search_layouts(compose(["recipe=llama-65b", "precision.grad_accum_dtype=fp32"]))
+    rows = search_rows(ranked, top=40)
+    assert rows and not any("accumulated in bf16" in r["why"] for r in rows)
+    assert all(r["zero_stage"] != 0 for r in rows)
