@@ -81,7 +81,10 @@ def test_plan_reads_what_zero3_holds_gathered(tmp_path, layout, knobs, whole):
                    cwd=ROOT, check=True, capture_output=True, text=True, timeout=600)
     (row,) = json.loads(out.read_text())
     assert row["zero3_gathered_elements"] - 1_152 == whole     # 1,152: the norms, whole (persistent)
-    assert 0.99 <= row["planned_over_measured"] <= 1.01, row
+    # 1.5%: under the 2.5% / 3.3% a replay without the reuse distance / the walks reads, above what the runs vary by:
+    # the two-block recompute case plans 1.0098 of its peak here and read 1.0104 in a CI run of 2026-12-07, whose
+    # rank held one 32 KiB block less (the same planned bytes at the commit before that day's, 8ccb7ad).
+    assert 0.99 <= row["planned_over_measured"] <= 1.015, row
     planned = [list(phase) for phase in row["zero3_gathers_planned"]]
     for rank in row["zero3_gathers_measured"][0]:   # forward, backward, and after the optimizer step
         assert [rank["forward"], rank["backward"], rank["step"]] == planned, (rank, planned)
