@@ -703,7 +703,7 @@ def _group_link(prof: Profile, ranks: int, stride: int, gpus_per_node: int) -> L
 def _optimizer_s(params: float, st: Strategy, prof: Profile, tensors: int) -> float:
     """AdamW over `params` at memory bandwidth (module docstring), plus zeroing the gradients."""
     w = weight_bytes(st.dtype)
-    # the gradients zeroed: BF16_Optimizer's fp32 ones are the accumulation term's (bf16_accumulation)
+    # the gradients zeroed: BF16_Optimizer's (fp32 or bf16) are the accumulation term's (bf16_accumulation)
     zeroed = 0 if uses_bf16_optimizer(st.dtype, st.zero_stage, st.grad_accum_fp32, st.pipeline_degree) else (
         F32 if st.grad_accum_fp32 else w)
     per_param = 2 * 3 * F32 + 2 * F32 + (w if w != F32 else 0) + zeroed
