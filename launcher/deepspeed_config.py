@@ -9,7 +9,7 @@ This module imports neither torch nor deepspeed.
 from __future__ import annotations
 
 from launcher.config.layout import Layout, reduce_dtype
-from launcher.plan.memory import REDUCE_BUCKET_ELEMENTS, overlap_comm_on, reduce_bucket_for
+from launcher.plan.memory import REDUCE_BUCKET_ELEMENTS, overlap_comm_on, reduce_bucket_for, uses_bf16_optimizer
 from launcher.plan.params import param_numels
 
 # We print our own metrics every step; DeepSpeed's own periodic print would only duplicate them.
@@ -56,6 +56,13 @@ def _precision(cfg, layout: Layout) -> dict:
         })
     if p.grad_accum_dtype is not None:
         out["data_types"] = {"grad_accum_dtype": p.grad_accum_dtype}
+    if uses_bf16_optimizer(layout.dtype, layout.zero_stage, p.grad_accum_dtype == "fp32", layout.pipeline_degree):
+        # BF16_Optimizer adds each bf16 gradient into its accumulation gradient from a hook as autograd produces it
+        # and frees it, instead of zeroing and keeping every bf16 gradient until the backward ends and adding them
+        # all then: the same adds (bit-identical results, tests/plan/test_bf16_accumulation.py), 8 bytes a
+        # parameter less a micro-batch after the first, and no step-long copy of the gradients in the model dtype
+        # (2 bytes a parameter; plan/steptime.py bf16_accumulation, plan/memory.py _model_states).
+        out["bf16"]["immediate_grad_update"] = True
     # Both keys, whatever the layout: DeepSpeed reads the second when sequence_parallel_size > 1, the first otherwise
     # (engine.py), and would default the second to fp32 (config.layout.reduce_dtype says why not).
     out["communication_data_type"] = out["seq_parallel_communication_data_type"] = reduce_dtype(cfg)

@@ -273,7 +273,7 @@ def summary(rows: list[dict], key: str = "error") -> dict:
             "worst_abs_error": max(errs)}
 
 
-# Written by hand after the runs of 2026-12-07 (BF16_Optimizer's accumulation, 03:50 UTC),
+# Written by hand after the runs of 2026-12-07 (immediate_grad_update, 07:25 UTC; BF16_Optimizer's accumulation, 03:50 UTC),
 # 2026-12-06 (gradient accumulation, 23:55 UTC; ZeRO-3's recompute in the
 # coordinator's replay; ZeRO-3's gathers as
 # DeepSpeed issues them; one compute derating
@@ -283,7 +283,23 @@ def summary(rows: list[dict], key: str = "error") -> dict:
 # 2026-12-02 (fms-fsdp added),
 # 2026-11-29 05:05 UTC, 2026-11-28 10:00 UTC,
 # 2026-11-26 21:10 UTC, 2026-11-26 18:00 UTC and 2026-11-25 05:10 UTC (re-read it when the table is regenerated).
-READING = """Reading (2026-12-07, 03:50 UTC: DeepSpeed's BF16_Optimizer accumulation charged; 7 rows moved, all
+READING = """Reading (2026-12-07, 07:25 UTC: the launcher's runtime sets BF16_Optimizer's immediate_grad_update; 7 rows
+moved, all faster). deepspeed_config now asks DeepSpeed for `bf16.immediate_grad_update: true` wherever
+BF16_Optimizer runs: each bf16 gradient is (cast-)added into the accumulation gradient from a hook as the backward
+writes it, and freed. The same adds, in the same order (the weights after two SGD steps are bit-identical,
+tests/plan/test_bf16_accumulation.py), without zeroing and re-adding the held bf16 gradients every micro-batch after
+the first: m x 18 + 8 bytes a parameter a step in fp32, m x 6 + 4 in bf16 (steptime.bf16_accumulation, counted
+operator by operator), (m - 1) x 8 less than DeepSpeed's default; and no step-long bf16 copy of the gradients (2
+bytes a parameter less memory, the measured ledger: tests/plan/test_state_bytes.py). The headline predicts the
+launcher's runtime, so the rows that map to it move faster: Narayanan's PTD-P rows (bf16 ZeRO-0 pipelines, 96-384
+micro-batches a step) +4.6 / +3.9 / +3.0% -> +10.1 / +9.2 / +8.2% (175B) and +1.7 / +1.1 / +0.1% -> +7.5 / +6.8 /
++5.8% (530B), back where they were before the accumulation was charged, since the term is now small there (6
+bytes a micro-batch); BLOOM +6.7% -> +9.3% (own kernels +12.2% -> +15.2%). Within 10% 44.7% -> 44.3% (the 175B row
+at 384 GPUs crosses 10%), within 20% 71.8%, median 11.3%, worst 62.4%; with each run's own kernels 59.5% / 89.3%,
+median 8.30% -> 8.33%. The PTD-P rows' own view still charges the launcher's bf16 accumulation (6 bytes a
+micro-batch), not Megatron's main_grad add (fp16 or fp32 in 2021's code, by a flag their runs do not state).
+
+Reading (2026-12-07, 03:50 UTC: DeepSpeed's BF16_Optimizer accumulation charged; 7 rows moved, all
 slower). Where the launcher's runtime runs DeepSpeed's BF16_Optimizer (bf16 ZeRO-0 under the pipeline engine, which
 accumulates in bf16; bf16 ZeRO-1 with fp32 accumulation) its accumulation replaces autograd's add: it zeroes the
 bf16 gradients before every backward but the first, adds them into its accumulation gradients after every one (cast

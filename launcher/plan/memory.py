@@ -10,8 +10,9 @@ Models", section 5 and figure 1), bytes per parameter held by one rank, Psi para
         at ZeRO 1/2 DeepSpeed still clones an fp32 master partition, so K = 12 again; at ZeRO 3 the launcher
         has it use the fp32 partition itself (launcher/runtime/zero3.py), so 4 + 4 + 8 all over N_d.
     bf16 with fp32 gradient accumulation (DeepSpeed's BF16_Optimizer, deepspeed/runtime/bf16_optimizer.py,
-        what BLOOM ran): + 4 bytes of fp32 gradient buffer per parameter, NOT sharded (fp32_groups_gradients_flat
-        is the full flat group), master weights and Adam states sharded over DP as in ZeRO 1.
+        what BLOOM ran): 4 bytes of fp32 gradient buffer per parameter, NOT sharded (fp32_groups_gradients_flat
+        is the full flat group), in place of the 2 of bf16 gradients (immediate_grad_update, set by the launcher,
+        frees each as it is added), master weights and Adam states sharded over DP as in ZeRO 1.
     offload_optimizer: master weights and Adam states (and the fp32 gradient partition) live in CPU memory.
     offload_param (ZeRO 3): the weights' partition lives in CPU memory; GPUs hold only gathered layers.
 
@@ -356,10 +357,11 @@ def _model_states(n_params, data_degree, zero_stage, dtype, grad_accum_fp32, pip
     params = n_params * w / (d if zero_stage == 3 else 1)
     partition = zero_stage >= 2 or zero1_holds_partition(zero_stage, grad_accum_steps, pipeline_degree, bf16_opt,
                                                           overlap)
-    grads = n_params * w / (d if partition else 1)
-    # BF16_Optimizer: a full (unsharded) flat gradient buffer in the accumulation dtype.
+    # BF16_Optimizer: a full (unsharded) flat gradient buffer in the accumulation dtype, and no gradients in the
+    # model dtype: the launcher sets its immediate_grad_update, so each is added into that buffer and freed as
+    # autograd writes it (deepspeed_config._precision).
     acc = (4 if grad_accum_fp32 else 2) if bf16_opt else 0
-    grads += n_params * acc
+    grads = (0 if bf16_opt else n_params * w / (d if partition else 1)) + n_params * acc
     # fp32 weights are the master weights at ZeRO 0 (torch's optimizer on the model) and ZeRO 3
     # (launcher/runtime/zero3.py); ZeRO 1/2 keep an fp32 clone.
     master = 0 if (dtype == "fp32" and zero_stage in (0, 3)) else 4
@@ -374,12 +376,12 @@ def _model_states(n_params, data_degree, zero_stage, dtype, grad_accum_fp32, pip
         n = f"{n_params:,.0f} params"
         how["params"] = (f"{n} x {w} B ({dtype})" + (f" / DP {d} (ZeRO 3)" if zero_stage == 3 else "")
                          if not offload_param else "in CPU memory (parallel.offload_param)")
-        how["grads"] = f"{n} x {w} B" + (f" / DP {d} (ZeRO {zero_stage}" + (
-            ", overlap_comm, one micro-batch a step: each bucket reduced as the backward fills it"
-            if zero_stage == 1 else "")
-            + ")" if partition else "") + (
-            f" + BF16_Optimizer's unsharded {'fp32' if acc == 4 else 'bf16'} accumulation buffer {n} x {acc} B"
-            if acc else "")
+        how["grads"] = (f"{n} x {acc} B: BF16_Optimizer's unsharded {'fp32' if acc == 4 else 'bf16'} accumulation "
+                        "buffer (each bf16 gradient added into it and freed as the backward writes it: "
+                        "immediate_grad_update)" if acc else
+                        f"{n} x {w} B" + (f" / DP {d} (ZeRO {zero_stage}" + (
+                            ", overlap_comm, one micro-batch a step: each bucket reduced as the backward fills it"
+                            if zero_stage == 1 else "") + ")" if partition else ""))
         how["optimizer"] = ("in CPU memory (parallel.offload_optimizer)" if offload_optimizer else
                             (f"{n} x (4 B fp32 master + 8 B Adam m, v) = 12 B/param (ZeRO paper section 5, K = 12)"
                              if master else f"{n} x 8 B Adam m, v (fp32: the weights are the master, K = 8)")
@@ -741,8 +743,9 @@ def predict_model_state_bytes(cfg, layout, dp_rank: int = 0) -> dict:
         grads w (whole overlapping tensors + tail padding) from zero12_gradient_elements: grads_in_partition
         (copy_grads_in_partition) and get_flat_partition's zero pad, both in the gradient accumulation dtype.
     bf16 + fp32 accumulation at ZeRO 1 (bf16_optimizer.py BF16_Optimizer._setup_for_real_optimizer):
-        params 2a (bf16_groups_flat), grads 4a (fp32_groups_gradients_flat, full and unsharded) + 2N (the
-        bf16 p.grad, kept until the step since immediate_grad_update defaults to false), optimizer 12 p + 4.
+        params 2a (bf16_groups_flat), grads 4a (fp32_groups_gradients_flat, full and unsharded; no bf16 p.grad:
+        with immediate_grad_update, which the launcher sets, each is added into it and freed as the backward
+        writes it), optimizer 12 p + 4.
     ZeRO 3 (zero/partition_parameters.py _partition_param, zero/stage3.py):
         params w sum(p_i) (ds_tensor partitions, defragmented into lp_param_buffer) + w sum(D p_i) over
         "persistent" tensors (n_i <= stage3_param_persistence_threshold = 1e5, parameter_offload.py
@@ -778,7 +781,7 @@ def predict_model_state_bytes(cfg, layout, dp_rank: int = 0) -> dict:
     steps = ADAM_STEP_BYTES * len(groups)  # one flat fp32 partition, hence one Adam step, per group
     buffers = 0
     if uses_bf16_optimizer(layout.dtype, stage, cfg.precision.grad_accum_dtype == "fp32", layout.pipeline_degree):
-        params, grads = w * aligned, w_acc * aligned + w * n
+        params, grads = w * aligned, w_acc * aligned
         optimizer = (master + adam) * part + steps
     elif stage == 0:
         if w_acc != w:

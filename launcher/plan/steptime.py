@@ -194,10 +194,10 @@ One micro-batch on one rank (n = b s / sp tokens outside attention; t = TP, sp =
                             accumulation beyond it (ZeRO 2/3 reduce each micro-batch's gradients into their
                             partition) is the engine's per-micro-batch term. Where DeepSpeed's BF16_Optimizer
                             runs (bf16 ZeRO-0 pipelines, bf16 ZeRO-1 with fp32 accumulation) its own accumulation
-                            replaces autograd's: it zeroes the bf16 gradients before every backward but the
-                            first and (cast-)adds them into its fp32 (ZeRO 1) or bf16 (ZeRO 0) gradients after
-                            every one, and zeroes those twice a step: m x 18 + (m - 1) x 8 + 8 bytes a parameter
-                            in fp32, m x 6 + (m - 1) x 8 + 4 in bf16 (bf16_accumulation, counted on one rank),
+                            replaces autograd's: with immediate_grad_update (the launcher's setting) it
+                            (cast-)adds each bf16 gradient into its fp32 (ZeRO 1) or bf16 (ZeRO 0) gradients
+                            as the backward writes it, and zeroes those twice a step: m x 18 + 8 bytes a
+                            parameter in fp32, m x 6 + 4 in bf16 (bf16_accumulation, counted on one rank),
                             charged 1 / m of it each micro-batch, at m = 1 too. calibrate's engine probe never
                             runs that optimizer, so nothing else counts it.
     CPU ranks               when a node runs more ranks than the profile's compute_slots (cores), compute
@@ -724,25 +724,28 @@ def grad_accumulation(params: float, tensors: int, st: Strategy, prof: Profile) 
     return Cost(memory=(m - 1) / m * memory_s(params * 3 * weight_bytes(st.dtype), tensors, prof))
 
 
-def bf16_accumulation(m: int, fp32: bool = True) -> tuple:
+def bf16_accumulation(m: int, fp32: bool = True, immediate: bool = True) -> tuple:
     """(bytes a parameter, kernels a parameter tensor) a step of m micro-batches costs DeepSpeed 0.19.8's
-    BF16_Optimizer accumulating gradients, at its default immediate_grad_update false (the launcher does not set it);
-    read in runtime/bf16_optimizer.py, engine.py and pipe/engine.py, and counted operator by operator on one rank
-    (tests/plan/test_bf16_accumulation.py). Its "fp32" gradients are in the accumulation dtype, a bytes: fp32 with
-    precision.grad_accum_dtype=fp32 (ZeRO 1), bf16 otherwise (ZeRO-0 pipelines; `fp32` False).
-    - every backward but the step's first finds the bf16 gradients held: clear_lp_grads zeroes them (2 bytes;
-      torch._foreach_zero_, its kernels not counted) and autograd adds the new ones into them (3 x 2 bytes, a
-      kernel); the first finds none (the step's zero_grad set them to None) and keeps what its GEMMs wrote;
-    - after every backward update_hp_grads adds each one into the accumulation gradient, cast first where a = 4
-      (reads 2, writes 4): the add reads 2 a and writes a (fp32: 18 bytes, two kernels; bf16: 6 bytes, one);
+    BF16_Optimizer accumulating gradients; read in runtime/bf16_optimizer.py, engine.py and pipe/engine.py, and
+    counted operator by operator on one rank (tests/plan/test_bf16_accumulation.py). Its "fp32" gradients are in the
+    accumulation dtype, a bytes: fp32 with precision.grad_accum_dtype=fp32 (ZeRO 1), bf16 otherwise (ZeRO-0
+    pipelines; `fp32` False).
+    With immediate_grad_update true, the launcher's setting (deepspeed_config._precision):
+    - every backward adds each bf16 gradient into the accumulation gradient from a hook as autograd writes it, cast
+      first where a = 4 (reads 2, writes 4), and frees it: the add reads 2 a and writes a (fp32: 18 bytes, two
+      kernels; bf16: 6 bytes, one); so autograd never finds a gradient held and never adds into one;
     - the step zeroes the stage's whole accumulation gradient twice (clear_hp_grads at the end of
       BF16_Optimizer.step and again in the engine's zero_grad: 2 a bytes, flat, kernels not counted).
-    fp32: m x 18 + (m - 1) x 8 + 8 bytes, against autograd's (m - 1) x 6 under the ZeRO-1 optimizer, 20 bytes more
-    an extra micro-batch, as timed on one CPU rank (bench/steptime/bf16_optimizer_accumulation.py: 0.91-1.45 ns an
-    element against 0.87 ns at that profile's bandwidth); bf16: m x 6 + (m - 1) x 8 + 4."""
+    fp32: m x 18 + 8 bytes; bf16: m x 6 + 4.
+    With DeepSpeed's default, immediate_grad_update false (`immediate` False), every backward but the step's first
+    finds the bf16 gradients held: clear_lp_grads zeroes them (2 bytes; torch._foreach_zero_, its kernels not
+    counted) and autograd adds the new ones into them (3 x 2 bytes, a kernel); update_hp_grads then adds them all
+    after the backward: (m - 1) x 8 bytes and m - 1 kernels more (timed on one CPU rank, fp32, before the count:
+    bench/steptime/bf16_optimizer_accumulation.py)."""
     a = 4 if fp32 else 2
     cast = (2 + a, 1) if fp32 else (0, 0)
-    return m * (cast[0] + 3 * a) + (m - 1) * 8 + 2 * a, m * (1 + cast[1]) + (m - 1)
+    held = 0 if immediate else m - 1
+    return m * (cast[0] + 3 * a) + held * 8 + 2 * a, m * (1 + cast[1]) + held
 
 
 def estimate_step_time(shape: ModelShape, st: Strategy, hw: Hardware, train_tokens: Optional[float] = None) -> StepTime:

@@ -183,6 +183,22 @@ def test_fp16_config_uses_dynamic_loss_scaling(resolve):
     assert fp16["enabled"] and fp16["loss_scale"] == 0 and fp16["initial_scale_power"] == 16
 
 
+def test_the_launcher_sets_immediate_grad_update_where_bf16_optimizer_runs(resolve):
+    """deepspeed_config asks for immediate_grad_update exactly where the plan says BF16_Optimizer runs (its bytes
+    and equivalence: tests/plan/test_bf16_accumulation.py)."""
+    from launcher.deepspeed_config import build_deepspeed_config
+
+    for overrides, runs in ((["recipe=bloom-176b"], True),
+                            (["recipe=tiny", "precision=bf16", "parallel.pipeline_degree=2", "parallel.zero_stage=0"],
+                             True),
+                            (["recipe=tiny", "precision=bf16", "parallel.zero_stage=1"], False),
+                            (["recipe=tiny", "precision=bf16", "parallel.pipeline_degree=2", "parallel.zero_stage=1"],
+                             False)):
+        cfg, layout = resolve(overrides)
+        ds = build_deepspeed_config(cfg, layout)
+        assert ds["bf16"].get("immediate_grad_update", False) is runs, overrides
+
+
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_golden_deepspeed_json(resolve, recipe):
     """Pinned DeepSpeed JSON per recipe (reviewed by hand). Regenerate with LAUNCHER_UPDATE_GOLDEN=1 after a deliberate change."""

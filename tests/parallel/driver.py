@@ -219,6 +219,7 @@ def run_pipe(cfg, layout, sgd):
         "block_linear_params": sum(p.numel() for b in blocks for n, p in b.named_parameters() if "norm" not in n),
         "sharded_params": sum(p.numel() for p in module.parameters() if getattr(p, "tensor_model_parallel", False)),
         "optimizer": type(engine.optimizer).__name__,
+        "immediate_grad_update": getattr(engine.optimizer, "immediate_grad_update", None),
         "param_dtype": str(next(module.parameters()).dtype),
         "pipeline_eval_loss": info_eval,
         "block_tokens": sorted(block_tokens),

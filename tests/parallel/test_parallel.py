@@ -54,7 +54,9 @@ LAUNCHES = {
         f"pp2:pipe:{PP},{SGD}",
         f"pp2-z1-tied-type-ac:pipe:{PP},{Z1},model.tie_word_embeddings=true,parallel.partition_method=type:DecoderBlock,"
         "model.activation_checkpointing=true,model.checkpoint_blocks=1",
-        f"pp2-bf16:pipe:{PP},{Z1},precision=bf16,precision.grad_accum_dtype=fp32",
+        # BLOOM's choice, tied embeddings too: the tied weight's gradient is all-reduced from BF16_Optimizer's
+        # fp32 copy, which immediate_grad_update fills from a hook (pipe/engine.py _exec_reduce_tied_grads)
+        f"pp2-bf16:pipe:{PP},{Z1},precision=bf16,precision.grad_accum_dtype=fp32,model.tie_word_embeddings=true",
         f"tp2:tpplain:{TP},{SGD}",
         f"tp2-z1:tpplain:{TP},{Z1}",
         f"tp2-z2:tpplain:{TP},{Z2}",
@@ -272,11 +274,13 @@ def test_pp2_tied_type_partition_checkpointing_zero1(ranks2):
 
 @pytest.mark.slow
 def test_pp2_bf16_runs_bf16_optimizer(ranks2):
-    """recipes/bloom-176b.yaml's choice (bf16 + ZeRO-1 + fp32 grad accumulation) on a pipeline: DeepSpeed
-    selects its BF16_Optimizer, the weights are bf16, and the trajectory follows fp32 to bf16 precision
-    (8 mantissa bits: ~4e-3 relative per rounding; measured max 9.3e-3 over 6 steps)."""
+    """recipes/bloom-176b.yaml's choice (bf16 + ZeRO-1 + fp32 grad accumulation, tied embeddings) on a pipeline:
+    DeepSpeed selects its BF16_Optimizer, with the immediate_grad_update the launcher sets, the weights are bf16,
+    and the trajectory follows fp32 to bf16 precision (8 mantissa bits: ~4e-3 relative per rounding; measured max
+    9.3e-3 over 6 steps untied)."""
     r = ranks2["pp2-bf16"]
     assert {i["optimizer"] for i in r["per_rank"]} == {"BF16_Optimizer"}
+    assert {i["immediate_grad_update"] for i in r["per_rank"]} == {True}
     assert {i["param_dtype"] for i in r["per_rank"]} == {"torch.bfloat16"}
     # Gradient norms: the first step's (same weights, bf16-rounded) within 1e-2 (measured 1.9e-3); later ones
     # follow the bf16 trajectory, not the fp32 one (step 4: 1.70 vs 0.99), and are not compared.

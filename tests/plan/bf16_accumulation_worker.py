@@ -10,11 +10,15 @@ One process, one rank (gloo). A model of LAYERS bias-free Linear(D, D) in bf16 t
 Under a TorchDispatchMode it counts, for the second step (the first leaves the steady state: gradients None after
 its zero_grad), every aten operator of the backward calls except GEMMs, views and c10d collectives, as bytes read
 plus bytes written (an in-place operator reads and writes its self; zero_/fill_ only write), and, inside step(),
-the zeroing operators. The engine's data-parallel gradient all-reduce at the step's last backward
-(allreduce_gradients: the fp32 gradients cast to the communication dtype, reduced and copied back, ~20 bytes a
-parameter at one rank too) is counted apart, as "reduce": it is the engine's data-parallel work, not accumulation. Writes {"plain": {m: ...}, "bf16_optimizer": {m: ...}, "params": N} to argv[1].
+the zeroing operators. Each BF16_Optimizer runs twice, with immediate_grad_update false (DeepSpeed's default)
+and true (the launcher's), and its weights after the two steps are digested to the bit. The engine's
+data-parallel gradient all-reduce at the step's last backward (allreduce_gradients: the fp32 gradients cast to the
+communication dtype, reduced and copied back, ~20 bytes a parameter at one rank too) is counted apart, as
+"reduce": it is the engine's data-parallel work, not accumulation. Writes {"plain": {m: ...},
+"bf16_optimizer[_pipeline][_immediate]": {m: ...}, "params": N} to argv[1].
 """
 
+import hashlib
 import json
 import os
 import sys
@@ -68,6 +72,15 @@ class Bytes(TorchDispatchMode):
         return out
 
 
+def _digest(engine) -> str:
+    """The engine's weights after its steps, bf16 and fp32 master, to the bit: with SGD any change in the
+    gradients the optimizer stepped on (a missed micro-batch, a factor) changes it."""
+    h = hashlib.sha256()
+    for t in [*engine.module.parameters(), *engine.optimizer.fp32_groups_flat_partition]:
+        h.update(t.detach().float().numpy().tobytes())
+    return h.hexdigest()
+
+
 def _step(model_or_engine, x, m: int, engine: bool) -> dict:
     backward, zeroing = Bytes(), Bytes(only=WRITE_ONLY)
     reduce = [0]
@@ -95,7 +108,7 @@ def _step(model_or_engine, x, m: int, engine: bool) -> dict:
             "step_zeroing": zeroing.total, "reduce": reduce[0]}
 
 
-def _pipeline_step(deepspeed, x, m: int) -> dict:
+def _pipeline_step(deepspeed, x, m: int, immediate: bool) -> dict:
     """The same model as a one-stage PipelineModule at ZeRO 0 with bf16 accumulation: the pipeline engine's
     BF16_Optimizer, whose "fp32" gradients are then bf16. Counted: its backward instructions, and the zeroing in its
     optimizer-step instruction, of the second train_batch."""
@@ -106,7 +119,8 @@ def _pipeline_step(deepspeed, x, m: int) -> dict:
     torch.manual_seed(0)
     module = PipelineModule(layers=[nn.Linear(D, D, bias=False) for _ in range(LAYERS)], num_stages=1,
                             loss_fn=lambda out, y: out.float().sum())
-    cfg = {"train_micro_batch_size_per_gpu": BATCH, "gradient_accumulation_steps": m, "bf16": {"enabled": True},
+    cfg = {"train_micro_batch_size_per_gpu": BATCH, "gradient_accumulation_steps": m,
+           "bf16": {"enabled": True, "immediate_grad_update": immediate},
            "zero_optimization": {"stage": 0}, "zero_allow_untested_optimizer": True}
     e, *_ = deepspeed.initialize(model=module, optimizer=torch.optim.SGD(module.parameters(), lr=1e-3), config=cfg)
     assert type(e.optimizer).__name__ == "BF16_Optimizer" and isinstance(e, PipelineEngine), type(e.optimizer)
@@ -127,7 +141,7 @@ def _pipeline_step(deepspeed, x, m: int) -> dict:
             table[schedule.BackwardPass], table[schedule.OptimizerStep] = counted_backward, counted_step
             e.train_batch(iter([(x, x)] * m))
             result = {"backward": backward.total, "backward_kernels": backward.kernels, "by_op": backward.by_op,
-                      "step_zeroing": zeroing.total, "reduce": 0}
+                      "step_zeroing": zeroing.total, "reduce": 0, "weights": _digest(e)}
     finally:
         table[schedule.BackwardPass], table[schedule.OptimizerStep] = backward_fn, step_fn
     return result
@@ -144,22 +158,27 @@ def main() -> None:
 
     torch.set_num_threads(1)
     x = torch.randn(BATCH, D, dtype=torch.bfloat16)
-    out: dict = {"plain": {}, "bf16_optimizer": {}, "bf16_optimizer_pipeline": {}, "params": D * D * LAYERS}
+    kinds = [f"bf16_optimizer{p}{i}" for p in ("", "_pipeline") for i in ("", "_immediate")]
+    out: dict = {"plain": {}, **{k: {} for k in kinds}, "params": D * D * LAYERS}
     for m in (1, 4):
         torch.manual_seed(0)
         model = nn.Sequential(*[nn.Linear(D, D, bias=False) for _ in range(LAYERS)]).to(torch.bfloat16)
         runs = [_step(model, x, m, engine=False) for _ in range(2)]
         out["plain"][m] = runs[1]
-        torch.manual_seed(0)
-        model = nn.Sequential(*[nn.Linear(D, D, bias=False) for _ in range(LAYERS)])
-        cfg = {"train_micro_batch_size_per_gpu": BATCH, "gradient_accumulation_steps": m, "bf16": {"enabled": True},
-               "zero_optimization": {"stage": 1}, "data_types": {"grad_accum_dtype": "fp32"},
-               "zero_allow_untested_optimizer": True}
-        e, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=1e-3), config=cfg)
-        assert type(e.optimizer).__name__ == "BF16_Optimizer", type(e.optimizer)
-        runs = [_step(e, x, m, engine=True) for _ in range(2)]
-        out["bf16_optimizer"][m] = runs[1]
-        out["bf16_optimizer_pipeline"][m] = _pipeline_step(deepspeed, x, m)
+        for immediate in (False, True):
+            suffix = "_immediate" if immediate else ""
+            torch.manual_seed(0)
+            model = nn.Sequential(*[nn.Linear(D, D, bias=False) for _ in range(LAYERS)])
+            cfg = {"train_micro_batch_size_per_gpu": BATCH, "gradient_accumulation_steps": m,
+                   "bf16": {"enabled": True, "immediate_grad_update": immediate},
+                   "zero_optimization": {"stage": 1}, "data_types": {"grad_accum_dtype": "fp32"},
+                   "zero_allow_untested_optimizer": True}
+            e, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=1e-3),
+                                         config=cfg)
+            assert type(e.optimizer).__name__ == "BF16_Optimizer", type(e.optimizer)
+            runs = [_step(e, x, m, engine=True) for _ in range(2)]
+            out["bf16_optimizer" + suffix][m] = {**runs[1], "weights": _digest(e)}
+            out["bf16_optimizer_pipeline" + suffix][m] = _pipeline_step(deepspeed, x, m, immediate)
     with open(sys.argv[1], "w") as f:
         json.dump(out, f, indent=1)
 

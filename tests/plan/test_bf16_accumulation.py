@@ -8,13 +8,15 @@ optimizer of bf16 ZeRO-0 pipelines). It counts the bytes every backward's non-GE
 the step's zeroing. The planner's side is launcher.plan.steptime:
 - plain: autograd adds every backward's gradients but the first into the held ones, (m - 1) x 3 x 2 bytes a
   parameter a step (grad_accumulation);
-- BF16_Optimizer: bf16_accumulation's m x 18 + (m - 1) x 8 + 8 bytes (fp32 accumulation) or m x 6 + (m - 1) x 8
-  + 4 (bf16), replacing that.
+- BF16_Optimizer: bf16_accumulation's m x 18 + 8 bytes (fp32 accumulation) or m x 6 + 4 (bf16) with
+  immediate_grad_update, the launcher's setting; m x 18 + (m - 1) x 8 + 8 or m x 6 + (m - 1) x 8 + 4 with
+  DeepSpeed's default, replacing that. The two settings leave the same weights, to the bit.
 The engine's data-parallel all-reduce at the step's last backward is counted apart (the worker's "reduce") and
 checked to be the per-step ~20 bytes a parameter the docstring of bf16_accumulation leaves to the engine term.
-Measured: plain 18.0 bytes a parameter at m = 4 beyond 4 x m = 1; BF16_Optimizer beyond plain 26.0 (m = 1) and
-86.0 (m = 4) with fp32 accumulation, 10.0 and 34.0 in the pipeline with bf16, each exactly the planned figure
-(scalar operators on the loss add < 0.05 bytes a parameter).
+Measured: plain 18.0 bytes a parameter at m = 4 beyond 4 x m = 1; BF16_Optimizer beyond plain, DeepSpeed's default
+26.0 (m = 1) and 86.0 (m = 4) with fp32 accumulation, 10.0 and 34.0 in the pipeline with bf16; with
+immediate_grad_update 26.0 and 62.0, 10.0 and 10.0; each exactly the planned figure (scalar operators on the loss
+add < 0.05 bytes a parameter).
 """
 
 from __future__ import annotations
@@ -64,12 +66,13 @@ def test_plain_accumulation_adds_every_gradient_after_the_first(counted):
     assert plain[4]["by_op"]["add_"] == 3 * 3 * 2 * n
 
 
+@pytest.mark.parametrize("immediate", [True, False], ids=["immediate_grad_update", "deepspeed_default"])
 @pytest.mark.parametrize("kind,fp32", [("bf16_optimizer", True), ("bf16_optimizer_pipeline", False)])
-def test_bf16_optimizer_accumulation_is_what_the_plan_charges(counted, kind, fp32):
+def test_bf16_optimizer_accumulation_is_what_the_plan_charges(counted, kind, fp32, immediate):
     n, runs = counted
-    plain, bf16 = runs["plain"], runs[kind]
+    plain, bf16 = runs["plain"], runs[kind + ("_immediate" if immediate else "")]
     for m in (1, 4):
-        planned, kernels = steptime.bf16_accumulation(m, fp32)
+        planned, kernels = steptime.bf16_accumulation(m, fp32, immediate)
         got = (bf16[m]["backward"] + bf16[m]["step_zeroing"] - plain[m]["backward"]) / n
         # BF16_Optimizer's work beyond the plain loop's, against the plan's beyond autograd's (m - 1) x 6
         assert got == pytest.approx(planned - (m - 1) * 6, abs=0.05), (m, bf16[m]["by_op"], plain[m]["by_op"])
@@ -82,4 +85,15 @@ def test_bf16_optimizer_accumulation_is_what_the_plan_charges(counted, kind, fp3
         assert bf16[m]["reduce"] / n == pytest.approx(20 if fp32 else 0, abs=0.05)
     a = 4 if fp32 else 2
     assert bf16[4]["step_zeroing"] == bf16[1]["step_zeroing"] == 2 * a * n    # the accumulation gradients, twice
+
+
+
+@pytest.mark.parametrize("kind", ["bf16_optimizer", "bf16_optimizer_pipeline"])
+def test_immediate_grad_update_steps_on_the_same_gradients(counted, kind):
+    """The launcher's immediate_grad_update changes when each bf16 gradient is added, not what is added: after two
+    SGD steps of 1 and of 4 micro-batches the weights (bf16 and fp32 master) are the same to the bit as under
+    DeepSpeed's default (a micro-batch's gradient missed or added twice would move the fp32 master weights)."""
+    _, runs = counted
+    for m in (1, 4):
+        assert runs[kind + "_immediate"][m]["weights"] == runs[kind][m]["weights"], m
 

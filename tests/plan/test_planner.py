@@ -36,17 +36,20 @@ def test_fp32_adam_is_4_4_8():
 
 
 def test_bf16_optimizer_keeps_unsharded_fp32_grads():
-    # DeepSpeed BF16_Optimizer (bf16_optimizer.py): bf16 weights and grads, a full fp32 gradient buffer,
-    # fp32 master + Adam states sharded over DP: 2 + 2 + 4 + 12/8 bytes per parameter at DP 8.
+    # DeepSpeed BF16_Optimizer (bf16_optimizer.py): bf16 weights, a full fp32 gradient buffer, fp32 master + Adam
+    # states sharded over DP: 2 + 4 + 12/8 bytes per parameter at DP 8. No bf16 gradients held: with the
+    # immediate_grad_update the launcher sets each is added into the buffer and freed as the backward writes it
+    # (the measured ledger: tests/plan/test_state_bytes.py llama-bf16-z1-fp32acc).
     b = memory.model_state_bytes(1000, 8, 1, dtype="bf16", grad_accum_fp32=True)
-    assert (b["params"], b["grads"], b["optimizer"]) == (2000, 6000, 1500)
+    assert (b["params"], b["grads"], b["optimizer"]) == (2000, 4000, 1500)
 
 
 def test_the_plan_table_states_each_model_state_terms_arithmetic():
     # The words the plan's table shows beside each term name the factors of the bytes above, term for term.
     how = memory.model_state_how(1000, 8, 1, dtype="bf16", grad_accum_fp32=True)
     assert how == {"params": "1,000 params x 2 B (bf16)",
-                   "grads": "1,000 params x 2 B + BF16_Optimizer's unsharded fp32 accumulation buffer 1,000 params x 4 B",
+                   "grads": "1,000 params x 4 B: BF16_Optimizer's unsharded fp32 accumulation buffer (each bf16 "
+                            "gradient added into it and freed as the backward writes it: immediate_grad_update)",
                    "optimizer": "1,000 params x (4 B fp32 master + 8 B Adam m, v) = 12 B/param (ZeRO paper section 5, "
                                 "K = 12) / DP 8 (ZeRO 1)"}
     how = memory.model_state_how(1000, 4, 0, dtype="fp32")

@@ -672,10 +672,11 @@ def test_gradient_accumulation_adds_the_gradients_once_per_micro_batch_after_the
 
 
 def test_bf16_optimizer_layouts_pay_its_accumulation_instead_of_autograd_s():
-    # DeepSpeed's BF16_Optimizer (bf16 ZeRO-0 pipelines; bf16 ZeRO-1 with grad_accum_dtype fp32) zeroes the bf16
-    # gradients, (cast-)adds them into its accumulation ones and zeroes those twice a step: bf16_accumulation's bytes
-    # and kernels (held to DeepSpeed's operators in tests/plan/test_bf16_accumulation.py), charged 1/m a
-    # micro-batch, at m = 1 too; other layouts pay autograd's (m - 1) x 3 x 2 bytes. 4 micro-batches here.
+    # DeepSpeed's BF16_Optimizer (bf16 ZeRO-0 pipelines; bf16 ZeRO-1 with grad_accum_dtype fp32), with the
+    # immediate_grad_update the launcher sets, (cast-)adds each bf16 gradient into its accumulation ones as the
+    # backward writes it and zeroes those twice a step: bf16_accumulation's bytes and kernels (held to DeepSpeed's
+    # operators in tests/plan/test_bf16_accumulation.py), charged 1/m a micro-batch, at m = 1 too; other layouts pay
+    # autograd's (m - 1) x 3 x 2 bytes. 4 micro-batches here.
     prof = ideal(memory_gbps=10.0, kernel_overhead_s=5e-6)
     for overrides, bf16_opt in ((["parallel.pipeline_degree=2", "parallel.zero_stage=0"], True),
                                 (["parallel.zero_stage=1", "precision.grad_accum_dtype=fp32"], True),
@@ -688,9 +689,12 @@ def test_bf16_optimizer_layouts_pay_its_accumulation_instead_of_autograd_s():
         nbytes, kernels = steptime.bf16_accumulation(m, st.grad_accum_fp32) if bf16_opt else ((m - 1) * 6, m - 1)
         assert m * steptime.grad_accumulation(n, 10, st, prof).memory == pytest.approx(
             n * nbytes / 10e9 + 10 * kernels * 5e-6, rel=1e-12), overrides
-    # fp32 accumulation (ZeRO 1): 18 a micro-batch, 8 after the first, 8 a step; bf16 (ZeRO-0 pipelines): 6, 8, 4
-    assert steptime.bf16_accumulation(1) == (26, 2) and steptime.bf16_accumulation(4) == (104, 11)
-    assert steptime.bf16_accumulation(1, False) == (10, 1) and steptime.bf16_accumulation(4, False) == (52, 7)
+    # fp32 accumulation (ZeRO 1): 18 a micro-batch, 8 a step; bf16 (ZeRO-0 pipelines): 6, 4; DeepSpeed's default
+    # (immediate_grad_update false) adds 8 bytes and a kernel a micro-batch after the first (zero and add the held)
+    assert steptime.bf16_accumulation(1) == (26, 2) and steptime.bf16_accumulation(4) == (80, 8)
+    assert steptime.bf16_accumulation(1, False) == (10, 1) and steptime.bf16_accumulation(4, False) == (28, 4)
+    assert steptime.bf16_accumulation(4, True, False) == (104, 11)
+    assert steptime.bf16_accumulation(4, False, False) == (52, 7)
     # and the step's optimizer no longer zeroes gradients there: they are the accumulation term's
     _, shape, st = setup("precision=bf16", "cluster.gpus_per_node=4", "parallel.pipeline_degree=2",
                          "parallel.zero_stage=0")
