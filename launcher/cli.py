@@ -134,10 +134,11 @@ def _plan_one(args) -> int:
 
 def _plan_search(cfg, args) -> int:
     from launcher.plan.report import render_search, search_track_records
-    from launcher.plan.search import held_batch, network_ends, search_layouts, search_rows
+    from launcher.plan.search import fp32_accumulation, held_batch, network_ends, search_layouts, search_rows
 
     ranked, counts = search_layouts(cfg)
     rows = search_rows(ranked, args.top)
+    fp32_accumulation(cfg, ranked, rows)
     ends = network_ends(cfg, ranked, rows)
     record = search_track_records(cfg, rows)
     held = held_batch(cfg, args.overrides)

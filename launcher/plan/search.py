@@ -293,7 +293,7 @@ def explain(c: Candidate, best: Candidate) -> str:
         parts.append("recompute +{:.0%} FLOPs".format(t.hardware_flops_per_token / t.flops_per_token - 1))
     st = c.strategy
     if pipeline_accumulates_in_bf16(st.pipeline_degree, st.zero_stage, st.dtype, "fp32" if st.grad_accum_fp32 else None):
-        parts.append("gradients accumulated in bf16")   # the layout's warning (in the JSON rows) says how not to
+        parts.append("gradients accumulated in bf16")   # the warning (JSON rows) says how not to; fp32_accumulation the price
     parts.append(f"{c.memory.headroom_bytes / 1e9:.0f} GB free")
     if c is not best:
         parts.insert(0, f"{1 - t.tokens_per_s / best.time.tokens_per_s:.1%} slower")
@@ -350,6 +350,34 @@ def network_ends(cfg, ranked: list[Candidate], rows: list[dict]) -> Optional[dic
                 "worst_loss": loss[i]}
 
     return {"fastest_nics_added": one(fastest), "first": one(0), "least_worst_loss": one(least)}
+
+
+def fp32_accumulation(cfg, ranked: list[Candidate], rows: list[dict]) -> None:
+    """What asking for fp32 gradient accumulation would cost each shown layout that sums its micro-batches'
+    gradients in bf16 (config.layout.pipeline_accumulates_in_bf16: bf16 ZeRO-1 pipelines without
+    precision.grad_accum_dtype=fp32, which the plan warns about): the same layout with that key set, where DeepSpeed
+    runs its BF16_Optimizer (plan/memory.py uses_bf16_optimizer: a whole fp32 gradient buffer instead of the bf16
+    gradients, its accumulation charged by steptime.bf16_accumulation). Sets `fp32_accumulation` on each of `rows`
+    ({step_time_s, slower, memory_total_bytes, fits}; None where the layout does not accumulate in bf16) and adds
+    the figure to its "why", so the warning comes with the price of following it. The search itself ranks the
+    layouts with the accumulation dtype the config asks for."""
+    from dataclasses import replace
+
+    plain = plain_config(cfg)
+    shape, hw = model_shape(plain.model), resolve_hardware(plain.cluster, plain.precision.dtype)
+    for c, row in zip(ranked, rows):
+        st = c.strategy
+        if not pipeline_accumulates_in_bf16(st.pipeline_degree, st.zero_stage, st.dtype,
+                                            "fp32" if st.grad_accum_fp32 else None):
+            row["fp32_accumulation"] = None
+            continue
+        twin = replace(st, grad_accum_fp32=True)
+        memory, t = estimate_memory(shape, twin, hw), estimate_step_time(shape, twin, hw)
+        slower = t.step_time_s / c.time.step_time_s - 1
+        row["fp32_accumulation"] = {"step_time_s": t.step_time_s, "slower": slower,
+                                    "memory_total_bytes": memory.peak.total, "fits": memory.fits}
+        row["why"] += (f"; grad_accum_dtype=fp32: {slower:+.1%} time, "
+                       + (f"{memory.headroom_bytes / 1e9:.0f} GB free" if memory.fits else "does not fit"))
 
 
 # The keys the search holds fixed (the tokens per step) and where their value comes from when nothing sets them.

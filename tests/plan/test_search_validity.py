@@ -196,16 +196,39 @@ def test_search_says_which_layouts_accumulate_gradients_in_bf16():
     # BF16_Optimizer its accumulation, such layouts rank first for llama-65b (2,048 A100s), so each row says so in
     # its "why" and carries its layout's warnings. ZeRO-0 pipelines (BF16_Optimizer, bf16 accumulation by its own
     # choice, no warning) and layouts without a pipeline do not.
-    from launcher.plan.search import search_rows
+    # Each flagged row also prices the warning's fix: the same layout planned with precision.grad_accum_dtype=fp32
+    # (BF16_Optimizer), which must be what `launcher plan` says of that layout configured so.
+    from launcher.plan.inputs import model_shape, resolve_hardware, strategy
+    from launcher.plan.memory import estimate_memory
+    from launcher.plan.search import fp32_accumulation, search_rows
+    from launcher.plan.steptime import estimate_step_time
 
-    ranked, _ = search_layouts(compose(["recipe=llama-65b"]))
+    cfg = compose(["recipe=llama-65b"])
+    ranked, _ = search_layouts(cfg)
     rows = search_rows(ranked, top=40)
+    fp32_accumulation(cfg, ranked, rows)
     flagged = [r for r in rows if "accumulated in bf16" in r["why"]]
     assert flagged and len(flagged) < len(rows)
     for r in rows:
         bf16_sum = r["pipeline_degree"] > 1 and r["zero_stage"] == 1
         assert ("accumulated in bf16" in r["why"]) == bf16_sum, r
         assert any("accumulates the micro-batch gradients in bf16" in w for w in r["warnings"]) == bf16_sum, r
+        assert (r["fp32_accumulation"] is not None) == bf16_sum == ("grad_accum_dtype=fp32:" in r["why"]), r
+    for r in flagged[:3]:
+        blocks = [f"model.checkpoint_blocks={r['checkpoint_blocks']}"] if r["checkpoint_blocks"] else []
+        own = compose(["recipe=llama-65b", "precision.grad_accum_dtype=fp32",
+                       f"parallel.tensor_degree={r['tensor_degree']}", f"parallel.pipeline_degree={r['pipeline_degree']}",
+                       f"parallel.sequence_parallel={str(r['sequence_parallel']).lower()}", "parallel.zero_stage=1",
+                       f"batch.micro_batch_size={r['micro_batch_size']}",
+                       f"model.activation_checkpointing={str(r['recompute'] != 'none').lower()}"] + blocks)
+        st = strategy(own, resolve_layout(own))
+        hw = resolve_hardware(own.cluster, own.precision.dtype)
+        shape = model_shape(own.model)
+        twin = r["fp32_accumulation"]
+        assert twin["step_time_s"] == pytest.approx(estimate_step_time(shape, st, hw).step_time_s, rel=1e-12), r
+        assert twin["memory_total_bytes"] == pytest.approx(estimate_memory(shape, st, hw).peak.total, rel=1e-12), r
+        # BF16_Optimizer's fp32 add every micro-batch costs time, its whole fp32 buffer memory
+        assert twin["slower"] > 0 and twin["memory_total_bytes"] > r["memory_total_bytes"], r
     # with fp32 accumulation asked for, none is flagged (ZeRO-0 layouts are then refused: DeepSpeed would be)
     ranked, _ = search_layouts(compose(["recipe=llama-65b", "precision.grad_accum_dtype=fp32"]))
     rows = search_rows(ranked, top=40)
