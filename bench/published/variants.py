@@ -18,6 +18,12 @@ Variants (bytes per kernel by the kernel's definition: each input read once, eac
                          18.9% of the hidden time: the mean computational slowdown under overlapped communication
                          measured on 4 A100 / H100 / MI250 / MI210 with GPT and LLaMA models (arXiv:2507.03114,
                          abstract: "an average computational slowdown of 18.9%, with a maximum of 40.0%")
+  deepspeed-default-bf16-accumulation  DeepSpeed's BF16_Optimizer as it ran before immediate_grad_update existed
+                         (deepspeedai/DeepSpeed#4975, January 2024; the launcher sets it): every backward but the
+                         first zeroes the held bf16 gradients and adds into them, and the optimizer adds them all
+                         after it, (m - 1) x 8 bytes a parameter a step more (steptime.bf16_accumulation, counted
+                         both ways in tests/plan/test_bf16_accumulation.py); runs.yaml `sharding:
+                         bf16_optimizer_zero1` (BLOOM, 2022)
   fused-grad-accumulation  no add of each micro-batch's weight gradients into the held ones: the weight-gradient
                          GEMM accumulates into fp32 main_grad (Megatron-Core's gradient_accumulation_fusion, on in
                          NeMo 2; runs.yaml `grad_accumulation: fused_wgrad`)
@@ -75,6 +81,10 @@ VARIANTS = {
         ("    m = st.grad_accum_steps\n    if uses_bf16_optimizer(",
          "    return Cost()   # variant: the weight-gradient GEMM accumulates into main_grad, no add of its own\n"
          "    m = st.grad_accum_steps\n    if uses_bf16_optimizer("),
+    ],
+    "deepspeed-default-bf16-accumulation": [
+        ("        nbytes, kernels = bf16_accumulation(m, st.grad_accum_fp32)\n",
+         "        nbytes, kernels = bf16_accumulation(m, st.grad_accum_fp32, immediate=False)   # variant: default\n"),
     ],
     "megatron-attention": [
         ("    if shape.flash_attention:\n",

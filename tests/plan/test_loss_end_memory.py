@@ -27,9 +27,10 @@ DTYPE_BYTES = {"fp32": 4, "bf16": 2}
 def readings(tmp_path_factory):
     out = tmp_path_factory.mktemp("loss_end") / "loss_end.json"
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
-                    str(REPO / "tests" / "plan" / "loss_end_worker.py"), str(out)],
-                   check=True, env=env, cwd=REPO, capture_output=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
+                           str(REPO / "tests" / "plan" / "loss_end_worker.py"), str(out)],
+                          env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return json.loads(out.read_text())
 
 
