@@ -20,6 +20,12 @@ tokens/s error.
 Where a record leaves a value unknown, the mapping assumes one and the table says which (micro batch 1;
 recompute none; Llama 3's FSDP with a pipeline as ZeRO-1, since DeepSpeed's pipeline engine takes ZeRO 0-1
 only). Runs that carry an assumption are counted separately as well as in the totals.
+
+Each row also carries the launcher's memory plan for the same layout (planned_memory_fraction: the planned peak over
+the GPU's memory, plan/memory.py estimate_memory, which `launcher train` and `--search` apply): over 1, the
+launcher's runtime would not run that layout (its saved tensors, fp32 logits and buffers are what it stores, not
+what the published framework did), and its predicted time is of a run it would refuse. The tables count those runs
+apart as well as in the totals.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ from launcher.config.compose import compose
 from launcher.config.errors import ConfigError
 from launcher.config.layout import resolve_layout
 from launcher.plan.flops import flops_per_token
+from launcher.plan.memory import estimate_memory
 from launcher.plan import steptime
 from launcher.plan.steptime import estimate_step_time
 from launcher.plan.track_record import KERNEL_NAMES
@@ -236,6 +243,7 @@ def compare(records: list[dict], predict, host_terms: bool = False, predict_own=
         hw = hw if host_terms else device_only(hw)
         measured, how = measured_tokens_per_s_per_gpu(r)
         predicted = predict(shape, st, hw) / layout.world_size
+        memory = estimate_memory(shape, st, hw)
         own_total = predict_own(shape, st, hw, r) if predict_own else None
         own = predicted if own_total is None else own_total / layout.world_size
         f = flops_per_token(shape, layout.seq_length)
@@ -250,6 +258,7 @@ def compare(records: list[dict], predict, host_terms: bool = False, predict_own=
             "measured_tflops_per_gpu": measured * f / 1e12, "predicted_tflops_per_gpu": predicted * f / 1e12,
             "error": predicted / measured - 1,
             "elementwise_kernels": r.get("elementwise_kernels", "eager"), "error_own_kernels": own / measured - 1,
+            "planned_memory_fraction": memory.peak.total / memory.capacity_bytes,
         })
     return {"rows": rows, "not_expressible": skipped}
 
@@ -277,7 +286,7 @@ def summary(rows: list[dict], key: str = "error") -> dict:
             "worst_abs_error": max(errs)}
 
 
-# Written by hand after the runs of 2026-12-07 (immediate_grad_update, 07:25 UTC; BF16_Optimizer's accumulation, 03:50 UTC),
+# Written by hand after the runs of 2026-12-07 (the memory split, 07:50 UTC; immediate_grad_update, 07:25 UTC; BF16_Optimizer's accumulation, 03:50 UTC),
 # 2026-12-06 (gradient accumulation, 23:55 UTC; ZeRO-3's recompute in the
 # coordinator's replay; ZeRO-3's gathers as
 # DeepSpeed issues them; one compute derating
@@ -287,7 +296,21 @@ def summary(rows: list[dict], key: str = "error") -> dict:
 # 2026-12-02 (fms-fsdp added),
 # 2026-11-29 05:05 UTC, 2026-11-28 10:00 UTC,
 # 2026-11-26 21:10 UTC, 2026-11-26 18:00 UTC and 2026-11-25 05:10 UTC (re-read it when the table is regenerated).
-READING = """Reading (2026-12-07, 07:25 UTC: the launcher's runtime sets BF16_Optimizer's immediate_grad_update; 7 rows
+READING = """Reading (2026-12-07, 07:50 UTC: which published layouts the launcher's own memory plan would run; nothing
+in the model changed). Every row now carries planned_memory_fraction, the launcher's planned peak for that layout
+over the GPU's memory (plan/memory.py estimate_memory: the check `launcher train` and `--search` apply, held to the
+runtime's saved tensors and buffers by tests/plan). 135 of the 262 expressible runs plan over 1 (median 1.57, up to
+1.93): 130 of MosaicML's 209, three DGX Cloud Llama 3.1 8B rows on one node (1.01), torchtitan's 13B and TinyLlama
+(1.10). So for half the set the headline predicts the time of a run the launcher would refuse before starting: the
+published framework stored less than the launcher's runtime does at that layout. Mostly activations (93% of the
+planned peak, median, over those rows; MosaicML runs its micro-batches of 8-128 without recompute): transformers'
+eager GELU / LayerNorm / attention saved tensors against MPT's fused ones, and the logits, which transformers
+upcasts to fp32 (21% of the planned peak, median; without that term 96 of the 135 would still not fit). Split by it
+(the tables above): the runs that fit 39% / 64% within 10% / 20%, median 12.4%; those that do not 49% / 79%,
+10.1%; with each run's own kernels 49% / 83% and 70% / 96%. The fitting half is not the better-predicted one, so
+restricting the target to it would not meet it either; both halves stay in the headline.
+
+Reading (2026-12-07, 07:25 UTC: the launcher's runtime sets BF16_Optimizer's immediate_grad_update; 7 rows
 moved, all faster). deepspeed_config now asks DeepSpeed for `bf16.immediate_grad_update: true` wherever
 BF16_Optimizer runs: each bf16 gradient is (cast-)added into the accumulation gradient from a hook as the backward
 writes it, and freed. The same adds, in the same order (the weights after two SGD steps are bit-identical,
@@ -797,7 +820,10 @@ def render(result: dict, model_name: str) -> str:
            "Command: `PYTHONPATH=$PWD .venv/bin/python bench/published/compare.py`. Data: `runs.yaml` (sources per run). "
            "Target (issue 14 part 5): within 10% for >= 90% of expressible runs, none worse than 20%.", "",
            "| set | runs | within 10% | within 20% | median abs error | worst |", "|---|---|---|---|---|---|"]
-    sets = {"all": rows, "no assumed fields": [x for x in rows if not x["assumed"]]}
+    sets = {"all": rows, "no assumed fields": [x for x in rows if not x["assumed"]],
+            "the launcher's plan fits its runtime in the GPU": [x for x in rows if x["planned_memory_fraction"] <= 1],
+            "the launcher's plan does not fit (it would refuse the layout)":
+                [x for x in rows if x["planned_memory_fraction"] > 1]}
     for fam in sorted({x["family"] for x in rows}):
         sets[fam] = [x for x in rows if x["family"] == fam]
     for kernel in sorted({x["attention_kernel"] for x in rows}):   # "launcher's" sorts first
@@ -844,12 +870,12 @@ def render(result: dict, model_name: str) -> str:
             f"{x['error']:+.1%} | {', '.join(x['assumed'])} |" for x in worst]
     out += ["", "## Every expressible run", "",
             "| run | GPU x n | layout | measured tok/s/GPU | predicted | measured TFLOP/s | predicted | error | "
-            "error, own kernels (element-wise; attention) | measured from | assumed |",
-            "|---|---|---|---|---|---|---|---|---|---|---|"]
+            "error, own kernels (element-wise; attention) | planned memory / GPU's | measured from | assumed |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     out += [f"| {x['id']} | {x['gpu']} x {x['gpus']} | {x['layout']} | {x['measured_tokens_per_s_per_gpu']:.0f} | "
             f"{x['predicted_tokens_per_s_per_gpu']:.0f} | {x['measured_tflops_per_gpu']:.0f} | {x['predicted_tflops_per_gpu']:.0f} | "
             f"{x['error']:+.1%} | {x['error_own_kernels']:+.1%} ({x['elementwise_kernels']}; {x['attention_kernel']}) | "
-            f"{x['measured_from']} | "
+            f"{x['planned_memory_fraction']:.2f} | {x['measured_from']} | "
             f"{', '.join(x['assumed'])} |" for x in rows]
     out += ["", "## Not expressible", "", "| run | why |", "|---|---|"]
     out += [f"| {x['id']} | {x['why']} |" for x in result["not_expressible"]]
