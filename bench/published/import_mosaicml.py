@@ -19,7 +19,6 @@ launcher's eager GPT-2 gelu_new: each record says so (elementwise_kernels: fused
 
 from __future__ import annotations
 
-import re
 import sys
 
 COMMIT = "495218376830947dce625efabc4d86be7c47cc45"
