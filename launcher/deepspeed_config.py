@@ -9,7 +9,8 @@ This module imports neither torch nor deepspeed.
 from __future__ import annotations
 
 from launcher.config.layout import Layout, reduce_dtype
-from launcher.plan.memory import REDUCE_BUCKET_ELEMENTS, overlap_comm_on, reduce_bucket_for, uses_bf16_optimizer
+from launcher.plan.memory import (BF16_IMMEDIATE_GRAD_UPDATE, REDUCE_BUCKET_ELEMENTS, overlap_comm_on, reduce_bucket_for,
+                                  uses_bf16_optimizer)
 from launcher.plan.params import param_numels
 
 # We print our own metrics every step; DeepSpeed's own periodic print would only duplicate them.
@@ -61,8 +62,9 @@ def _precision(cfg, layout: Layout) -> dict:
         # and frees it, instead of zeroing and keeping every bf16 gradient until the backward ends and adding them
         # all then: the same adds (bit-identical results, tests/plan/test_bf16_accumulation.py), 8 bytes a
         # parameter less a micro-batch after the first, and no step-long copy of the gradients in the model dtype
-        # (2 bytes a parameter; plan/steptime.py bf16_accumulation, plan/memory.py _model_states).
-        out["bf16"]["immediate_grad_update"] = True
+        # (2 bytes a parameter; plan/steptime.py bf16_accumulation, plan/memory.py _model_states, which read the
+        # same value).
+        out["bf16"]["immediate_grad_update"] = BF16_IMMEDIATE_GRAD_UPDATE
     # Both keys, whatever the layout: DeepSpeed reads the second when sequence_parallel_size > 1, the first otherwise
     # (engine.py), and would default the second to fp32 (config.layout.reduce_dtype says why not).
     out["communication_data_type"] = out["seq_parallel_communication_data_type"] = reduce_dtype(cfg)

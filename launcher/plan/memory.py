@@ -98,6 +98,13 @@ def weight_bytes(dtype: str) -> int:
     return 4 if dtype == "fp32" else 2
 
 
+# Whether BF16_Optimizer runs with bf16.immediate_grad_update (deepspeed_config._precision writes it): each bf16
+# gradient is added into the accumulation gradient by a hook as autograd writes it, and freed. The same adds as
+# DeepSpeed's default (tests/plan/test_bf16_accumulation.py); what the plan charges for it (steptime.bf16_accumulation,
+# the gradients _model_states and predict_model_state_bytes hold) follows this one value.
+BF16_IMMEDIATE_GRAD_UPDATE = True
+
+
 def uses_bf16_optimizer(dtype: str, zero_stage: int, grad_accum_fp32: bool, pipeline_degree: int) -> bool:
     """Whether DeepSpeed 0.19.8 wraps the optimizer in BF16_Optimizer (engine._do_optimizer_sanity_check):
     bf16 + fp32 gradient accumulation + ZeRO 1, or bf16 + ZeRO 0 + bf16 accumulation under the pipeline engine."""
@@ -357,11 +364,12 @@ def _model_states(n_params, data_degree, zero_stage, dtype, grad_accum_fp32, pip
     params = n_params * w / (d if zero_stage == 3 else 1)
     partition = zero_stage >= 2 or zero1_holds_partition(zero_stage, grad_accum_steps, pipeline_degree, bf16_opt,
                                                           overlap)
-    # BF16_Optimizer: a full (unsharded) flat gradient buffer in the accumulation dtype, and no gradients in the
-    # model dtype: the launcher sets its immediate_grad_update, so each is added into that buffer and freed as
-    # autograd writes it (deepspeed_config._precision).
+    # BF16_Optimizer: a full (unsharded) flat gradient buffer in the accumulation dtype, and with its
+    # immediate_grad_update (BF16_IMMEDIATE_GRAD_UPDATE) no gradients in the model dtype: each is added into that
+    # buffer and freed as autograd writes it.
     acc = (4 if grad_accum_fp32 else 2) if bf16_opt else 0
-    grads = (0 if bf16_opt else n_params * w / (d if partition else 1)) + n_params * acc
+    held = not (bf16_opt and BF16_IMMEDIATE_GRAD_UPDATE)
+    grads = (n_params * w / (d if partition else 1) if held else 0) + n_params * acc
     # fp32 weights are the master weights at ZeRO 0 (torch's optimizer on the model) and ZeRO 3
     # (launcher/runtime/zero3.py); ZeRO 1/2 keep an fp32 clone.
     master = 0 if (dtype == "fp32" and zero_stage in (0, 3)) else 4
@@ -378,10 +386,12 @@ def _model_states(n_params, data_degree, zero_stage, dtype, grad_accum_fp32, pip
                          if not offload_param else "in CPU memory (parallel.offload_param)")
         how["grads"] = (f"{n} x {acc} B: BF16_Optimizer's unsharded {'fp32' if acc == 4 else 'bf16'} accumulation "
                         "buffer (each bf16 gradient added into it and freed as the backward writes it: "
-                        "immediate_grad_update)" if acc else
+                        "immediate_grad_update)" if not held else
                         f"{n} x {w} B" + (f" / DP {d} (ZeRO {zero_stage}" + (
                             ", overlap_comm, one micro-batch a step: each bucket reduced as the backward fills it"
-                            if zero_stage == 1 else "") + ")" if partition else ""))
+                            if zero_stage == 1 else "") + ")" if partition else "") + (
+                            f" + BF16_Optimizer's unsharded {'fp32' if acc == 4 else 'bf16'} accumulation buffer "
+                            f"{n} x {acc} B" if acc else ""))
         how["optimizer"] = ("in CPU memory (parallel.offload_optimizer)" if offload_optimizer else
                             (f"{n} x (4 B fp32 master + 8 B Adam m, v) = 12 B/param (ZeRO paper section 5, K = 12)"
                              if master else f"{n} x 8 B Adam m, v (fp32: the weights are the master, K = 8)")
@@ -781,7 +791,7 @@ def predict_model_state_bytes(cfg, layout, dp_rank: int = 0) -> dict:
     steps = ADAM_STEP_BYTES * len(groups)  # one flat fp32 partition, hence one Adam step, per group
     buffers = 0
     if uses_bf16_optimizer(layout.dtype, stage, cfg.precision.grad_accum_dtype == "fp32", layout.pipeline_degree):
-        params, grads = w * aligned, w_acc * aligned
+        params, grads = w * aligned, w_acc * aligned + (0 if BF16_IMMEDIATE_GRAD_UPDATE else w * n)
         optimizer = (master + adam) * part + steps
     elif stage == 0:
         if w_acc != w:

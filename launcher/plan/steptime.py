@@ -216,7 +216,7 @@ from typing import Optional
 from launcher.config.supported import LLAMA_FAMILY
 from launcher.plan.flops import flops_per_token, recompute_flops_per_token
 from launcher.plan.inputs import Hardware, ModelShape, Strategy
-from launcher.plan.memory import (REDUCE_BUCKET_ELEMENTS, blocks_in_stage, overlap_comm, zero3_gathered,
+from launcher.plan.memory import (BF16_IMMEDIATE_GRAD_UPDATE, REDUCE_BUCKET_ELEMENTS, blocks_in_stage, overlap_comm, zero3_gathered,
                                   blocks_per_stage, checkpointed_in_stage, checkpointed_layers, checkpointed_of,
                                   params_per_stage, uses_bf16_optimizer, weight_bytes)
 from launcher.plan.profile import Link, Profile, interpolate
@@ -724,13 +724,13 @@ def grad_accumulation(params: float, tensors: int, st: Strategy, prof: Profile) 
     return Cost(memory=(m - 1) / m * memory_s(params * 3 * weight_bytes(st.dtype), tensors, prof))
 
 
-def bf16_accumulation(m: int, fp32: bool = True, immediate: bool = True) -> tuple:
+def bf16_accumulation(m: int, fp32: bool = True, immediate: bool = BF16_IMMEDIATE_GRAD_UPDATE) -> tuple:
     """(bytes a parameter, kernels a parameter tensor) a step of m micro-batches costs DeepSpeed 0.19.8's
     BF16_Optimizer accumulating gradients; read in runtime/bf16_optimizer.py, engine.py and pipe/engine.py, and
     counted operator by operator on one rank (tests/plan/test_bf16_accumulation.py). Its "fp32" gradients are in the
     accumulation dtype, a bytes: fp32 with precision.grad_accum_dtype=fp32 (ZeRO 1), bf16 otherwise (ZeRO-0
     pipelines; `fp32` False).
-    With immediate_grad_update true, the launcher's setting (deepspeed_config._precision):
+    With immediate_grad_update true, the launcher's setting (memory.BF16_IMMEDIATE_GRAD_UPDATE):
     - every backward adds each bf16 gradient into the accumulation gradient from a hook as autograd writes it, cast
       first where a = 4 (reads 2, writes 4), and frees it: the add reads 2 a and writes a (fp32: 18 bytes, two
       kernels; bf16: 6 bytes, one); so autograd never finds a gradient held and never adds into one;
