@@ -91,9 +91,11 @@ def build_engine(cfg, layout, ds_config: dict):
 
         model = build_zero3_model(cfg.model, cfg.train.seed, ds_config, vocab_size=layout.padded_vocab_size)
         maybe_apply_activation_checkpointing(cfg, model)
+        maybe_chunk_the_loss(cfg, model)
     else:
         model = build_model(cfg.model, seed=cfg.train.seed, vocab_size=layout.padded_vocab_size)
         maybe_apply_activation_checkpointing(cfg, model)
+        maybe_chunk_the_loss(cfg, model)
     # No weight decay on norm weights and biases (launcher/runtime/optimizer.py: Megatron's rule).
     groups = param_groups(model, cfg.optimizer.weight_decay)
     # ZeRO-3 in fp32 keeps no second copy of the weights as master weights (launcher/runtime/zero3.py).
@@ -126,6 +128,14 @@ def maybe_apply_activation_checkpointing(cfg, model) -> None:
         model.gradient_checkpointing_enable(
             gradient_checkpointing_kwargs=checkpoint_kwargs(getattr(cfg.model, "checkpoint_mode", "full")))
         checkpoint_first_blocks(model, getattr(cfg.model, "checkpoint_blocks", None))
+
+
+def maybe_chunk_the_loss(cfg, model) -> None:
+    """model.chunked_loss: the head and the loss a chunk of tokens at a time (launcher/runtime/chunked_loss.py)."""
+    if getattr(cfg.model, "chunked_loss", False):
+        from launcher.runtime import chunked_loss
+
+        chunked_loss.install(model)
 
 
 def checkpoint_first_blocks(model, count) -> None:

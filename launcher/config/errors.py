@@ -39,3 +39,11 @@ def join_or(values) -> str:
     if not values:
         return "(none)"
     return values[0] if len(values) == 1 else ", ".join(values[:-1]) + " or " + values[-1]
+
+
+def refuse_parallel_degrees(key: str, value, degrees: dict, rule: str, fix: str, fix_tail: str = "") -> None:
+    """ConfigError on `key` for the first of `degrees` ({config key: (degree, why)}) above 1: a setting that runs only
+    where those degrees are 1. `rule` says where it runs; `fix` turns the setting off, `fix_tail` follows the degree's fix."""
+    for name, (degree, why) in degrees.items():
+        if degree > 1:
+            raise ConfigError(key, value, f"{rule}, not with {name}={degree}: {why}", f"{fix}, or {name}=1{fix_tail}")

@@ -31,7 +31,7 @@ import re
 from dataclasses import asdict, dataclass
 
 from launcher.config import hardware
-from launcher.config.errors import ConfigError, join_or, nearest_divisors, nearest_multiples
+from launcher.config.errors import ConfigError, join_or, nearest_divisors, nearest_multiples, refuse_parallel_degrees
 from launcher.config.hfmodel import check_model_source
 from launcher.config.ranges import check_ranges
 
@@ -518,17 +518,31 @@ def _check_checkpoint_mode(cfg, tp: int, pp: int, sp: int, cp: int) -> None:
                                             "not measured"),
                "parallel.context_degree": (cp, "what ring attention leaves saved under it is not "
                                            "measured")}
-    for key, (degree, why) in degrees.items():
-        if degree > 1:
-            raise ConfigError("model.checkpoint_mode", mode,
-                              f"selective checkpointing runs on the transformers model (DP / ZeRO 0-3) only, not with "
-                              f"{key}={degree}: {why}",
-                              f"set model.checkpoint_mode=full, or {key}=1")
+    refuse_parallel_degrees("model.checkpoint_mode", mode, degrees,
+                            "selective checkpointing runs on the transformers model (DP / ZeRO 0-3) only",
+                            "set model.checkpoint_mode=full")
     if getattr(cfg.data, "document_mask", False):
         raise ConfigError("model.checkpoint_mode", mode,
                           "selective checkpointing with data.document_mask=true is not measured (the mask's saved "
                           "set under the selection policy), so it is not run",
                           "set model.checkpoint_mode=full, or data.document_mask=false")
+
+
+def _check_chunked_loss(cfg, tp: int, pp: int, sp: int, cp: int) -> None:
+    """model.chunked_loss replaces the transformers model's head and loss (launcher/runtime/chunked_loss.py); the
+    other loss paths (our layer list's vocab-parallel or pipeline loss, Ulysses' and ring attention's) compute their
+    own logits, so there it would not run: refused rather than ignored."""
+    if not getattr(cfg.model, "chunked_loss", False):
+        return
+    degrees = {"parallel.tensor_degree": (tp, "our TP layers split the head and the loss over the vocabulary "
+                                          "already (V / tensor_degree columns a rank)"),
+               "parallel.pipeline_degree": (pp, "the pipeline's last stage computes its logits as a layer of "
+                                            "its own"),
+               "parallel.sequence_degree": (sp, "Ulysses' loss computes the logits of its tokens itself"),
+               "parallel.context_degree": (cp, "ring attention's loss computes the logits of its tokens itself")}
+    refuse_parallel_degrees("model.chunked_loss", True, degrees,
+                            "the chunked loss replaces the transformers model's head and runs on it (DP / ZeRO 0-3) only",
+                            "set model.chunked_loss=false")
 
 
 def resolve_layout(cfg) -> Layout:
@@ -560,6 +574,7 @@ def resolve_layout(cfg) -> Layout:
     megatron_sp = _check_megatron_sequence_parallel(cfg, tp)
     _check_context_parallel(cfg, cp, tp, sp, device)
     _check_checkpoint_mode(cfg, tp, pp, sp, cp)
+    _check_chunked_loss(cfg, tp, pp, sp, cp)
     dp = _data_degree(cfg, world, tp, pp, sp, cp)
     accum = _check_batch(cfg, dp)
     _check_pipeline(cfg, pp, p.zero_stage, accum, warnings)

@@ -61,6 +61,12 @@ class ModelConfig:
     the element-wise operators (norms, rotary, activation, residual adds) run again: no GEMM recomputed, about 60% of
     the block's activation bytes kept (launcher/runtime/recompute.py). selective runs on the transformers model
     (DP / ZeRO 0-3), not with TP, pipeline stages, Ulysses or CP."""
+    chunked_loss: bool = False
+    """Compute the head's matmul and the cross-entropy a chunk of tokens at a time (launcher/runtime/chunked_loss.py),
+    never holding the whole micro-batch's logits: the loss keeps 12 bytes a token instead of 4 x vocab_size (the fp32
+    log-softmax) and its peak is one chunk's, for one more forward of the head's GEMM. The same gradients as
+    transformers' loss (the head weight's summed over the chunks in its dtype). Runs on the transformers model (DP /
+    ZeRO 0-3), not with TP (whose loss is already split over the vocabulary), pipeline stages, Ulysses or CP."""
     init_from: Optional[str] = None
     """Path of a transformers checkpoint directory (or an `owner/name` in the local HF cache) to start from instead of random init. Its config.json is then the
     model (trained and exported unchanged); every model.* value must equal it (launcher/config/hfmodel.py)."""

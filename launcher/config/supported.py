@@ -7,7 +7,7 @@ launcher/train.py, because the planner must not import the runtime (torch, deeps
 
 from __future__ import annotations
 
-from launcher.config.errors import ConfigError
+from launcher.config.errors import ConfigError, refuse_parallel_degrees
 from launcher.config.streaming import check_streaming
 
 # The architectures launcher/parallel/pipeline.py can cut into a DeepSpeed PipelineModule (its ARCH_MODULES), and so
@@ -137,9 +137,6 @@ def check_document_mask(cfg, layout) -> None:
                           "output holds s/tp tokens and the blocks recompute positions 0..seq-1 "
                           "(launcher/parallel/pipeline.py)",
                           "set data.document_mask=false, or parallel.sequence_parallel=false")
-    for key, (degree, why) in degrees.items():
-        if degree > 1:
-            raise ConfigError("data.document_mask", True,
-                              f"runs on 1 rank, with ZeRO data parallelism and with tensor parallelism without a "
-                              f"pipeline only, not with {key}={degree}: {why}",
-                              f"set data.document_mask=false, or {key}=1 (shard with parallel.zero_stage instead)")
+    refuse_parallel_degrees("data.document_mask", True, degrees,
+                            "runs on 1 rank, with ZeRO data parallelism and with tensor parallelism without a pipeline "
+                            "only", "set data.document_mask=false", " (shard with parallel.zero_stage instead)")

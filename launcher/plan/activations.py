@@ -79,6 +79,14 @@ ColumnParallelLinear(parallel_output=True); core/tensor_parallel/cross_entropy.p
                          clearing them (deepspeed 0.19.8 runtime/pipe/engine.py _exec_backward_pass): our loss_fn
                          releases their storage once the loss is computed (launcher/parallel/pipeline.py
                          ReleasingLoss), so nothing of them outlives the loss's forward.
+    chunked loss         model.chunked_loss (the transformers model on the plain engine; launcher/runtime/chunked_loss.py):
+                         the head's GEMM and the loss a chunk of c = loss_chunk_rows rows at a time, so the loss saves
+                         12 per row (the fp32 log-sum-exp and the int64 target) and its peak above that is one
+                         chunk's, c V: the forward's 8 c V (the fp32 logits and logsumexp's x - max; the 16-bit
+                         logits are freed by their upcast), or the backward's w N h (the input's gradient, written
+                         chunk by chunk) + 4 c V (the fp32 softmax-minus-target) + w c V (its 16-bit cast, outside
+                         fp32), whichever is higher. The head weight's gradient is summed into its own (V, h) buffer,
+                         as the whole GEMM writes it.
     pipeline buffers     (pipeline_degree > 1, per in-flight micro-batch) DeepSpeed's PipelineEngine keeps each
                          micro-batch's stage output in pipe_buffers['outputs'] until its backward (a residual add:
                          no op saves it), cut over the TP ranks (pipe_partitioned: w x / t; under Megatron SP the
@@ -302,17 +310,20 @@ def embedding_bytes(m: ActivationShape, seq_length: int, micro_batch: int, dtype
     return out
 
 
-def loss_bytes_per_token(m: ActivationShape, tp: int = 1) -> float:
+def loss_bytes_per_token(m: ActivationShape, tp: int = 1, chunked: bool = False) -> float:
     """What the loss saves per predicted token: the fp32 log-softmax (4V) and the int64 target; under TP (t > 1)
     Megatron's vocab_parallel_cross_entropy: the fp32 softmax of the rank's V/t columns, the int64 local target
-    column and the bool valid mask, 4V/t + 9."""
+    column and the bool valid mask, 4V/t + 9. `chunked` (model.chunked_loss, launcher/runtime/chunked_loss.py): the
+    fp32 log-sum-exp and the int64 target of each logits row, 12, whatever V."""
+    if chunked:
+        return 4 + INDEX_BYTES
     if tp > 1:
         return 4 * m.vocab_size / tp + INDEX_BYTES + MASK_BYTES
     return 4 * m.vocab_size + INDEX_BYTES
 
 
 def head_bytes(m: ActivationShape, seq_length: int, micro_batch: int, dtype: str, ulysses: int = 1,
-               pipeline: bool = False, sp_tp: int = 1, tp: int = 1) -> float:
+               pipeline: bool = False, sp_tp: int = 1, tp: int = 1, chunked: bool = False) -> float:
     """What the head end saves for one micro-batch: final norm, head input, the loss's fp32 (log-)softmax and
     targets (loss_bytes_per_token; V/tp columns of it under TP).
     `sp_tp`: the final norm runs on 1/sp_tp of the tokens (Megatron SP), its gathered output is the head's input."""
@@ -324,7 +335,7 @@ def head_bytes(m: ActivationShape, seq_length: int, micro_batch: int, dtype: str
             norm = (4 * h + RMS_STATS_BYTES + w * h) / sp_tp + w * h
     else:
         norm = 2 * w * h + 2 * LN_STATS_BYTES
-    return tokens * norm + predicted_tokens(seq_length, micro_batch, ulysses, pipeline) * loss_bytes_per_token(m, tp)
+    return tokens * norm + predicted_tokens(seq_length, micro_batch, ulysses, pipeline) * loss_bytes_per_token(m, tp, chunked)
 
 
 def loss_shifted(pipeline: bool, split: int) -> bool:
@@ -334,6 +345,15 @@ def loss_shifted(pipeline: bool, split: int) -> bool:
     return pipeline and split == 1
 
 
+def loss_chunk_rows(rows: int, vocab_size: int, hidden_size: int) -> int:
+    """model.chunked_loss: the tokens (logits rows) of one chunk, chosen so that a chunk's logits hold about as many
+    elements as the head's input: ceil(rows / ceil(V / h)). Liger-Kernel's fused_linear_cross_entropy picks its
+    chunk by the same ratio (rounded up to a power of two for its Triton kernel; launcher/runtime/chunked_loss.py
+    has no kernel of its own and does not round)."""
+    chunks = -(-vocab_size // hidden_size)
+    return max(1, -(-rows // chunks))
+
+
 def predicted_tokens(seq_length: int, micro_batch: int, ulysses: int = 1, shifted: bool = False) -> float:
     """Positions a rank's loss predicts in one micro-batch: our layer list's causal_lm_loss drops the last (`shifted`),
     transformers' loss shifts the labels instead and CP's loss has no shift, so all s b / u count."""
@@ -341,12 +361,16 @@ def predicted_tokens(seq_length: int, micro_batch: int, ulysses: int = 1, shifte
 
 
 def loss_end_transient_bytes(m: ActivationShape, seq_length: int, micro_batch: int, dtype: str, ulysses: int = 1,
-                              tp: int = 1, shifted: bool = False) -> float:
+                              tp: int = 1, shifted: bool = False, chunked: bool = False) -> float:
     """The loss end's highest moment above what it saves for backward (head_bytes), for one micro-batch on one rank
     (module docstring, "loss end's peak"). `shifted`: the loss drops the last position (our layer list's
-    causal_lm_loss; transformers' loss shifts the labels instead, CP's loss has no shift)."""
+    causal_lm_loss; transformers' loss shifts the labels instead, CP's loss has no shift). `chunked`: model.chunked_loss
+    (module docstring, "chunked loss")."""
     w = dtype_bytes(dtype)
     rows = seq_length * micro_batch / ulysses                  # logits rows (N)
+    if chunked:
+        cv = loss_chunk_rows(int(rows), m.vocab_size, m.hidden_size) * m.vocab_size    # one chunk's logits
+        return max(8 * cv, w * rows * m.hidden_size + (4 if w == 4 else 4 + w) * cv)
     predicted = predicted_tokens(seq_length, micro_batch, ulysses, shifted)
     v = m.vocab_size / tp
     if tp == 1:
@@ -384,7 +408,7 @@ def pipeline_receive_bytes(m: ActivationShape, seq_length: int, micro_batch: int
 def stage_saved_bytes(m: ActivationShape, blocks: int, seq_length: int, micro_batch: int, dtype: str,
                       recompute: str = "none", tp: int = 1, ulysses: int = 1, first: bool = True,
                       last: bool = True, pipeline: bool = False, sp: bool = False, context: int = 1,
-                      document_mask: bool = False, checkpointed: Optional[int] = None) -> float:
+                      document_mask: bool = False, checkpointed: Optional[int] = None, chunked: bool = False) -> float:
     """Bytes one micro-batch leaves saved for backward on one rank of a stage holding `blocks` blocks
     (and the embedding if `first`, the head and loss if `last`): what the tests measure. `checkpointed`: how many of
     the blocks are checkpointed under recompute="full" or "selective" (model.checkpoint_blocks; None: all); the others
@@ -412,5 +436,5 @@ def stage_saved_bytes(m: ActivationShape, blocks: int, seq_length: int, micro_ba
     if first:
         total += embedding_bytes(m, seq_length, micro_batch, dtype, split, document_mask, tp)
     if last:
-        total += head_bytes(m, seq_length, micro_batch, dtype, split, loss_shifted(pipeline, split), sp_tp, tp)
+        total += head_bytes(m, seq_length, micro_batch, dtype, split, loss_shifted(pipeline, split), sp_tp, tp, chunked)
     return total

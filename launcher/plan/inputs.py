@@ -181,6 +181,7 @@ class Strategy:
     partition_method: str = "parameters"   # parallel.partition_method: how DeepSpeed cuts the pipeline (plan/stages.py)
     sequence_parallel: bool = False        # parallel.sequence_parallel: Megatron SP over the TP ranks
     context_degree: int = 1     # ring-attention CP ranks (launcher/parallel/context.py)
+    chunked_loss: bool = False             # model.chunked_loss: head and loss a chunk at a time (plan/activations.py)
     document_mask: bool = False            # data.document_mask: a (micro, 1, s, s) mask reaches every block (plan/activations.py)
     reduce_dtype: Optional[str] = None     # gradients' dtype on the wire (config.layout.reduce_dtype); None = dtype
     # ZeRO 3's parameter fetching (parallel.zero3_*; memory.zero3_gathered replays what they keep gathered)
@@ -252,4 +253,5 @@ def strategy(cfg, layout, recompute: Optional[str] = None) -> Strategy:
         offload_optimizer=bool(cfg.parallel.offload_optimizer), offload_param=bool(cfg.parallel.offload_param),
         partition_method=cfg.parallel.partition_method, sequence_parallel=layout.sequence_parallel,
         context_degree=layout.context_degree, document_mask=bool(getattr(cfg.data, "document_mask", False)),
+        chunked_loss=bool(getattr(cfg.model, "chunked_loss", False)),
         reduce_dtype=reduce_dtype(cfg), **{k: getattr(cfg.parallel, k) for k in ZERO3_KNOBS})

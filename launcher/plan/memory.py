@@ -547,7 +547,8 @@ def _stage_memory(shape: ModelShape, st: Strategy, stage: int, working_set: floa
     ckpt = checkpointed_in_stage(shape, st, stage)
     saved = act.stage_saved_bytes(m, blocks, s, b, st.dtype, st.recompute, st.tensor_degree, st.sequence_degree,
                                   first=first, last=last, pipeline=st.pipeline_layers, sp=st.sequence_parallel,
-                                  context=st.context_degree, document_mask=st.document_mask, checkpointed=ckpt)
+                                  context=st.context_degree, document_mask=st.document_mask, checkpointed=ckpt,
+                                  chunked=st.chunked_loss)
     flight = in_flight_micro_batches(st, stage)
     kept = saved * flight
     if st.pipeline_degree > 1:
@@ -566,7 +567,7 @@ def _stage_memory(shape: ModelShape, st: Strategy, stage: int, working_set: floa
         # activations.loss_bytes_per_token), and so are the loss's saved softmax and the logits' gradient.
         shifted = act.loss_shifted(st.pipeline_layers, u)
         predicted = act.predicted_tokens(s, b, u, shifted)
-        transient = act.loss_end_transient_bytes(m, s, b, st.dtype, u, st.tensor_degree, shifted)
+        transient = act.loss_end_transient_bytes(m, s, b, st.dtype, u, st.tensor_degree, shifted, st.chunked_loss)
         # Two moments (the last stage holds one micro-batch): the loss end's peak (t = 1 the start of the backward,
         # TP the loss's forward), everything saved plus the transient; and the recompute of the last block, by when
         # the backward has freed the head's saved tensors (its fp32 log-softmax) and the logits' gradient. One block's
@@ -574,11 +575,11 @@ def _stage_memory(shape: ModelShape, st: Strategy, stage: int, working_set: floa
         # checkpointed: live peak 42.8 MiB, the same 10 MiB below no checkpointing per block checkpointed;
         # bench/steptime/memory_timeline.py).
         head = act.head_bytes(m, s, b, st.dtype, u, shifted, st.tensor_degree if st.sequence_parallel else 1,
-                              st.tensor_degree)
+                              st.tensor_degree, st.chunked_loss)
         loss_peak, last_recompute = kept + transient, kept - head + working
         acts = max(loss_peak, last_recompute)
         if loss_peak >= last_recompute:
-            logits = predicted * act.loss_bytes_per_token(m, st.tensor_degree) + transient
+            logits = predicted * act.loss_bytes_per_token(m, st.tensor_degree, st.chunked_loss) + transient
     return StageMemory(stage=stage, params=states["params"], grads=states["grads"], optimizer=states["optimizer"],
                        activations=acts, logits=logits, overhead=_overhead(shape, st, n, process_bytes, overlap)[0])
 

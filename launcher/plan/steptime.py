@@ -214,6 +214,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from launcher.config.supported import LLAMA_FAMILY
+from launcher.plan.activations import loss_chunk_rows
 from launcher.plan.flops import flops_per_token, recompute_flops_per_token
 from launcher.plan.inputs import Hardware, ModelShape, Strategy
 from launcher.plan.memory import (BF16_IMMEDIATE_GRAD_UPDATE, REDUCE_BUCKET_ELEMENTS, blocks_in_stage, overlap_comm, zero3_gathered,
@@ -533,10 +534,24 @@ def end_costs(shape: ModelShape, st: Strategy, prof: Profile, links: dict) -> tu
             ar = all_reduce_s(x, t, links["tp"])
             first.tp += ar
             last.tp += ar
-    last.gemm += gemm_s(n, v, h, w, prof, rate) + gemm_s(n, h, v, w, prof, rate) + gemm_s(h, v, n, w, prof, rate)
     logits = n * v
     cast, ck = _fp32_casts(logits, w, 1)
-    if t > 1:
+    if st.chunked_loss:
+        # model.chunked_loss (launcher/runtime/chunked_loss.py; t = 1): k chunks of c rows (activations.
+        # loss_chunk_rows). Forward, each chunk's logits GEMM, their fp32 cast, logsumexp (amax reads 4, x - max reads 4
+        # and writes 4, exp reads and writes 4, the sum reads 4: 4 kernels, 24 bytes an element), the target's gather
+        # negligible. Backward, the logits GEMM again, the cast, the softmax in place (sub_ and exp_, 16 bytes), the
+        # target's scatter negligible, the scale (mul_, 8), the cast down, then the input's gradient (c, h, V) and the
+        # weight's, added into it (V, h, c): 4 GEMMs a chunk where the whole loss runs 3 over all the rows. The
+        # weight's gradient buffer is zeroed first (V h w written), where the whole loss's GEMM writes it.
+        c = loss_chunk_rows(int(n), int(v), h)
+        k = -(-int(n) // c)
+        last.gemm += k * (2 * gemm_s(c, v, h, w, prof, rate) + gemm_s(c, h, v, w, prof, rate)
+                          + gemm_s(h, v, c, w, prof, rate))
+        last.memory += memory_s(logits * 24 + cast, k * (4 + ck), prof) \
+            + memory_s(logits * 24 + 2 * cast + v * h * w, k * (3 + 2 * ck) + 1, prof)
+    elif t > 1:
+        last.gemm += gemm_s(n, v, h, w, prof, rate) + gemm_s(n, h, v, w, prof, rate) + gemm_s(h, v, n, w, prof, rate)
         # vocab_parallel_cross_entropy on the fp32 (n, V/t) logits (Megatron-LM core/tensor_parallel/cross_entropy.py;
         # launcher/parallel/tensor.py): forward the row max (read 4), x - max (read 4, write 4), exp (4, 4) and its
         # row sum (4), then the softmax as exp(x - max - log sum) in place: sub_ (4, 4), exp_ (4, 4): 6 kernels, 40
@@ -547,6 +562,7 @@ def end_costs(shape: ModelShape, st: Strategy, prof: Profile, links: dict) -> tu
         last.memory += memory_s(logits * 10 * F32 + cast, 6 + ck, prof) + memory_s(logits * 2 * F32 + cast, 2 + ck, prof)
         last.tp += 3 * all_reduce_s(n * F32, t, links["tp"])
     else:
+        last.gemm += gemm_s(n, v, h, w, prof, rate) + gemm_s(n, h, v, w, prof, rate) + gemm_s(h, v, n, w, prof, rate)
         # cross-entropy on fp32 logits: log_softmax reads them and writes the log-probabilities, nll_loss gathers
         # one a token; backward, nll_loss_backward writes the dense fp32 gradient, log_softmax's backward reads it
         # and the log-probabilities and writes the logits' gradient. Outside fp32 transformers casts the logits up

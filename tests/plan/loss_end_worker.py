@@ -73,6 +73,28 @@ def case(loss_fn, tp: int, dtype, held: bool) -> float:
     return peak_above_start(run)
 
 
+# model.chunked_loss (launcher/runtime/chunked_loss.py): (batch, seq, hidden) where its peak is the forward's chunk
+# (the vocabulary many times the width) and where it is the backward's input gradient (the width near the vocabulary).
+CHUNKED_SHAPES = ((2, 100, 48), (2, 64, 1000))
+
+
+def chunked_case(batch: int, seq: int, hidden: int, dtype) -> float:
+    """The head and loss of model.chunked_loss from the head's input, as case() does for the whole loss. oneDNN is off:
+    its bf16 GEMM on CPU takes a scratch buffer per call (measured up to 272 KB at these shapes, on top of the
+    tensors), which CUDA's cuBLAS, with its workspace allocated once, does not."""
+    from launcher.runtime.chunked_loss import chunked_head_loss
+
+    torch.manual_seed(0)
+    hidden_states = torch.randn(batch, seq, hidden, dtype=dtype, requires_grad=True)
+    weight = torch.randn(VOCAB, hidden, dtype=dtype)
+    labels = torch.randint(0, VOCAB, (batch, seq))
+
+    def run():
+        chunked_head_loss(hidden_states, weight, labels, VOCAB).backward()
+    with torch.backends.mkldnn.flags(enabled=False):
+        return peak_above_start(run)
+
+
 def main() -> None:
     dist.init_process_group("gloo")
     group = dist.new_group([0, 1])
@@ -81,12 +103,14 @@ def main() -> None:
         for dtype in DTYPES:
             out.append({"path": name, "tp": tp, "dtype": dtype, "held": held, "rank": dist.get_rank(),
                         "peak_bytes": case(loss_fn, tp, DTYPES[dtype], held)})
+    chunked = [{"batch": b, "seq": s, "hidden": h, "dtype": dtype, "peak_bytes": chunked_case(b, s, h, DTYPES[dtype])}
+               for b, s, h in CHUNKED_SHAPES for dtype in DTYPES] if dist.get_rank() == 0 else []
     every = [None] * dist.get_world_size()
     dist.all_gather_object(every, out)
     if dist.get_rank() == 0:
         with open(sys.argv[1], "w") as f:
             json.dump({"batch": BATCH, "seq": SEQ, "hidden": HIDDEN, "vocab": VOCAB,
-                       "cases": [c for rank in every for c in rank]}, f)
+                       "cases": [c for rank in every for c in rank], "chunked": chunked}, f)
     dist.destroy_process_group()
 
 

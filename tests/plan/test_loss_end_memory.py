@@ -1,8 +1,9 @@
 """Issue 14, part 1: the planner's loss end (what the head and loss save, and their transient peak) equals what
 torch's memory timeline reads while the runtime's own loss functions run (tests/plan/loss_end_worker.py: 2 gloo
 ranks, every path the runtime computes its loss by, fp32 and bf16, the logits dropped after the loss or held as
-DeepSpeed's PipelineEngine holds them). Nothing expected here comes from the planner: its formulas
-(launcher/plan/activations.py loss_bytes_per_token, loss_end_transient_bytes) are held to within 2%.
+DeepSpeed's PipelineEngine holds them; model.chunked_loss's head and loss together). Nothing expected here comes
+from the planner: its formulas (launcher/plan/activations.py loss_bytes_per_token, loss_end_transient_bytes) are
+held to within 2%.
 """
 from __future__ import annotations
 
@@ -85,3 +86,24 @@ def test_the_peak_moves_with_what_the_formula_says(readings):
     assert got[("layers-vocab-parallel", "bf16")] == got[("plain-vocab-parallel", "bf16")] == 14
     assert got[("layers-vocab-parallel", "fp32")] == 16
     assert got[("context-vocab-parallel", "fp32")] == 12      # no shift in fp32: the logits are the loss's input
+
+
+def test_the_chunked_loss_end_matches_the_memory_timeline(readings):
+    """model.chunked_loss: what it saves (12 bytes a row) and its peak above that (one chunk's), at a shape where the
+    forward's chunk is the peak and one where the backward's input gradient is, in fp32 and bf16."""
+    d = readings
+    assert len(d["chunked"]) == 4
+    regimes = set()
+    for c in d["chunked"]:
+        b, s, h, v, w = c["batch"], c["seq"], c["hidden"], d["vocab"], DTYPE_BYTES[c["dtype"]]
+        m = act.ActivationShape(arch="llama", hidden_size=h, num_heads=1, num_kv_heads=1, intermediate_size=1,
+                                vocab_size=v)
+        planned = (b * s * act.loss_bytes_per_token(m, 1, chunked=True)
+                   + act.loss_end_transient_bytes(m, s, b, c["dtype"], chunked=True))
+        assert 0.98 <= planned / c["peak_bytes"] <= 1.02, (c, planned)
+        # which moment is the peak, by the arithmetic of the chunk (not the planner's): ceil(V / h) chunks
+        chunk_v = -(-b * s // -(-v // h)) * v
+        regimes.add(8 * chunk_v > w * b * s * h + (4 if w == 4 else 6) * chunk_v)
+        # against what the whole loss would hold at the same shape: 4V + 8 saved a token, 8V more at its peak
+        assert c["peak_bytes"] < 0.2 * b * s * (12 * v + 8), c
+    assert regimes == {True, False}

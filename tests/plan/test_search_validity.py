@@ -41,7 +41,7 @@ def _candidate_config(cfg, st):
                        ("parallel.zero_stage", st.zero_stage), ("batch.micro_batch_size", st.micro_batch_size),
                        ("model.activation_checkpointing", st.checkpointing),
                        ("model.checkpoint_mode", st.recompute if st.checkpointing else "full"),
-                       ("model.checkpoint_blocks", st.checkpoint_blocks)):
+                       ("model.checkpoint_blocks", st.checkpoint_blocks), ("model.chunked_loss", st.chunked_loss)):
         OmegaConf.update(c, key, value)
     OmegaConf.set_readonly(c, True)
     return c
@@ -234,3 +234,28 @@ def test_search_says_which_layouts_accumulate_gradients_in_bf16():
     rows = search_rows(ranked, top=40)
     assert rows and not any("accumulated in bf16" in r["why"] for r in rows)
     assert all(r["zero_stage"] != 0 for r in rows)
+
+
+def test_search_chunks_the_loss_where_the_runtime_can(tmp_path):
+    """With model.chunked_loss=true the search keeps it on the layouts whose loss is the transformers model's (no TP,
+    PP, Ulysses or CP) and plans the others with their own loss, rather than dropping them; a chunked layout plans
+    less memory than the same layout with the whole loss (Llama 3's 128,256-token vocabulary)."""
+    from dataclasses import replace
+
+    from launcher.plan.inputs import model_shape, resolve_hardware
+    from launcher.plan.memory import estimate_memory
+
+    cfg = compose(["recipe=llama3.1-8b", "model.chunked_loss=true", f"runs_dir={tmp_path}"])
+    ranked, _ = search_layouts(cfg)
+    plain = [c for c in ranked if c.strategy.tensor_degree == c.strategy.pipeline_degree
+             == c.strategy.sequence_split == 1]
+    assert plain and len(plain) < len(ranked)
+    for cand in ranked:
+        assert cand.strategy.chunked_loss == (cand in plain)
+    others = [c for c in ranked if c not in plain]
+    for cand in plain[:5] + others[:5]:      # what train runs accepts them as proposed
+        validate_before_start(_candidate_config(cfg, cand.strategy))
+    shape, hw = model_shape(cfg.model), resolve_hardware(cfg.cluster, cfg.precision.dtype)
+    st = plain[0].strategy
+    whole = estimate_memory(shape, replace(st, chunked_loss=False), hw)
+    assert plain[0].memory.peak.total < whole.peak.total

@@ -51,6 +51,10 @@ CASES = {
                                  "parallel.zero3_param_persistence_threshold=1000",
                                  "parallel.zero3_max_reuse_distance=4000", "parallel.zero3_prefetch_bucket_size=2000",
                                  "parallel.zero3_max_live_parameters=8000"],
+    # model.chunked_loss (launcher/runtime/chunked_loss.py): the head and loss a chunk at a time, on the plain engine
+    # and under ZeRO-3's gathering of the head's weight for the forward and again for the backward
+    "zero1_chunked": ["parallel.zero_stage=1", "batch.micro_batch_size=4", "model.chunked_loss=true"],
+    "zero3_chunked": ["parallel.zero_stage=3", "batch.micro_batch_size=4", "model.chunked_loss=true"],
 }
 SAVE_CASES = ("zero0", "zero3")
 
@@ -100,7 +104,8 @@ def main() -> None:
         torch.distributed.all_gather_object(gathered_bytes, state_bytes)
         results[name] = {"losses": losses, "grad_norms": [None if n is None else float(n) for n in norms],
                          "grad_clip": cfg.optimizer.grad_clip, "sample_ids": gathered_ids, "state_bytes": gathered_bytes,
-                         "accum": layout.grad_accum_steps, "micro": layout.micro_batch_size}
+                         "accum": layout.grad_accum_steps, "micro": layout.micro_batch_size,
+                         "head": type(engine.module.get_output_embeddings()).__name__}
         if name in SAVE_CASES:
             ckpt_root = out_dir / name / "checkpoints"
             state = build_state(cfg, layout, ds_config, cfg.train.steps, 0, prepared)

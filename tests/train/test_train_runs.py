@@ -1,8 +1,8 @@
 """Real multi-process training runs on 2 CPU ranks (gloo), batched into few launches.
 
-- one torchrun launch of equivalence_driver.py trains ZeRO 0/1/2/3, micro 1 x accum 4, bf16 and selective activation
+- one torchrun launch of equivalence_driver.py trains ZeRO 0/1/2/3, micro 1 x accum 4, bf16, selective activation
   checkpointing (ZeRO-1 on the first 2 blocks, ZeRO-3 on all, and ZeRO-3 with its fetching knobs lowered so that
-  the forward and the recompute gather different modules inside a block) with the
+  the forward and the recompute gather different modules inside a block) and the chunked loss (ZeRO 1 and 3) with the
   loop's own build_engine/train_step; the fp32 losses and global gradient norms are held to a plain
   single-process PyTorch reference (torch.optim.AdamW, clip_grad_norm_, DeepSpeed's WarmupCosineLR formula
   written out) within 1e-5; the norms are what sees a gradient-scale error (AdamW and clipping hide one
@@ -88,7 +88,7 @@ def test_zero_stages_and_accumulation_match_single_process(driver):
     # clipping: they are the raw norms only while these stay below the clip (measured: 0.66-0.85 < 1.0).
     assert max(ref_norms) < results["zero0"]["grad_clip"]
     for name in ("zero0", "zero1", "zero2", "zero3", "zero2_micro1_accum4", "zero1_selective_first2", "zero3_selective",
-                 "zero3_selective_fetching"):
+                 "zero3_selective_fetching", "zero1_chunked", "zero3_chunked"):
         got = results[name]
         assert len(got["losses"]) == STEPS
         diffs = [abs(a - b) for a, b in zip(got["losses"], ref)]
@@ -96,6 +96,8 @@ def test_zero_stages_and_accumulation_match_single_process(driver):
         norm_diffs = [abs(a - b) / b for a, b in zip(got["grad_norms"], ref_norms)]
         assert max(norm_diffs) < 1e-5, f"{name}: grad norms {got['grad_norms']} vs reference {ref_norms}"
     assert results["zero2_micro1_accum4"]["accum"] == 4 and results["zero2"]["accum"] == 1
+    assert results["zero1_chunked"]["head"] == results["zero3_chunked"]["head"] == "ChunkedLossHead"
+    assert results["zero1"]["head"] == "Linear"
 
 
 def test_bf16_trains(driver):
