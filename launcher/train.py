@@ -79,6 +79,7 @@ def build_engine(cfg, layout, ds_config: dict):
         model = build_sequence_parallel_model(cfg.model, seed=cfg.train.seed, vocab_size=layout.padded_vocab_size,
                                               zero3_config=ds_config if layout.zero_stage == 3 else None)
         maybe_apply_activation_checkpointing(cfg, model)
+        maybe_chunk_the_loss(cfg, model)
     elif layout.context_degree > 1:
         from launcher.parallel.context import build_context_parallel_model, setup_context_parallel
 
@@ -86,6 +87,7 @@ def build_engine(cfg, layout, ds_config: dict):
         model = build_context_parallel_model(cfg.model, seed=cfg.train.seed, vocab_size=layout.padded_vocab_size,
                                              zero3_config=ds_config if layout.zero_stage == 3 else None)
         maybe_apply_activation_checkpointing(cfg, model)
+        maybe_chunk_the_loss(cfg, model)
     elif layout.zero_stage == 3 and layout.tensor_degree == 1:
         from launcher.runtime.build import build_zero3_model
 

@@ -246,7 +246,7 @@ def compare(records: list[dict], predict, host_terms: bool = False, predict_own=
         predicted = predict(shape, st, hw) / layout.world_size
         memory = estimate_memory(shape, st, hw)
         # model.chunked_loss where the runtime runs it (config/layout.py _check_chunked_loss: the transformers model)
-        plain = st.tensor_degree == st.pipeline_degree == st.sequence_split == 1
+        plain = st.tensor_degree == st.pipeline_degree == 1
         chunked = estimate_memory(shape, replace(st, chunked_loss=True), hw) if plain else None
         own_total = predict_own(shape, st, hw, r) if predict_own else None
         own = predicted if own_total is None else own_total / layout.world_size
@@ -305,12 +305,13 @@ def summary(rows: list[dict], key: str = "error") -> dict:
 READING = """Reading (2026-12-07, 11:30 UTC: model.chunked_loss; nothing in the headline moved). The launcher's runtime
 can now compute the head and the loss a chunk of tokens at a time (launcher/runtime/chunked_loss.py; off by
 default): no whole micro-batch of fp32 logits is held. Each row now also carries planned_memory_fraction_chunked_loss,
-the same plan with it, on the 229 layouts where it runs (no TP, PP, Ulysses or CP). Of the 135 runs that plan over
-the GPU's memory, 132 are such layouts and 36 of those fit with it (35 of MosaicML's, TinyLlama's); their planned
-peak drops by 20% (median over the 132). The step it plans is 1.7% longer (median over the 229; up to 13.5% where the
-head is a large part of a small model): one more forward of the head's GEMM. The headline keeps the whole loss, the
-runtime's default, so no error moved. What still keeps 96 plain layouts over the GPU is the blocks' saved tensors:
-transformers' eager operators at MosaicML's micro-batches of 8-128 without recompute.
+the same plan with it, on the 245 layouts where it runs (no TP or PP). All 135 runs that plan over the GPU's memory
+are such layouts, and 39 of them fit with it (35 of MosaicML's, the three DGX Cloud Llama 3.1 8B rows on one node,
+TinyLlama's); their planned peak drops by 20% (median over the 135). The step it plans is 1.9% longer (median over
+the 245; up to 13.5%, MosaicML's 125M at micro-batch 104, where the head is a large part of the model): one more
+forward of the head's GEMM. The headline keeps the whole loss, the runtime's default, so no error moved. What still
+keeps the other 96 over the GPU is the blocks' saved tensors: transformers' eager operators at MosaicML's
+micro-batches of 8-128 without recompute.
 
 Reading (2026-12-07, 07:50 UTC: which published layouts the launcher's own memory plan would run; nothing
 in the model changed). Every row now carries planned_memory_fraction, the launcher's planned peak for that layout

@@ -528,21 +528,19 @@ def _check_checkpoint_mode(cfg, tp: int, pp: int, sp: int, cp: int) -> None:
                           "set model.checkpoint_mode=full, or data.document_mask=false")
 
 
-def _check_chunked_loss(cfg, tp: int, pp: int, sp: int, cp: int) -> None:
-    """model.chunked_loss replaces the transformers model's head and loss (launcher/runtime/chunked_loss.py); the
-    other loss paths (our layer list's vocab-parallel or pipeline loss, Ulysses' and ring attention's) compute their
-    own logits, so there it would not run: refused rather than ignored."""
+def _check_chunked_loss(cfg, tp: int, pp: int) -> None:
+    """model.chunked_loss replaces the transformers model's head and loss (launcher/runtime/chunked_loss.py), which
+    the plain engine, Ulysses and ring attention run; our layer list (TP, pipeline stages) computes its logits as
+    layers of its own, so there it would not run: refused rather than ignored."""
     if not getattr(cfg.model, "chunked_loss", False):
         return
     degrees = {"parallel.tensor_degree": (tp, "our TP layers split the head and the loss over the vocabulary "
                                           "already (V / tensor_degree columns a rank)"),
                "parallel.pipeline_degree": (pp, "the pipeline's last stage computes its logits as a layer of "
-                                            "its own"),
-               "parallel.sequence_degree": (sp, "Ulysses' loss computes the logits of its tokens itself"),
-               "parallel.context_degree": (cp, "ring attention's loss computes the logits of its tokens itself")}
+                                            "its own")}
     refuse_parallel_degrees("model.chunked_loss", True, degrees,
-                            "the chunked loss replaces the transformers model's head and runs on it (DP / ZeRO 0-3) only",
-                            "set model.chunked_loss=false")
+                            "the chunked loss replaces the transformers model's head and runs on it (DP / ZeRO 0-3, "
+                            "Ulysses, CP) only", "set model.chunked_loss=false")
 
 
 def resolve_layout(cfg) -> Layout:
@@ -574,7 +572,7 @@ def resolve_layout(cfg) -> Layout:
     megatron_sp = _check_megatron_sequence_parallel(cfg, tp)
     _check_context_parallel(cfg, cp, tp, sp, device)
     _check_checkpoint_mode(cfg, tp, pp, sp, cp)
-    _check_chunked_loss(cfg, tp, pp, sp, cp)
+    _check_chunked_loss(cfg, tp, pp)
     dp = _data_degree(cfg, world, tp, pp, sp, cp)
     accum = _check_batch(cfg, dp)
     _check_pipeline(cfg, pp, p.zero_stage, accum, warnings)

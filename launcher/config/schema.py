@@ -66,7 +66,7 @@ class ModelConfig:
     never holding the whole micro-batch's logits: the loss keeps 12 bytes a token instead of 4 x vocab_size (the fp32
     log-softmax) and its peak is one chunk's, for one more forward of the head's GEMM. The same gradients as
     transformers' loss (the head weight's summed over the chunks in its dtype). Runs on the transformers model (DP /
-    ZeRO 0-3), not with TP (whose loss is already split over the vocabulary), pipeline stages, Ulysses or CP."""
+    ZeRO 0-3, Ulysses, CP), not with TP (whose loss is already split over the vocabulary) or pipeline stages."""
     init_from: Optional[str] = None
     """Path of a transformers checkpoint directory (or an `owner/name` in the local HF cache) to start from instead of random init. Its config.json is then the
     model (trained and exported unchanged); every model.* value must equal it (launcher/config/hfmodel.py)."""

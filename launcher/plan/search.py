@@ -79,8 +79,7 @@ def _with(cfg: SimpleNamespace, tp: int, pp: int, zero: int, micro: int, recompu
                                "checkpoint_blocks": checkpoint_blocks if recompute else None,
                                "checkpoint_mode": mode if recompute else "full",
                                # model.chunked_loss where the runtime runs it (config/layout.py _check_chunked_loss)
-                               "chunked_loss": bool(getattr(cfg.model, "chunked_loss", False))
-                               and tp == pp == sp == cp == 1})
+                               "chunked_loss": bool(getattr(cfg.model, "chunked_loss", False)) and tp == pp == 1})
     return SimpleNamespace(**{**vars(cfg), "parallel": parallel, "batch": batch, "model": model})
 
 

@@ -19,7 +19,8 @@ its two GEMMs, the mean over the predicted tokens (tests/train/test_chunked_loss
 gradient with transformers' loss).
 
 Chunk: plan/activations.py loss_chunk_rows (one formula, shared with the planner's memory and step time).
-Where: the transformers model on the plain engine (DP, ZeRO 0-3): launcher/config/layout.py refuses it elsewhere.
+Where: the transformers model (DP, ZeRO 0-3, Ulysses, ring-attention CP without TP): launcher/config/layout.py
+refuses it with TP or pipeline stages, whose layer list computes its own logits.
 """
 from __future__ import annotations
 
@@ -81,16 +82,21 @@ class _ChunkedHeadLoss(torch.autograd.Function):
         return grad_h, grad_w, None, None
 
 
+def chunked_token_loss_sum(hidden, weight, targets, vocab_size: int):
+    """The summed fp32 next-token losses of `targets` (b, s; already aligned with the positions, -100 ignored) through
+    the head `weight` (V, h) from `hidden` (b, s, h), a chunk at a time: what launcher/parallel/pipeline.py
+    token_loss_sum computes from whole logits (Ulysses' and ring attention's losses, their rank's tokens)."""
+    b, s, h = hidden.shape
+    chunk = loss_chunk_rows(b * s, vocab_size, h)
+    return _ChunkedHeadLoss.apply(hidden.reshape(b * s, h), weight, targets.reshape(-1), chunk)
+
+
 def chunked_head_loss(hidden, weight, labels, vocab_size: int):
     """transformers' ForCausalLMLoss of `hidden` (b, s, h) through the head `weight` (V, h) and `labels` (b, s): the
     labels shifted left by one (the last position predicts nothing), the mean over the predicted tokens, the fp32
     softmax; computed a chunk at a time (module docstring)."""
-    b, s, h = hidden.shape
-    targets = nn.functional.pad(labels, (0, 1), value=IGNORE)[:, 1:].reshape(-1)
-    rows = hidden.reshape(b * s, h)
-    chunk = loss_chunk_rows(b * s, vocab_size, h)
-    total = _ChunkedHeadLoss.apply(rows, weight, targets, chunk)
-    return total / (targets != IGNORE).sum()
+    targets = nn.functional.pad(labels, (0, 1), value=IGNORE)[:, 1:]
+    return chunked_token_loss_sum(hidden, weight, targets, vocab_size) / (targets != IGNORE).sum()
 
 
 class ChunkedLossHead(nn.Module):
@@ -104,17 +110,27 @@ class ChunkedLossHead(nn.Module):
             raise ValueError("model.chunked_loss: the head has a bias; the chunked loss computes a bias-free head")
         self.weight = head.weight
 
-    def forward(self, hidden, labels):
+    def forward(self, hidden, labels=None, targets=None):
+        if targets is not None:
+            return chunked_token_loss_sum(hidden, self.weight, targets, self.weight.shape[0])
         return chunked_head_loss(hidden, self.weight, labels, self.weight.shape[0])
 
 
-def _forward(self, input_ids=None, labels=None, position_ids=None, **kwargs):
+def _forward(self, input_ids=None, labels=None, position_ids=None, targets=None, **kwargs):
     """The causal LM's forward with the chunked loss: the base model's last hidden state (after the final norm), then
-    the head and the loss together. Returns only the loss (the runtime's plain engine reads nothing else)."""
-    if labels is None:
-        raise ValueError("model.chunked_loss computes the loss only: call the model with labels")
+    the head and the loss together. Returns only the loss: transformers' mean over `labels` shifted (the plain
+    engine), or with `targets` (already aligned, as Ulysses' and ring attention's losses hold their rank's tokens'
+    targets) their sum."""
+    if (labels is None) == (targets is None):
+        raise ValueError("model.chunked_loss computes the loss only: call the model with labels or with targets")
     hidden = self.base_model(input_ids=input_ids, position_ids=position_ids, **kwargs).last_hidden_state
-    return CausalLMOutputWithPast(loss=self.lm_head(hidden, labels))
+    return CausalLMOutputWithPast(loss=self.lm_head(hidden, labels, targets))
+
+
+def installed(model) -> bool:
+    """Whether `model` (or the DeepSpeed engine around it) computes its loss with the chunked head."""
+    head = getattr(getattr(model, "module", model), "get_output_embeddings", None)   # our TP layers have none
+    return head is not None and isinstance(head(), ChunkedLossHead)
 
 
 def install(model) -> None:

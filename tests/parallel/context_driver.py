@@ -18,6 +18,8 @@ import time
 import torch
 import torch.distributed as dist
 
+from launcher.runtime import chunked_loss
+from launcher.train import maybe_chunk_the_loss
 from tests.parallel import driver as base
 
 # Long enough that every rank holds several tokens of each of its two chunks at CP4 (64 / 8 = 8).
@@ -55,6 +57,7 @@ def build_ring_engine(cfg, layout, sgd):
         mpu = setup_context_parallel(layout.context_degree)
         model = build_context_parallel_model(cfg.model, base.SEED, layout.padded_vocab_size, base.zero3_config(cfg, layout))
         base.assert_built_partitioned(model, layout)
+        maybe_chunk_the_loss(cfg, model)       # model.chunked_loss, as train.build_engine does
         embed, config = model.model.embed_tokens, model.config
     return base.initialize(model, cfg, layout, sgd, mpu=mpu), mpu, embed, config
 
@@ -134,6 +137,7 @@ def run_ring(cfg, layout, sgd):
         norms.append(manual_norm if layout.zero_stage == 0 else base.grad_norm(engine))
     info = {"tokens_per_rank": sorted(set(seen)), "cp_rank": coord.cp, "dp_rank": coord.dp, "tp_rank": coord.tp,
             "attn_implementation": config._attn_implementation, "optimizer": type(engine.optimizer).__name__,
+            "chunked_loss": chunked_loss.installed(engine),
             "engine": type(engine).__name__, "params": sum(p.numel() for p in engine.module.parameters()),
             "state_bytes": state}
     return engine, losses, norms, info

@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 import launcher.deepspeed_config as dsc
+from launcher.train import maybe_chunk_the_loss
 
 # The tiny shape of the brief: hidden 64, 4 heads, 4 layers, vocab 256, seq 32; lr high enough that
 # the loss moves and gradient clipping at 1.0 is active in the first steps.
@@ -307,6 +308,7 @@ def run_ulysses(cfg, layout, sgd):
     """Ulysses SP (launcher/parallel/sequence.py): each rank holds seq/sp tokens of its replica's samples."""
     from launcher.parallel.sequence import build_sequence_parallel_model, sequence_parallel_loss, setup_sequence_parallel
     from launcher.plan.rankmap import rank_coord
+    from launcher.runtime import chunked_loss
 
     sp = layout.sequence_degree
     if sp not in _SP_GROUPS:
@@ -316,6 +318,7 @@ def run_ulysses(cfg, layout, sgd):
     # Under ZeRO-3 built as partitions (deepspeed.zero.Init), as train.build_engine builds it.
     model = build_sequence_parallel_model(cfg.model, SEED, layout.padded_vocab_size, zero3_config(cfg, layout))
     assert_built_partitioned(model, layout)
+    maybe_chunk_the_loss(cfg, model)           # model.chunked_loss, as train.build_engine does
     engine = initialize(model, cfg, layout, sgd, mpu=mpu)
     coord = rank_coord(layout, dist.get_rank())
     assert coord.sp == mpu.get_sequence_parallel_rank()
@@ -336,7 +339,8 @@ def run_ulysses(cfg, layout, sgd):
         losses.append(avg.item() / dist.get_world_size())
         norms.append(grad_norm(engine))
     info = {"params": sum(p.numel() for p in engine.module.parameters()), "tokens_per_rank": sorted(set(seen)),
-            "attn_implementation": engine.module.config._attn_implementation, "optimizer": type(engine.optimizer).__name__}
+            "attn_implementation": engine.module.config._attn_implementation, "optimizer": type(engine.optimizer).__name__,
+            "chunked_loss": chunked_loss.installed(engine)}
     return engine, losses, norms, info, None
 
 

@@ -43,6 +43,9 @@ LAUNCHES = {
         # grouped-query attention (k/v heads repeated inside the ring, their gradients summed back) and activation
         # checkpointing (the ring runs again in the recompute).
         f"cp2-gqa-ac-z2:{CP2},{Z[2]},model.num_key_value_heads=2,model.activation_checkpointing=true,{SGD}",
+        # model.chunked_loss: each rank's head and loss over its head-tail tokens a chunk at a time
+        f"cp2-z1-chunked:{CP2},{Z[1]},model.chunked_loss=true,{SGD}",
+        f"cp2-z3-chunked-adamw:{CP2},{Z[3]},model.chunked_loss=true",
     ]),
     "cp4": (4, [f"cp4-z{z}:{CP4},{Z[z]},{SGD}" for z in range(4)]),
     "cp2-dp2": (4, [f"cp2-dp2-z{z}:{CP2},{Z[z]},{SGD}" for z in range(4)] + [f"cp2-dp2-z3-adamw:{CP2},{Z[3]}"]),
@@ -109,6 +112,7 @@ def test_ring_attention_equals_one_rank(key, tmp_path):
         # Each rank embedded seq / cp tokens (its two head-tail chunks), and ran the ring attention.
         assert all(i["tokens_per_rank"] == [r["layout"]["seq_length"] // cp] for i in r["per_rank"]), r["per_rank"]
         assert {i["attn_implementation"] for i in r["per_rank"]} == {"launcher_ring"}
+        assert {i.get("chunked_loss", False) for i in r["per_rank"]} == {"chunked" in r["name"]}
         if r["layout"]["zero_stage"] == 3:
             assert r["reduce_scatter"] is False   # DeepSpeed's 1/sp reduce-scatter path off (deepspeed_config.py)
         pairs = list(zip(r["losses"], r["reference"]))

@@ -77,6 +77,10 @@ LAUNCHES = {
         # repeated to all 4 heads first (launcher/parallel/sequence.py).
         f"sp2-gqa:ulysses:{SP},{SGD},model.num_key_value_heads=2",
         f"sp2-mqa-z3:ulysses:{SP},{Z3},model.num_key_value_heads=1",
+        # model.chunked_loss: each rank's head and loss over its S/sp tokens a chunk at a time (SGD: a scale error
+        # moves the loss; ZeRO-3: the head's weight gathered for the forward and again for the backward)
+        f"sp2-chunked:ulysses:{SP},{SGD},model.chunked_loss=true",
+        f"sp2-z3-chunked:ulysses:{SP},{Z3},model.chunked_loss=true",
     ],
     4: [
         f"pp2-dp2-tied:pipe:{PP},model.tie_word_embeddings=true,{SGD}",
@@ -437,6 +441,7 @@ def test_megatron_sequence_parallel_runs_on_the_plain_engine_with_zero(request, 
 @pytest.mark.slow
 @pytest.mark.parametrize("launch,name", [("ranks2", "sp2"), ("ranks2", "sp2-z1"), ("ranks2", "sp2-z2"), ("ranks2", "sp2-z3"),
                                          ("ranks2", "sp2-z3-sgd"), ("ranks2", "sp2-z3-large-param"),
+                                         ("ranks2", "sp2-chunked"), ("ranks2", "sp2-z3-chunked"),
                                          ("ranks4", "sp2-dp2-z1"), ("ranks4", "sp2-dp2-z3")])
 def test_ulysses_sp2_matches_one_rank(request, launch, name):
     """DeepSpeed Ulysses (DistributedAttention all-to-all): each rank embeds, projects and scores only
@@ -454,6 +459,7 @@ def test_ulysses_sp2_matches_one_rank(request, launch, name):
         assert info["tokens_per_rank"] == [16]
         assert info["attn_implementation"] == "launcher_ulysses"
         assert info["params"] == FULL  # SP replicates the weights
+        assert info["chunked_loss"] == name.endswith("chunked")
     if name == "sp2-z3-large-param":
         assert r["reduce_scatter"] is False and r["reduce_bucket_size"] == V * H
 

@@ -237,9 +237,9 @@ def test_search_says_which_layouts_accumulate_gradients_in_bf16():
 
 
 def test_search_chunks_the_loss_where_the_runtime_can(tmp_path):
-    """With model.chunked_loss=true the search keeps it on the layouts whose loss is the transformers model's (no TP,
-    PP, Ulysses or CP) and plans the others with their own loss, rather than dropping them; a chunked layout plans
-    less memory than the same layout with the whole loss (Llama 3's 128,256-token vocabulary)."""
+    """With model.chunked_loss=true the search keeps it on the layouts whose loss is the transformers model's (no TP
+    or PP; Ulysses and CP included) and plans the others with their own loss, rather than dropping them; a chunked
+    layout plans less memory than the same layout with the whole loss (Llama 3's 128,256-token vocabulary)."""
     from dataclasses import replace
 
     from launcher.plan.inputs import model_shape, resolve_hardware
@@ -247,8 +247,7 @@ def test_search_chunks_the_loss_where_the_runtime_can(tmp_path):
 
     cfg = compose(["recipe=llama3.1-8b", "model.chunked_loss=true", f"runs_dir={tmp_path}"])
     ranked, _ = search_layouts(cfg)
-    plain = [c for c in ranked if c.strategy.tensor_degree == c.strategy.pipeline_degree
-             == c.strategy.sequence_split == 1]
+    plain = [c for c in ranked if c.strategy.tensor_degree == c.strategy.pipeline_degree == 1]
     assert plain and len(plain) < len(ranked)
     for cand in ranked:
         assert cand.strategy.chunked_loss == (cand in plain)
