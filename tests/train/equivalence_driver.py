@@ -55,6 +55,8 @@ CASES = {
     # and under ZeRO-3's gathering of the head's weight for the forward and again for the backward
     "zero1_chunked": ["parallel.zero_stage=1", "batch.micro_batch_size=4", "model.chunked_loss=true"],
     "zero3_chunked": ["parallel.zero_stage=3", "batch.micro_batch_size=4", "model.chunked_loss=true"],
+    "zero2_chunked_ckpt": ["parallel.zero_stage=2", "batch.micro_batch_size=4", "model.chunked_loss=true",
+                           "model.activation_checkpointing=true"],
 }
 SAVE_CASES = ("zero0", "zero3")
 
