@@ -105,7 +105,10 @@ from launcher.runtime.launch import rank_env
 GEMM_SIDES = (32, 64, 128, 256, 512)
 GEMM_SIDES_GPU = (256, 512, 1024, 2048, 4096, 8192)
 GEMM_TOKENS = {"cpu": 2048, "cuda": 16384}
-ATTN_SEQS_CPU = (64, 128, 256, 512, 1024)
+# CPU ranks to the 4,096 tokens their long-context layouts run (docs/training.md's CP examples): the plan clamps the
+# rate past the table's end, and with the table ending at 1,024 recipe=tiny at seq 4,096 planned 2,993 ms a step
+# against 2,110 measured (bench/steptime/results.md, 2026-12-07), its causal attention's rate still rising there.
+ATTN_SEQS_CPU = (64, 128, 256, 512, 1024, 2048, 4096)
 ATTN_SEQS_GPU = (256, 512, 1024, 2048, 4096)
 # 16-bit only, at 16,384 tokens a call (batch 2, 1): long-context layouts (bench/published's 16k-65k rows) read the
 # table there, and one H200's cuDNN flash kernel still gains 445 -> 491 -> 527 TFLOP/s from 4k to 8k to 16k
