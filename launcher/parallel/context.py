@@ -214,11 +214,7 @@ def context_parallel_loss(model, input_ids: torch.Tensor, cp_rank: int, cp: int,
     TP group the model's logits are split over (CP x TP, launcher/parallel/tensor_model.py logits_vocab_group), None
     when they are whole."""
     ids, positions, targets = local_chunk(input_ids, cp_rank, cp)
-    from launcher.parallel.pipeline import token_loss_sum
-    from launcher.runtime import chunked_loss
+    from launcher.parallel.pipeline import local_tokens_loss_sum
 
     predicted = input_ids.shape[0] * (input_ids.shape[1] - 1)
-    if chunked_loss.installed(model):     # model.chunked_loss (no TP): the head and the loss a chunk at a time
-        return model(input_ids=ids, position_ids=positions, targets=targets).loss / predicted
-    logits = model(input_ids=ids, position_ids=positions).logits
-    return token_loss_sum(logits, targets, vocab_group) / predicted
+    return local_tokens_loss_sum(model, ids, positions, targets, vocab_group) / predicted

@@ -313,6 +313,17 @@ def token_loss_sum(logits, targets, tp_group=None):
                            reduction="sum")
 
 
+def local_tokens_loss_sum(model, ids, positions, targets, tp_group=None):
+    """The summed fp32 next-token losses of a rank's own tokens (Ulysses' and ring attention's losses), their
+    `targets` already aligned: through the model's chunked head and loss where model.chunked_loss installed it
+    (launcher/runtime/chunked_loss.py), else from its whole logits (token_loss_sum)."""
+    from launcher.runtime import chunked_loss
+
+    if chunked_loss.installed(model):
+        return model(input_ids=ids, position_ids=positions, targets=targets).loss
+    return token_loss_sum(model(input_ids=ids, position_ids=positions).logits, targets, tp_group)
+
+
 def causal_lm_loss(logits, labels, tp_group=None):
     """Next-token cross entropy with transformers' shift (loss_utils.ForCausalLMLoss):
     position t predicts labels[t+1]; the mean is over the (batch x (seq-1)) predicted tokens,

@@ -93,12 +93,8 @@ def local_chunk(input_ids: torch.Tensor, sp_rank: int, sp: int):
 
 def sequence_parallel_loss(model, input_ids: torch.Tensor, sp_rank: int, sp: int) -> torch.Tensor:
     """This rank's share of the replica's mean next-token loss (the SP ranks' shares sum to it)."""
-    from launcher.runtime import chunked_loss
+    from launcher.parallel.pipeline import local_tokens_loss_sum
 
     ids, positions, targets = local_chunk(input_ids, sp_rank, sp)
     predicted = input_ids.shape[0] * (input_ids.shape[1] - 1)
-    if chunked_loss.installed(model):     # model.chunked_loss: the head and the loss a chunk of tokens at a time
-        return model(input_ids=ids, position_ids=positions, targets=targets).loss / predicted
-    logits = model(input_ids=ids, position_ids=positions).logits
-    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100,
-                           reduction="sum") / predicted
+    return local_tokens_loss_sum(model, ids, positions, targets) / predicted

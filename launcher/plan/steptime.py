@@ -550,25 +550,25 @@ def end_costs(shape: ModelShape, st: Strategy, prof: Profile, links: dict) -> tu
                           + gemm_s(h, v, c, w, prof, rate))
         last.memory += memory_s(logits * 24 + cast, k * (4 + ck), prof) \
             + memory_s(logits * 24 + 2 * cast + v * h * w, k * (3 + 2 * ck) + 1, prof)
-    elif t > 1:
-        last.gemm += gemm_s(n, v, h, w, prof, rate) + gemm_s(n, h, v, w, prof, rate) + gemm_s(h, v, n, w, prof, rate)
-        # vocab_parallel_cross_entropy on the fp32 (n, V/t) logits (Megatron-LM core/tensor_parallel/cross_entropy.py;
-        # launcher/parallel/tensor.py): forward the row max (read 4), x - max (read 4, write 4), exp (4, 4) and its
-        # row sum (4), then the softmax as exp(x - max - log sum) in place: sub_ (4, 4), exp_ (4, 4): 6 kernels, 40
-        # bytes an element, the target's gather negligible; three all-reduces of one fp32 value a token (the max,
-        # the target's logit, the sum). Backward: the softmax times the scaled upstream gradient in place (read 4,
-        # write 4; 2 kernels with the scale), the target columns' subtraction negligible. The casts to fp32 and
-        # back as without TP.
-        last.memory += memory_s(logits * 10 * F32 + cast, 6 + ck, prof) + memory_s(logits * 2 * F32 + cast, 2 + ck, prof)
-        last.tp += 3 * all_reduce_s(n * F32, t, links["tp"])
     else:
         last.gemm += gemm_s(n, v, h, w, prof, rate) + gemm_s(n, h, v, w, prof, rate) + gemm_s(h, v, n, w, prof, rate)
-        # cross-entropy on fp32 logits: log_softmax reads them and writes the log-probabilities, nll_loss gathers
-        # one a token; backward, nll_loss_backward writes the dense fp32 gradient, log_softmax's backward reads it
-        # and the log-probabilities and writes the logits' gradient. Outside fp32 transformers casts the logits up
-        # first and the backward casts their gradient down (counted off the runtime's operators,
-        # bench/steptime/elementwise_bytes.py)
-        last.memory += memory_s(logits * 2 * F32 + cast, 2 + ck, prof) + memory_s(logits * 4 * F32 + cast, 3 + ck, prof)
+        if t > 1:
+            # vocab_parallel_cross_entropy on the fp32 (n, V/t) logits (Megatron-LM core/tensor_parallel/cross_entropy.py;
+            # launcher/parallel/tensor.py): forward the row max (read 4), x - max (read 4, write 4), exp (4, 4) and its
+            # row sum (4), then the softmax as exp(x - max - log sum) in place: sub_ (4, 4), exp_ (4, 4): 6 kernels, 40
+            # bytes an element, the target's gather negligible; three all-reduces of one fp32 value a token (the max,
+            # the target's logit, the sum). Backward: the softmax times the scaled upstream gradient in place (read 4,
+            # write 4; 2 kernels with the scale), the target columns' subtraction negligible. The casts to fp32 and
+            # back as without TP.
+            last.memory += memory_s(logits * 10 * F32 + cast, 6 + ck, prof) + memory_s(logits * 2 * F32 + cast, 2 + ck, prof)
+            last.tp += 3 * all_reduce_s(n * F32, t, links["tp"])
+        else:
+            # cross-entropy on fp32 logits: log_softmax reads them and writes the log-probabilities, nll_loss gathers
+            # one a token; backward, nll_loss_backward writes the dense fp32 gradient, log_softmax's backward reads it
+            # and the log-probabilities and writes the logits' gradient. Outside fp32 transformers casts the logits up
+            # first and the backward casts their gradient down (counted off the runtime's operators,
+            # bench/steptime/elementwise_bytes.py)
+            last.memory += memory_s(logits * 2 * F32 + cast, 2 + ck, prof) + memory_s(logits * 4 * F32 + cast, 3 + ck, prof)
     # The model's own per-micro-batch Python beyond its blocks (embedding, masks and rotary tables, final norm, head,
     # loss; profile.framework), measured whole: half to each end stage (one stage without a pipeline).
     model = prof.framework(shape.arch, st.dtype)[2]
