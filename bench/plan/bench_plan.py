@@ -229,6 +229,17 @@ def search_reading(searches: list[dict], machine: dict) -> str:
     by = {s["world_size"]: s for s in searches}
     bloom, llama, big = by[384], by[2048], by[16384]
     return (
+        "Reading (search, 2026-12-07, 15:10 UTC). The search now tries model.chunked_loss where the runtime runs it "
+        "(no TP or PP) and the whole loss does not fit: the same layout with the chunked loss, and the fewest "
+        "checkpointed blocks a stage with it as well as without (launcher/plan/search.py). recipe=llama-65b enumerates "
+        f"{llama['counts']['enumerated']:,} (2,108 before) and fits {llama['counts']['fit']:,} (1,169 before: none "
+        "of the twins fits); the 405B config enumerates "
+        f"{big['counts']['enumerated']:,} (2,001) and fits {big['counts']['fit']:,} (718), the 9 added ranked "
+        "629th and below (ZeRO-3 DP2048 with Ulysses or CP); bloom-176b is unchanged. No first row moved. "
+        "recipe=llama3.1-8b (128 H100s, not timed here) fits 1,873 (1,771), 115 of them chunked, its #2 one of them. "
+        "The search times are within this box's noise of the commit before, timed alternately with it (2 x 5 "
+        "searches each, CPU median): 0.81 / 0.66 s before, 0.75 / 1.09 s after for the 405B config; 0.77 / 0.95 s "
+        "before, 1.05 / 0.87 s after for llama-65b. "
         "Reading (search, 2026-12-07, 07:30 UTC). Where BF16_Optimizer runs, the launcher now sets its "
         "immediate_grad_update (launcher/deepspeed_config.py _precision): each bf16 gradient is added into the "
         "accumulation gradient as the backward writes it and freed, so such a layout holds 2 bytes a parameter less "

@@ -12,7 +12,10 @@ ZeRO stage 0-3 (0-1 with a pipeline), micro batch (divisors of the per-replica b
 block, and where a layout fits with every block checkpointed but not with none, the fewest checkpointed blocks a
 stage that fit: model.activation_checkpointing, model.checkpoint_blocks; where none does not fit and the layout is
 the transformers model's (no TP, PP, SP, CP), selective checkpointing too, of every block and of the fewest a stage
-that fit: model.checkpoint_mode). Held as configured: the global batch and the
+that fit: model.checkpoint_mode), and the loss: where the transformers model computes it (no TP or PP) and the whole
+loss does not fit, the same layout with model.chunked_loss (one more forward of the head's GEMM: slower where both
+fit, so not tried there), and the fewest checkpointed blocks with it as well as without (model.chunked_loss=true in
+the config keeps it on every such layout instead). Held as configured: the global batch and the
 sequence length (so the tokens per step), precision, cluster and model. The configured TP / PP / SP / ZeRO /
 micro batch are only a starting point: they need not be a valid layout themselves.
 
@@ -70,7 +73,9 @@ def plain_config(cfg) -> SimpleNamespace:
 
 def _with(cfg: SimpleNamespace, tp: int, pp: int, zero: int, micro: int, recompute: bool, sp: int = 1,
           megatron_sp: bool = False, cp: int = 1, checkpoint_blocks: Optional[int] = None,
-          mode: str = "full") -> SimpleNamespace:
+          mode: str = "full", chunked: bool = False) -> SimpleNamespace:
+    """The plain config with a candidate's values; `chunked`: the chunked loss asked for where the configured loss is
+    the whole one (the configured chunked loss is kept wherever it runs)."""
     parallel = SimpleNamespace(**{**vars(cfg.parallel), "tensor_degree": tp, "pipeline_degree": pp, "sequence_degree": sp,
                                   "sequence_parallel": megatron_sp, "context_degree": cp, "zero_stage": zero,
                                   "data_degree": None})
@@ -79,8 +84,18 @@ def _with(cfg: SimpleNamespace, tp: int, pp: int, zero: int, micro: int, recompu
                                "checkpoint_blocks": checkpoint_blocks if recompute else None,
                                "checkpoint_mode": mode if recompute else "full",
                                # model.chunked_loss where the runtime runs it (config/layout.py _check_chunked_loss)
-                               "chunked_loss": bool(getattr(cfg.model, "chunked_loss", False)) and tp == pp == 1})
+                               "chunked_loss": (chunked or _configured_chunked(cfg)) and _chunkable(tp, pp)})
     return SimpleNamespace(**{**vars(cfg), "parallel": parallel, "batch": batch, "model": model})
+
+
+def _configured_chunked(cfg: SimpleNamespace) -> bool:
+    return bool(getattr(cfg.model, "chunked_loss", False))
+
+
+def _chunkable(tp: int, pp: int) -> bool:
+    """Whether train runs model.chunked_loss on the layout: the transformers model's head, no TP or PP (config/layout.py
+    _check_chunked_loss)."""
+    return tp == pp == 1
 
 
 def _divisors(n: int) -> list[int]:
@@ -164,6 +179,7 @@ def search_layouts(cfg) -> tuple[list[Candidate], dict]:
     # (Ulysses, CP) pairs: one of them 1; TP and PP without Ulysses (what train runs: config/layout.py).
     splits = [(sp, 1) for sp in sps] + [(1, cp) for cp in cps]
     counts = {"enumerated": 0, "invalid": 0, "does_not_fit": 0}
+    chunk_twins = not _configured_chunked(plain)   # configured on, the chunked loss is every chunkable layout's
     fitting: list[Candidate] = []
     host = _HostCheck(plain.cluster)
     for sp, cp in splits:
@@ -188,32 +204,59 @@ def search_layouts(cfg) -> tuple[list[Candidate], dict]:
                             # does not fit, and where train runs it (the transformers model: no TP, PP, SP, CP).
                             if mode == "selective" and not (kept_fits is False and tp == pp == sp == cp == 1):
                                 continue
-                            counts["enumerated"] += 1
-                            c = _with(plain, tp, pp, zero, micro, recompute, sp, msp, cp, mode=mode)
-                            try:
-                                layout = resolve_layout(c)
-                                check_supported(c, layout)
-                            except ConfigError:
-                                counts["invalid"] += 1
+                            grid = (tp, pp, zero, micro, sp, msp, cp)
+                            cand = _candidate(plain, grid, recompute, mode, False, shape, hw, host, counts)
+                            if cand is _INVALID:
                                 continue
-                            cand = _if_fits(c, layout, shape, hw, host)
+                            if cand is None and chunk_twins and _chunkable(tp, pp):
+                                # The chunked loss only where the whole one does not fit: where it fits, the whole
+                                # one is faster (one forward of the head's GEMM fewer: steptime.end_costs).
+                                twin = _candidate(plain, grid, recompute, mode, True, shape, hw, host, counts)
+                                cand = None if twin is _INVALID else twin
                             if not recompute:
                                 kept_fits = cand is not None
                             if cand is None:
-                                counts["does_not_fit"] += 1
                                 continue
                             fitting.append(cand)
                             if recompute and kept_fits is False:
                                 # Between the two: the fewest checkpointed blocks a stage that fit (Megatron's
                                 # --recompute-num-layers), which recompute less than all of them.
-                                fewest = _fewest_checkpointed(plain, (tp, pp, zero, micro, sp, msp, cp), shape, hw, host,
-                                                              cand.strategy, mode)
-                                if fewest is not None:
-                                    counts["enumerated"] += 1
-                                    fitting.append(fewest)
+                                # With the whole loss, and (where it runs) the chunked one, whose smaller loss end
+                                # can leave room for fewer checkpointed blocks: +1 head GEMM against their recompute.
+                                losses = {cand.strategy.chunked_loss}
+                                if chunk_twins and _chunkable(tp, pp):
+                                    losses.add(True)
+                                for chunked in sorted(losses):
+                                    fewest = _fewest_checkpointed(plain, grid, shape, hw, host, cand.strategy, mode,
+                                                                  chunked)
+                                    if fewest is not None:
+                                        counts["enumerated"] += 1
+                                        fitting.append(fewest)
     fitting.sort(key=lambda k: (-k.time.tokens_per_s, -k.memory.headroom_bytes))
     counts["fit"] = len(fitting)
     return fitting, counts
+
+
+_INVALID = object()   # _candidate's verdict on a config train's rules refuse
+
+
+def _candidate(plain, grid: tuple, recompute: bool, mode: str, chunked: bool, shape: ModelShape, hw: Hardware, host,
+               counts: dict):
+    """The candidate of one enumerated config: _INVALID where train's rules refuse it, None where it does not fit;
+    counted in `counts`."""
+    tp, pp, zero, micro, sp, msp, cp = grid
+    counts["enumerated"] += 1
+    c = _with(plain, tp, pp, zero, micro, recompute, sp, msp, cp, mode=mode, chunked=chunked)
+    try:
+        layout = resolve_layout(c)
+        check_supported(c, layout)
+    except ConfigError:
+        counts["invalid"] += 1
+        return _INVALID
+    cand = _if_fits(c, layout, shape, hw, host)
+    if cand is None:
+        counts["does_not_fit"] += 1
+    return cand
 
 
 def _fitting(c, layout: Layout, shape: ModelShape, hw: Hardware, host) -> Optional[tuple[Strategy, MemoryEstimate]]:
@@ -238,15 +281,15 @@ def _if_fits(c, layout: Layout, shape: ModelShape, hw: Hardware, host) -> Option
 
 
 def _fewest_checkpointed(plain, grid: tuple, shape: ModelShape, hw: Hardware, host, full: Strategy,
-                         mode: str = "full") -> Optional[Candidate]:
+                         mode: str = "full", chunked: bool = False) -> Optional[Candidate]:
     """The candidate with the fewest model.checkpoint_blocks (1 .. a stage's blocks - 1) that fits, by bisection
     (memory falls as blocks are checkpointed: plan/memory.py checkpointed_in_stage), where the layout fits with every
     block checkpointed in model.checkpoint_mode `mode` (`full`, its strategy) and not with none; None where only all
-    of them fit."""
+    of them fit. `chunked`: planned with the chunked loss (model.chunked_loss) where the layout runs it."""
     tp, pp, zero, micro, sp, msp, cp = grid
 
     def at(n: int):
-        c = _with(plain, tp, pp, zero, micro, True, sp, msp, cp, checkpoint_blocks=n, mode=mode)
+        c = _with(plain, tp, pp, zero, micro, True, sp, msp, cp, checkpoint_blocks=n, mode=mode, chunked=chunked)
         layout = resolve_layout(c)
         fit = _fitting(c, layout, shape, hw, host)
         return None if fit is None else (c, layout, fit)
@@ -272,7 +315,7 @@ def _label(c: Candidate) -> str:
     sp += f" CP{st.context_degree}" if st.context_degree > 1 else ""
     tp = f"TP{st.tensor_degree}+SP" if st.sequence_parallel else f"TP{st.tensor_degree}"   # Megatron SP inside TP
     return (f"{tp} PP{st.pipeline_degree}{sp} DP{st.data_degree} Z{st.zero_stage} "
-            f"mb{st.micro_batch_size} {_recompute_label(st)}")
+            f"mb{st.micro_batch_size} {_recompute_label(st)}" + (" chunked-loss" if st.chunked_loss else ""))
 
 
 def _recompute_label(st: Strategy) -> str:
@@ -311,7 +354,7 @@ def search_rows(ranked: list[Candidate], top: int = 10) -> list[dict]:
                     "sequence_degree": st.sequence_degree, "sequence_parallel": st.sequence_parallel,
                     "context_degree": st.context_degree, "data_degree": st.data_degree, "zero_stage": st.zero_stage,
                     "micro_batch_size": st.micro_batch_size, "recompute": st.recompute,
-                    "checkpoint_blocks": st.checkpoint_blocks,
+                    "checkpoint_blocks": st.checkpoint_blocks, "chunked_loss": st.chunked_loss,
                     "tokens_per_s": t.tokens_per_s, "step_time_s": t.step_time_s, "mfu": t.mfu,
                     "memory_total_bytes": c.memory.peak.total, "why": explain(c, ranked[0]),
                     "warnings": list(c.layout.warnings)})

@@ -258,3 +258,39 @@ def test_search_chunks_the_loss_where_the_runtime_can(tmp_path):
     st = plain[0].strategy
     whole = estimate_memory(shape, replace(st, chunked_loss=False), hw)
     assert plain[0].memory.peak.total < whole.peak.total
+
+
+def test_search_tries_the_chunked_loss_where_the_whole_one_does_not_fit(tmp_path):
+    """With model.chunked_loss at its default (false) the search adds a layout's chunked-loss twin only where the
+    runtime runs it (no TP or PP) and the whole loss does not fit: each chunked layout it proposes plans over the GPU's
+    memory with the whole loss, none duplicates a whole-loss layout, train's validation accepts it as proposed, and
+    its row and label say so. Llama 3.1 8B (128,256-token vocabulary, seq 8,192) gains layouts without recompute and
+    with fewer checkpointed blocks than the whole loss allows."""
+    from dataclasses import replace
+
+    from launcher.plan.inputs import model_shape, resolve_hardware
+    from launcher.plan.memory import estimate_memory
+    from launcher.plan.search import search_rows
+
+    cfg = compose(["recipe=llama3.1-8b", f"runs_dir={tmp_path}"])
+    assert not cfg.model.chunked_loss
+    ranked, _ = search_layouts(cfg)
+    shape, hw = model_shape(cfg.model), resolve_hardware(cfg.cluster, cfg.precision.dtype)
+    chunked = [c for c in ranked if c.strategy.chunked_loss]
+    assert chunked
+
+    def key(st):
+        return replace(st, chunked_loss=False)
+
+    whole_layouts = {key(c.strategy) for c in ranked if not c.strategy.chunked_loss}
+    for cand in chunked:
+        st = cand.strategy
+        assert st.tensor_degree == st.pipeline_degree == 1
+        assert not estimate_memory(shape, key(st), hw).fits, st
+        assert key(st) not in whole_layouts
+    assert any(c.strategy.recompute == "none" for c in chunked)
+    assert any(c.strategy.checkpoint_blocks is not None for c in chunked)
+    for cand in chunked[:5]:
+        validate_before_start(_candidate_config(cfg, cand.strategy))
+    rows = search_rows(chunked, top=3)
+    assert all(r["chunked_loss"] and r["layout"].endswith("chunked-loss") for r in rows)
