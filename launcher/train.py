@@ -34,8 +34,9 @@ from launcher.runtime.preemption import PreemptionFlag
 from launcher.runtime.preflight import slow_cpu_bf16_warning
 from launcher.runtime.rundir import run_dir_of
 from launcher.runtime.state_bytes import MEASURE_STATE_AT_STEP, measure_model_state_bytes, record_state_bytes
-from launcher.runtime.metrics import (METRICS_FILE, SUMMARY_FILE, IntervalLoss, MetricsSink, Throughput, check_rates,
-                                      current_rss_bytes, divert_library_logs, format_summary, format_versus_plan,
+from launcher.runtime.metrics import (METRICS_FILE, SUMMARY_FILE, WARMUP_STEPS, IntervalLoss, MetricsSink, Throughput,
+                                      check_rates, cpu_snapshot, current_rss_bytes, divert_library_logs, format_summary,
+                                      format_versus_plan, gather_cpu_share,
                                       gather_peak_memory, peak_memory_bytes, plot_loss, truncate_metrics, write_summary)
 from launcher.runtime.model import build_model
 from launcher.runtime.nonfinite import UpdateVeto, nonfinite_action
@@ -433,8 +434,13 @@ def run(cfg) -> int:
     interval = IntervalLoss()
     logged_loss, last_eval = (None, 0), None  # (interval mean, its steps) of the last record; (step, val loss)
     loop_started, tokens_at_start = time.perf_counter(), tokens_seen
+    # Who used the CPU over the timed steps (those the summary's median is over: after WARMUP_STEPS, or all of a
+    # shorter launch), for the summary beside the plan (metrics.gather_cpu_share; CPU ranks).
+    cpu_start = cpu_snapshot() if layout.device == "cpu" else None
     with progress:
         while step < steps:
+            if step - start_step == WARMUP_STEPS and layout.device == "cpu":
+                cpu_start = cpu_snapshot()
             lr = engine.get_lr()[0]  # the rate this step's optimizer update uses
             t0 = time.perf_counter()
             measure = step == max(start_step, MEASURE_STATE_AT_STEP)
@@ -488,12 +494,13 @@ def run(cfg) -> int:
                 save(step)
 
     train_time = time.perf_counter() - loop_started
+    cpu_end = cpu_snapshot() if layout.device == "cpu" else None
     # A last evaluation at the end of training when the last step was not one (as Megatron's pretrain does,
     # "the end of training for val data"): the summary's val loss is the final model's.
     if stopped_by is None and cfg.train.eval_every and step > start_step and (last_eval is None or last_eval[0] != step):
         last_eval = run_eval(step)
 
-    rates_now = None    # set below where the steps missed the plan
+    rates_now = cpu_share = None    # set below: the rates where the steps missed the plan; the CPU's users
 
     def report_summary(status: str, export) -> None:
         """The end-of-run record (metrics.jsonl, summary.json) and its lines on the console; rank 0."""
@@ -508,6 +515,7 @@ def run(cfg) -> int:
                    "library_log": str(library_log)}
         summary |= throughput.versus_plan(peaks_before_probe)  # beside the plan
         summary["rates_now"] = rates_now
+        summary["cpu_share"] = cpu_share
         sink.log(summary)
         write_summary(run_dir, summary)
         say(format_summary(summary), markup=False)
@@ -537,6 +545,7 @@ def run(cfg) -> int:
     # Off the plan by more than 15%? Every rank measures this machine's GEMM and copy rates now, to set beside the
     # profile's: the summary then says whether the machine moved or the model missed (metrics.check_rates).
     rates_now = check_rates(throughput, layout.device, layout.dtype, engine.device)
+    cpu_share = gather_cpu_share(cpu_start, cpu_end, layout.device)
     # The artifacts need no other rank: they exit now instead of idling in a collective with a timeout.
     if is_main:
         (run_dir / PREEMPTED_FILE).unlink(missing_ok=True)

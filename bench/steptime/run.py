@@ -168,7 +168,9 @@ def train(name: str, ranks: int, extra: list[str], profile: Path, steps: int, ru
             "last_step_at": trains[-1]["time"],
             "load_avg_before": load_before, "load_avg_after": os.getloadavg(),
             # off the plan by more than 15%: the GEMM and copy rates the run read after its steps, over the profile's
-            "rates_now": summary.get("rates_now")}
+            "rates_now": summary.get("rates_now"),
+            # who used the CPU through the timed steps: the hypervisor (steal), other processes, the run's ranks
+            "cpu_share": summary.get("cpu_share")}
 
 
 def repredict() -> None:
@@ -194,11 +196,12 @@ def render() -> None:
     lines = ["| layout | ranks | measured median step (ms) | repeats (ms) | load avg (1 min) before-after | "
              "predicted at run time, each repeat (ms) | predicted, committed model (ms) | measured / predicted, each repeat | within 15% | "
              "peak memory (largest rank's peak RSS) / planned, each repeat | "
-             "off the plan: GEMM / copy rate read after the steps over the profile's, each repeat |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "off the plan: GEMM / copy rate read after the steps over the profile's, each repeat | "
+             "CPU time through the timed steps, hypervisor (steal) / other processes, each repeat |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in doc["results"]:
         if "error" in r:
-            lines.append(f"| {r['layout']} | | failed | | | | | | | | |")
+            lines.append(f"| {r['layout']} | | failed | | | | | | | | | |")
             continue
         # without --repredict: the last pass's prediction, whose profile is the one committed (the row's own run
         # may be an earlier pass's, predicted from that pass's calibration)
@@ -214,7 +217,7 @@ def render() -> None:
                      f"{now * 1e3:.0f} | {', '.join(f'{x:.2f}' for x in ratios)} | "
                      f"{', '.join('yes' if abs(x - 1) <= 0.15 else 'no' for x in ratios)} | "
                      f"{', '.join(f'{x:.2f}' for x in r.get('repeats_memory_ratio', [])) or 'not recorded'} | "
-                     f"{rates_cell(r)} |")
+                     f"{rates_cell(r)} | {cpu_share_cell(r)} |")
     cmds = "\n".join(f"    {r['command']}" for r in doc["results"] if "command" in r)
     table = "\n".join(lines) + calibration_spread(doc.get("pass_profiles", []))
     held = ("calibrated again before every pass, each repeat held to the prediction from its own pass's profile "
@@ -244,6 +247,15 @@ def rates_cell(row: dict) -> str:
         return "not recorded"
     return ", ".join(f"{x['gemm_over_profile']:.2f} / {x['memory_over_profile']:.2f}" if x else "-"
                      for x in row["repeats_rates_now"])
+
+
+def cpu_share_cell(row: dict) -> str:
+    """Each repeat's share of the machine's CPU time through its timed steps taken by the hypervisor and by other
+    processes (launcher train's summary cpu_share); 'not recorded' for rows from before the summary had it."""
+    if "repeats_cpu_share" not in row:
+        return "not recorded"
+    return ", ".join(f"{x['steal_fraction']:.0%} / {x['others_fraction']:.0%}" if x else "-"
+                     for x in row["repeats_cpu_share"])
 
 
 def calibration_spread(pass_profiles: list) -> str:
@@ -308,6 +320,7 @@ def main() -> None:
         row["repeats_load_avg"] = [[r["load_avg_before"][0], r["load_avg_after"][0]] for r in rs if "error" not in r]
         row["repeats_memory_ratio"] = [r["peak_memory_bytes"] / r["predicted_peak_memory_bytes"] for r in rs if "error" not in r]
         row["repeats_rates_now"] = [r["rates_now"] for r in rs if "error" not in r]
+        row["repeats_cpu_share"] = [r.get("cpu_share") for r in rs if "error" not in r]
         results.append(row)
     machine = {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
                "torch": torch.__version__, "load_avg_at_end": os.getloadavg()}

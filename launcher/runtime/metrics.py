@@ -190,6 +190,83 @@ def check_rates(throughput: Throughput, device: str, dtype: str, dev) -> Optiona
             "replanned_step_time_s": planned_step_s(throughput.cfg, throughput.layout, gemm, memory)}
 
 
+# Who else may use the cores during the timed steps before the summary says so beside a miss: a tenth of the
+# machine is more than the step's own spread between repeats (bench/steptime/results.md) and less than the shortfall
+# that puts a step past PLAN_TOLERANCE when the ranks fill the cores.
+CPU_SHARE_TOLERANCE = 0.10
+
+
+def cpu_snapshot() -> Optional[dict]:
+    """This process's CPU seconds (every thread: torch's and gloo's) and the machine's, by kind, now (psutil; on Linux
+    /proc/stat, where `steal` is the time the hypervisor ran something else on this VM's cores). None where psutil
+    cannot read them."""
+    import socket
+    import time
+
+    import psutil
+
+    try:
+        own, machine = psutil.Process().cpu_times(), psutil.cpu_times()
+    except (psutil.Error, OSError):
+        return None
+    return {"host": socket.gethostname(), "wall_s": time.monotonic(), "process_s": own.user + own.system,
+            "machine": machine._asdict()}
+
+
+def host_cpu_share(snapshots: list[tuple[dict, dict]]) -> dict:
+    """One host's CPU time over a window, from (start, end) snapshots of the ranks on it: the fractions of all its
+    cores' time that went to the hypervisor (steal), to the run's ranks (their processes' CPU seconds), to other
+    processes (the rest of the busy time) and idle. The machine's figures are its first rank's (every rank on a host
+    reads the same counters)."""
+    first_start, first_end = snapshots[0]
+    d = {k: first_end["machine"][k] - first_start["machine"].get(k, 0.0) for k in first_end["machine"]}
+    # guest time is counted in user already (Linux proc(5)); iowait is idle waiting on a disk
+    total = sum(v for k, v in d.items() if k not in ("guest", "guest_nice")) or 1e-9
+    idle = d.get("idle", 0.0) + d.get("iowait", 0.0)
+    steal = d.get("steal", 0.0)
+    ranks = sum(end["process_s"] - start["process_s"] for start, end in snapshots)
+    others = max(0.0, total - idle - steal - ranks)
+    return {"window_s": first_end["wall_s"] - first_start["wall_s"], "ranks": len(snapshots),
+            "steal_fraction": steal / total, "ranks_fraction": min(1.0, ranks / total),
+            "others_fraction": others / total, "idle_fraction": idle / total}
+
+
+def gather_cpu_share(start: Optional[dict], end: Optional[dict], device: str) -> Optional[dict]:
+    """Every rank (a collective on CPU ranks): who used the CPU of each host of the run between `start` and `end`
+    (this rank's cpu_snapshot at the first timed step and after the last): host_cpu_share per host, and the run's
+    worst host (the most taken by the hypervisor and other processes together). None on a GPU or where a rank could
+    not read its counters.
+
+    Why: on CPU ranks a step is the cores' time, and a profile is measured with the ranks alone on them. A
+    hypervisor or another job taking cores during the steps slows them while calibrate's probes, run after the
+    steps (check_rates), may read normal rates: two of 26 recipe=tiny repeats ran 18-21% over the plan with the GEMM
+    read at x1.04 and x1.15 of the profile (bench/steptime/results.md, 2026-12-07). This says whether the ranks had
+    the cores to themselves."""
+    if device != "cpu":
+        return None
+    import torch.distributed as dist
+
+    mine = None if start is None or end is None else (start, end)
+    every: list = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    if any(x is None for x in every):
+        return None
+    by_host: dict[str, list] = {}
+    for pair in every:
+        by_host.setdefault(pair[0]["host"], []).append(pair)
+    hosts = {h: host_cpu_share(pairs) for h, pairs in by_host.items()}
+    worst = max(hosts, key=lambda h: hosts[h]["steal_fraction"] + hosts[h]["others_fraction"])
+    return {**hosts[worst], "host": worst, "hosts": len(hosts)}
+
+
+def format_cpu_share(share: dict) -> str:
+    """'the hypervisor took S% of this machine's CPU time, other processes O%, the run's R ranks R%'."""
+    where = "this machine" if share["hosts"] == 1 else f"host {share['host']} (the most taken of {share['hosts']})"
+    return (f"over the timed steps ({share['window_s']:.1f} s) the hypervisor took {share['steal_fraction']:.0%} of "
+            f"{where}'s CPU time (steal), other processes {share['others_fraction']:.0%}, the run's "
+            f"{share['ranks']} rank(s) on it {share['ranks_fraction']:.0%}")
+
+
 def _largest_rank(rec: dict) -> str:
     """" (rank R, the largest of N)" where more than one rank reported its peak."""
     ranks = rec.get("peak_memory_bytes_per_rank") or []
@@ -226,6 +303,10 @@ def format_versus_plan(rec: dict) -> str:
              f"x{now['memory_over_profile']:.2f}; planned with those rates the step is {replanned * 1e3:,.0f} ms "
              f"(measured x{over:.2f}): ")
     moved = max(abs(now["gemm_over_profile"] - 1), abs(now["memory_over_profile"] - 1)) > RATE_TOLERANCE
+    share = rec.get("cpu_share")
+    if share is not None:
+        line += format_cpu_share(share) + "; "
+    shared = share is not None and share["steal_fraction"] + share["others_fraction"] > CPU_SHARE_TOLERANCE
     if abs(over - 1) <= PLAN_TOLERANCE:
         return line + ("the machine moved since that profile was measured (other jobs, another node type) and that "
                        "explains the miss: run `launcher calibrate` here and pass its profile")
@@ -233,6 +314,11 @@ def format_versus_plan(rec: dict) -> str:
         return line + ("the machine moved since that profile was measured, and the plan misses even at the rates read "
                        "now: run `launcher calibrate` here, and `launcher plan --json` with this run's overrides breaks "
                        "the planned step down (step_time_breakdown_s)")
+    if shared:
+        return line + ("those rates hold, but the ranks did not have the cores to themselves through the steps, as the "
+                       "profile's measurements did: rerun on a quiet machine before reading the miss as the plan's; "
+                       "`launcher plan --json` with this run's overrides breaks the planned step down "
+                       "(step_time_breakdown_s)")
     return line + ("those rates hold, so the miss is in the plan's other terms (collectives, waits, framework time): "
                    "`launcher plan --json` with this run's overrides breaks the planned step down (step_time_breakdown_s)")
 

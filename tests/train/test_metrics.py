@@ -106,6 +106,14 @@ def test_summary_printed_and_written(two_runs):
     assert math.isfinite(summary["final_train_loss"])
     # No cluster.profile on CPU ranks: no plan, so nothing to hold the steps to and no rates measured after them.
     assert summary["predicted_step_time_s"] is None and summary["rates_now"] is None
+    # Who used this machine's CPU from the first timed step (after the 2 warm-up steps) to the loop's end: the two
+    # ranks ran on it (one host), and the shares of its cores' time add up to the whole.
+    share = summary["cpu_share"]
+    assert share["hosts"] == 1 and share["ranks"] == 2
+    assert 0 < share["window_s"] < summary["train_time_s"]
+    assert share["ranks_fraction"] > 0.05
+    parts = ("steal_fraction", "others_fraction", "ranks_fraction", "idle_fraction")
+    assert all(0 <= share[k] <= 1 for k in parts) and sum(share[k] for k in parts) == pytest.approx(1)
 
 
 def test_a_run_off_its_plan_measures_the_machine_beside_its_profile(two_runs, tmp_path, cache_dir):
@@ -138,10 +146,13 @@ def test_a_run_off_its_plan_measures_the_machine_beside_its_profile(two_runs, tm
     # explains the miss is the measured step against the plan at the rates read now.
     text = " ".join(out.split())
     over = summary["step_time_s"] / now["replanned_step_time_s"]
+    share = summary["cpu_share"]
     assert (f"fp32 GEMM (side 32) runs at x{now['gemm_over_profile']:.2f} of the profile's rate and its copy at "
             f"x{now['memory_over_profile']:.2f}; planned with those rates the step is "
-            f"{now['replanned_step_time_s'] * 1e3:,.0f} ms (measured x{over:.2f}): the machine moved since that profile "
-            "was measured") in text
+            f"{now['replanned_step_time_s'] * 1e3:,.0f} ms (measured x{over:.2f}): over the timed steps "
+            f"({share['window_s']:.1f} s) the hypervisor took {share['steal_fraction']:.0%} of this machine's CPU time "
+            f"(steal), other processes {share['others_fraction']:.0%}, the run's 2 rank(s) on it "
+            f"{share['ranks_fraction']:.0%}; the machine moved since that profile was measured") in text
     assert ("that explains the miss" in text) == (abs(over - 1) <= 0.15)
     assert "run `launcher calibrate` here" in text
 
