@@ -114,7 +114,8 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import asdict, dataclass, field
+import statistics
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Optional
 
@@ -209,6 +210,9 @@ class Profile:
     compute_slots: Optional[int] = None
     process_bytes: Optional[float] = None
     source: str = ""        # where the numbers come from (printed in the plan's step-time row)
+    # A calibrated profile whose sweeps disagreed (noisy_sweeps: the machine was busy while it was measured): one
+    # line per such figure, for `launcher plan` and `launcher train` to say so; () for the built-ins and steady ones.
+    noisy: tuple = ()
     # Measured rate tables ({dtype: [[smallest side or sequence length, TFLOP/s], ...]}, from `launcher
     # calibrate`): where present the model interpolates them (log-linear in the size, clamped at the ends)
     # instead of the saturation curve. On CPUs the rate is not a saturation curve at all: it falls again
@@ -651,6 +655,7 @@ def _by_group(table: dict, ranks: int, segment_s: float) -> float:
 def profile_to_dict(p: Profile, measured: Optional[dict] = None) -> dict:
     """The YAML document of a profile: version first, the fitted rates, then the raw measurements."""
     out = {"version": PROFILE_VERSION, **asdict(p)}
+    del out["noisy"]    # read from the measurements' sweep_spread when loaded, not a field of the file
     if measured:
         out["measurements"] = measured
     return out
@@ -753,6 +758,7 @@ def load_profile(path: str) -> Profile:
         raise ConfigError(key, path, f"has a malformed field ({type(err).__name__}: {err})", fix)
     measured = doc.get("measurements") or {}
     prof = alone_rates(prof, measured.get("local_world", measured.get("world")))
+    prof = replace(prof, noisy=tuple(noisy_sweeps(measured.get("sweep_spread") or {})))
     rates = [*prof.gemm_tflops.values(), *prof.attention_tflops.values(), prof.memory_gbps, prof.intra.bus_gbps,
              prof.inter.bus_gbps, *(link.bus_gbps for link in (*prof.intra_groups.values(), *prof.inter_groups.values()))]
     for name, what in (("straggler", "fraction"), ("release", "seconds"), ("straggler_unshared", "fraction"),
@@ -775,6 +781,25 @@ def load_profile(path: str) -> Profile:
             or any(v < 0 for v in (*prof.gemm_half_dim.values(), *prof.attention_half_seq.values())):
         raise ConfigError(key, path, "has a rate that is not positive (every TFLOP/s and GB/s must be > 0)", fix)
     return prof
+
+
+# Sweeps whose figures differ by more than this (max / min) make calibrate say the machine was busy: the profile takes
+# each item's median, which drops one disturbed sweep of three, not a disturbance that lasts through two of them.
+# On this 2-core VM, calibrations minutes apart read the 64 MiB copy at 10.6-43 GB/s while recipe=tiny's steps
+# moved a few percent (bench/steptime/results.md); a GEMM rate moved 2x when another process landed on a sweep.
+NOISY_SWEEPS = 1.5
+
+
+def noisy_sweeps(spread: dict) -> list[str]:
+    """One line per figure whose sweeps differ by more than NOISY_SWEEPS (max / min), naming its values."""
+    lines = []
+    for name, values in spread.items():
+        lo, hi = min(values), max(values)
+        if lo > 0 and hi / lo > NOISY_SWEEPS:
+            shown = ", ".join(f"{v:.3g}" for v in values)
+            lines.append(f"{name} read {shown} in the {len(values)} sweeps ({hi / lo:.1f}x apart; the profile takes "
+                         f"the median, {statistics.median(values):.3g})")
+    return lines
 
 
 def alone_rates(prof: Profile, measured_ranks) -> Profile:

@@ -23,7 +23,7 @@ from launcher.plan.track_record import describe, no_match, similar
 def plan_summary(cfg, layout: Layout) -> dict:
     """Every number `launcher plan` reports, keyed as in `--json`."""
     params = count_params(cfg.model)
-    return {
+    out = {
         "recipe": cfg.recipe_name,
         "model": cfg.model.name,
         "arch": cfg.model.arch,
@@ -53,6 +53,14 @@ def plan_summary(cfg, layout: Layout) -> dict:
         "padded_vocab_size": layout.padded_vocab_size,
         "warnings": list(layout.warnings),
     } | stage_summary(cfg, layout) | performance_summary(cfg, layout) | {"host_memory": host_summary(cfg, layout)}
+    out["warnings"] += [noisy_profile_warning(cfg.cluster.profile, line) for line in out["profile_noisy"] or ()]
+    return out
+
+
+def noisy_profile_warning(profile: str, line: str) -> str:
+    """The plan's warning for one figure whose calibration sweeps disagreed (profile.noisy_sweeps)."""
+    return (f"the machine was busy while cluster.profile={profile} was measured: {line}; the step time planned from "
+            "it moves with that, so calibrate again when the machine is quiet")
 
 
 def host_memory(cfg, layout: Layout):
@@ -152,7 +160,7 @@ def performance_summary(cfg, layout: Layout) -> dict:
             "recompute", "flops_per_token", "hardware_flops_per_token", "step_time_s", "step_time_breakdown_s",
             "tokens_per_s", "tflops_per_gpu", "hardware_tflops_per_gpu", "mfu", "peak_tflops", "profile",
             "train_tokens", "train_days", "step_time_track_record", "step_time_track_record_note",
-            "step_time_nics_added_s")
+            "step_time_nics_added_s", "profile_noisy")
     shape = model_shape(cfg.model)
     st = strategy(cfg, layout)
     # Per block and micro-batch on one rank (launcher/plan/activations.py); needs no GPU numbers.
@@ -189,6 +197,8 @@ def performance_summary(cfg, layout: Layout) -> dict:
         "mfu": t.mfu if hw.device == "cuda" else None,
         "peak_tflops": hw.peak_tflops if hw.device == "cuda" else None,
         "profile": hw.profile.source,
+        # calibrate's sweeps disagreed while it measured this profile (profile.noisy_sweeps): the plan says so
+        "profile_noisy": list(hw.profile.noisy),
         "train_tokens": int(tokens),
         "train_days": t.train_days,
         **track_record(cfg, layout, hw),

@@ -70,7 +70,7 @@ The compute rates (GEMM, attention, memory, kernel overhead), the collectives af
 release and ZeRO-3's hooks are measured in COMPUTE_ROUNDS rounds, one of each probe a round, and each item is the
 median over the rounds: one round that another process slowed is dropped, and the rate is the one a step's many
 kernels meet, not the best (each round's tables are kept, measurements.probe_rounds). Each sweep's copy bandwidth, operator overhead and largest-side GEMM rates are kept (measurements.sweep_spread); where
-they differ by more than NOISY_SWEEPS, calibrate warns on stderr and in the profile's header that the machine was
+they differ by more than launcher/plan/profile.py NOISY_SWEEPS, calibrate warns on stderr and in the profile's header that the machine was
 busy, since a disturbance lasting through two sweeps moves the median too.
 
 Rank 0 writes the raw measurements to a JSON file; the parent fits them and writes the versioned YAML
@@ -98,6 +98,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from launcher.plan.profile import noisy_sweeps
 from launcher.runtime.cpualloc import recycle_step_buffers
 from launcher.runtime.distributed import avoid_shm_comm_build, leave_rank
 from launcher.runtime.launch import rank_env
@@ -126,11 +127,6 @@ COPY_WINDOW_S = 0.25
 # GEMMs and attention on a node with more CPU ranks than cores, each timed over this window with every rank busy
 # (_window_s): ~10-2,000 calls of 0.05-10 ms, ~30 of the scheduler's switches between 4 ranks on 2 cores.
 SHARED_WINDOW_S = 0.1
-# Sweeps whose figures differ by more than this (max / min) make calibrate say the machine was busy: the profile takes
-# each item's median, which drops one disturbed sweep of three, not a disturbance that lasts through two of them.
-# On this 2-core VM, calibrations minutes apart read the 64 MiB copy at 10.6-43 GB/s while recipe=tiny's steps
-# moved a few percent (bench/steptime/results.md); a GEMM rate moved 2x when another process landed on a sweep.
-NOISY_SWEEPS = 1.5
 STRAGGLER_SEGMENTS_S = {"cpu": (0.005, 0.02, 0.06, 0.15), "cuda": (0.0005, 0.005, 0.05)}
 STRAGGLER_BUDGET_S = 0.5    # per segment length and round (COMPUTE_ROUNDS rounds)
 GEMM_POOL_BYTES = 64 << 20
@@ -1369,18 +1365,6 @@ def sweep_spread(sweeps: list) -> dict:
         side = max(row[0] for row in sweeps[0]["gemm"][d])
         out[f"gemm_{d}_side_{side}"] = [statistics.median(r for sd, r in x["gemm"][d] if sd == side) for x in sweeps]
     return out
-
-
-def noisy_sweeps(spread: dict) -> list[str]:
-    """One line per figure whose sweeps differ by more than NOISY_SWEEPS (max / min), naming its values."""
-    lines = []
-    for name, values in spread.items():
-        lo, hi = min(values), max(values)
-        if lo > 0 and hi / lo > NOISY_SWEEPS:
-            shown = ", ".join(f"{v:.3g}" for v in values)
-            lines.append(f"{name} read {shown} in the {len(values)} sweeps ({hi / lo:.1f}x apart; the profile takes "
-                         f"the median, {statistics.median(values):.3g})")
-    return lines
 
 
 def busy_warnings(raw: dict) -> list[str]:

@@ -58,7 +58,9 @@ def planned(cfg, layout) -> dict:
             "profile_rates": hw.profile.probe_rates(layout.dtype, shape.hidden_size / st.tensor_degree,
                                                     cfg.cluster.gpus_per_node),
             "profile": (f"cluster.profile={cfg.cluster.profile}" if getattr(cfg.cluster, "profile", None)
-                        else f"the built-in {cfg.cluster.gpu} profile")}
+                        else f"the built-in {cfg.cluster.gpu} profile"),
+            # the figures whose calibration sweeps disagreed (launcher/plan/profile.py noisy_sweeps)
+            "profile_noisy": list(hw.profile.noisy)}
 
 
 def _plan_inputs(cfg, layout):
@@ -145,7 +147,7 @@ class Throughput:
                 "peak_memory_bytes": peak, "peak_memory_rank": peak_memory_bytes_per_rank.index(peak),
                 "peak_memory_bytes_per_rank": list(peak_memory_bytes_per_rank), "predicted_peak_memory_bytes": pmem,
                 "peak_memory_over_predicted": peak / pmem if pmem else None,
-                "profile": self.plan.get("profile")}
+                "profile": self.plan.get("profile"), "profile_noisy": self.plan.get("profile_noisy") or []}
 
 
 # How far a measured step may be from the plan before the summary says what to check (issue 14 part 4's target).
@@ -289,6 +291,10 @@ def format_versus_plan(rec: dict) -> str:
         return line
     source = rec.get("profile") or "its profile"
     line += f". The step is more than {PLAN_TOLERANCE:.0%} from the plan, whose rates come from {source}"
+    if rec.get("profile_noisy"):
+        # calibrate said so when it wrote the profile; a miss from it may be that alone
+        line += (f", measured while the machine was busy ({'; '.join(rec['profile_noisy'])}): calibrate again when "
+                 "it is quiet")
     now = rec.get("rates_now")
     if now is None:
         # Most misses on a calibrated machine are the machine moving after its calibration (other load, another

@@ -169,6 +169,43 @@ def test_cpu_share_counts_other_processes_and_the_ranks_own_time():
         == pytest.approx(1)
 
 
+def test_a_profile_calibrated_on_a_busy_machine_is_named_so_by_plan_and_train(tmp_path):
+    # calibrate keeps each figure's three sweeps (measurements.sweep_spread) and takes their median; where they
+    # disagree by more than 1.5x it warned that the machine was busy. A profile so measured says so again wherever
+    # it is used: `launcher plan` warns, and a run off its plan names it beside the profile.
+    import yaml
+
+    from launcher.plan.profile import load_profile, profile_to_dict
+    from launcher.plan.report import plan_summary
+
+    doc = yaml.safe_load(PROFILE.read_text())
+    doc["measurements"]["sweep_spread"] = {"memory_gbps": [11.9, 6.7, 10.3], "kernel_overhead_s": [5e-6, 5.1e-6, 5e-6]}
+    busy = tmp_path / "busy.yaml"
+    busy.write_text(yaml.safe_dump(doc, sort_keys=False))
+    said = "memory_gbps read 11.9, 6.7, 10.3 in the 3 sweeps (1.8x apart; the profile takes the median, 10.3)"
+    assert load_profile(str(busy)).noisy == (said,)
+    assert load_profile(str(PROFILE)).noisy == ()           # the committed calibration's sweeps agreed
+    assert "noisy" not in profile_to_dict(load_profile(str(busy)))   # derived when read, never written
+
+    cfg = compose(["recipe=tiny", f"cluster.profile={busy}"])
+    layout = resolve_layout(cfg)
+    s = plan_summary(cfg, layout)
+    assert s["profile_noisy"] == [said]
+    assert (f"the machine was busy while cluster.profile={busy} was measured: {said}; the step time planned from it "
+            "moves with that, so calibrate again when the machine is quiet") in s["warnings"]
+    quiet = compose(["recipe=tiny", f"cluster.profile={PROFILE}"])
+    assert plan_summary(quiet, resolve_layout(quiet))["profile_noisy"] == []
+
+    th = Throughput(cfg, layout)
+    for ratio, missed in ((1.0, False), (1.3, True)):
+        th.step_times.clear()
+        for _ in range(WARMUP_STEPS + 3):
+            th(th.plan["predicted_step_time_s"] * ratio)
+        line = format_versus_plan(th.versus_plan([1 << 20]))
+        assert (f"whose rates come from cluster.profile={busy}, measured while the machine was busy ({said}): "
+                "calibrate again when it is quiet") in line if missed else "busy" not in line
+
+
 def test_the_plan_at_other_rates_is_the_plan_from_a_profile_with_them(tmp_path):
     # planned_step_s(gemm, memory) scales the loaded profile (profile.scaled); a file with those rates, read by
     # load_profile as `launcher plan` reads it, gives the same step.
