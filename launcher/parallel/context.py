@@ -133,27 +133,46 @@ def ring_attention(module, query, key, value, attention_mask, dropout: float = 0
     return RingAttention.apply(query, key, value, scaling), None
 
 
-def _one_exchange_in_flight_on_cpu(ring) -> None:
-    """Make torch's ring rotaters wait for each K/V (and dK/dV) exchange on CPU tensors as soon as it is issued.
+def _exchange_synchronously_on_cpu(ring) -> None:
+    """Make torch's ring rotaters exchange CPU tensors (K/V, and dK/dV in the backward) with plain blocking c10d calls
+    instead of its asynchronous functional collectives.
 
-    Why: its backward keeps two asynchronous functional collectives in flight on the CP group at once (the K/V
-    all-gather and the first dK/dV all-to-all), which gloo runs on its worker threads. Under load, CP launches on
-    CPU ranks died inside that backward (SIGABRT in `dkv_rotater.next_buffer()` -> wait_tensor, and SIGSEGV): 3 of
-    some 40 test launches on the 2-core machine, one of them in a CI run. Waiting at once leaves one exchange in
-    flight; the collectives and the numbers are the same, and on CPU ranks there is no compute to overlap with (gloo
-    moves the bytes on the same cores). CUDA tensors keep torch's overlap."""
-    for cls, attr in ((ring._AllToAllRotater, "_buffer"), (ring._AllGatherRotater, "_aggregated_buffer")):
-        if getattr(cls.exchange_buffers, "_launcher_waits", False):
-            continue
-        issue = cls.exchange_buffers
+    Why: on gloo, CP launches on CPU ranks died, rarely, inside the functional collectives' `wait_tensor` (its work
+    registry): first SIGABRT / SIGSEGV in `dkv_rotater.next_buffer()` with two exchanges in flight (3 of some 40 test
+    launches on the 2-core machine), then, with each exchange waited for as soon as it was issued, `free(): invalid
+    pointer` in `wait_tensor` under the forward's K/V exchange (one rank of the cp2-dp2 launch in a CI run of
+    2026-12-07, faulthandler's stack in tests/parallel/test_context_parallel.py's message; a few in a thousand
+    launches). The blocking calls move the same bytes between the same ranks without that registry: the K/V rotation
+    is all_to_all_single with one non-empty split (what permute_tensor issues), the gather all_gather_into_tensor.
+    On CPU ranks gloo moves the bytes on the same cores, so there is no compute to overlap with. CUDA tensors keep
+    torch's asynchronous path."""
+    import torch.distributed as dist
 
-        def exchange_buffers(self, curr_buffer, _issue=issue, _attr=attr):
-            _issue(self, curr_buffer)
-            if curr_buffer.device.type == "cpu" and getattr(self, _attr) is not None:
-                setattr(self, _attr, ring._maybe_wait(getattr(self, _attr)))
+    def permute(self, curr_buffer, _issue=ring._AllToAllRotater.exchange_buffers):
+        if curr_buffer.device.type != "cpu":
+            return _issue(self, curr_buffer)
+        flat = curr_buffer.contiguous().reshape(-1)
+        size, me = dist.get_world_size(self._pg), dist.get_rank(self._pg)
+        send, recv = [0] * size, [0] * size
+        send[(me + 1) % size], recv[(me - 1) % size] = flat.numel(), flat.numel()   # rank r sends to r + 1
+        out = torch.empty_like(flat)
+        dist.all_to_all_single(out, flat, output_split_sizes=recv, input_split_sizes=send, group=self._pg)
+        self._buffer = out.view(curr_buffer.shape)
 
-        exchange_buffers._launcher_waits = True
-        cls.exchange_buffers = exchange_buffers
+    def gather(self, curr_buffer, _issue=ring._AllGatherRotater.exchange_buffers):
+        if curr_buffer.device.type != "cpu":
+            return _issue(self, curr_buffer)
+        self._idx += 1
+        if self._aggregated_buffer is None:     # one gather serves every step, as torch's
+            x = curr_buffer.contiguous()
+            out = x.new_empty((x.shape[0] * dist.get_world_size(self._pg), *x.shape[1:]))
+            dist.all_gather_into_tensor(out, x, group=self._pg)
+            self._aggregated_buffer = out
+
+    for cls, fn in ((ring._AllToAllRotater, permute), (ring._AllGatherRotater, gather)):
+        if not getattr(cls.exchange_buffers, "_launcher_blocking", False):
+            fn._launcher_blocking = True
+            cls.exchange_buffers = fn
 
 
 def register_ring_attention() -> None:
@@ -164,7 +183,7 @@ def register_ring_attention() -> None:
     ring = _ring_functions()
     # Module-global in torch: the ring's causal schedule must match the head-tail chunks local_chunk feeds it.
     ring._cp_options.enable_load_balance = True
-    _one_exchange_in_flight_on_cpu(ring)
+    _exchange_synchronously_on_cpu(ring)
     AttentionInterface.register(ATTN_NAME, ring_attention)
     ALL_MASK_ATTENTION_FUNCTIONS.register(ATTN_NAME, sdpa_mask)  # built by LlamaModel, unused by ring_attention
 

@@ -76,9 +76,9 @@ CRASH_MARKS = ("Fatal Python error", "terminate called", "what():", "corrupted",
 def crash_lines(stderr: str) -> str:
     """What a rank that died of a signal left on stderr: its C++ abort message and the stacks of every thread
     (faulthandler, PYTHONFAULTHANDLER), which the tail of the launch's stderr loses once the other ranks log after
-    it. (CP launches on CPU ranks have died, rarely, of SIGABRT / SIGSEGV in the ring's exchanges:
-    _one_exchange_in_flight_on_cpu in launcher/parallel/context.py; the last one, in a CI run of 2026-12-07, left no
-    trace of the dying rank in the message.)"""
+    it. (CP launches on CPU ranks have died, rarely, of SIGABRT / SIGSEGV inside torch's functional collectives'
+    wait_tensor under the ring's exchanges; the last, in a CI run of 2026-12-07, `free(): invalid pointer` there, is
+    what this printed: _exchange_synchronously_on_cpu in launcher/parallel/context.py.)"""
     lines = stderr.splitlines()
     marks = [i for i, line in enumerate(lines) if any(m in line for m in CRASH_MARKS)]
     return "\n".join(line for i in marks[:4] for line in lines[max(0, i - 2):i + 30])
