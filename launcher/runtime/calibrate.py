@@ -79,7 +79,9 @@ Every fit is to microbenchmarks of this machine, never to training runs. Rank 0 
 ends what it took (`calibrate: ZeRO-3 hooks 8 s (30 s so far)`; `calibrate: collectives, round 2 of 3 1 s (40 s so
 far)`); the profile keeps the seconds of each probe over its rounds (measurements.phase_seconds) and lists them in
 its header. 2 CPU ranks: ~100 s, ~40 of them DeepSpeed's engine probe, and 4 ranks ~205 s on the 2-core machine of
-2026-11; 266 s on the AVX2-only EPYC of 2026-12-02 (bf16 GEMMs there run at 1/300 of the first one's rate).
+2026-11; 266 s on the AVX2-only EPYC of 2026-12-02 (bf16 GEMMs there run at 1/300 of the first one's rate), 449 s
+there on 2026-12-08 once the attention table reached 4,096 tokens, 263 s since those lengths run fewer heads
+(ATTN_CPU_FULL_WIDTH_SEQ).
 
 `--network-only` (network_base) runs only the collectives, the stragglers and release and ZeRO-3's hooks, and keeps
 cluster.profile's other figures: 96 s of measuring on those 2 ranks of 2026-12-02, where the whole took 266 s.
@@ -121,6 +123,13 @@ ATTN_SEQS_GPU_LONG = (8192, 16384)
 ATTN_WIDTH = {"cpu": 256, "cuda": 2048}
 ATTN_HEAD_DIM = {"cpu": 64, "cuda": 128}
 ATTN_EXTRA_HEAD_DIMS = {"cpu": (32, 128), "cuda": (64,)}
+# A CPU rank's attention call past 1,024 tokens times fewer heads (_attention_heads): the heads of a call run one
+# after another on the rank's one thread, so its rate per FLOP is the same with one head as with all of them, while
+# a call's work grows with the square of the sequence. One head over the full width, 2 ranks at once at 2,048 and
+# 4,096 tokens: 0.94-1.00 in bf16 and 0.99-1.01 in fp32 at head dimensions 32 and 64, 0.89 / 1.08 in fp32 at 128
+# (bench/steptime/attention_heads.py, AVX2-only EPYC, 2026-12-08). With every call at the full width that EPYC (bf16
+# SDPA at ~8 GFLOP/s, 4 s a call at 4,096 tokens) spent ~100 s a compute sweep, 449 s on a 2-rank calibration.
+ATTN_CPU_FULL_WIDTH_SEQ = 1024
 ALLREDUCE_BYTES = (4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20)
 COMPUTE_ROUNDS = 3
 COPY_WINDOW_S = 0.25
@@ -675,9 +684,12 @@ def _agreement(dist, dev):
 
 
 def _median_time(fn, sync, repeats: int, budget_s: float = 0.5, agree=None, center=statistics.median,
-                 calls: int = 1) -> float:
-    """Median seconds of `fn` over up to `repeats` runs, stopping early once `budget_s` is spent (3 runs at least).
+                 calls: int = 1, warm: bool = True) -> float:
+    """Median seconds of `fn` over up to `repeats` runs, stopping early once `budget_s` is spent.
     `center=statistics.mean` for a cost that a step pays many times over (its sum is count x the mean).
+
+    At least 3 runs, 2 where every run alone outlasts `budget_s`. `warm`: one untimed call first (False where the
+    caller's previous probe ran the same kernel).
 
     `calls`: `fn` is called that many times back to back within one timed run, which counts as one run of its
     per-call mean. On a GPU a training step queues its kernels ahead of the device; one call between two
@@ -689,8 +701,9 @@ def _median_time(fn, sync, repeats: int, budget_s: float = 0.5, agree=None, cent
     or one rank leaves the loop while the others wait in the collective's next call (a deadlock seen in CI: rank 0
     in the next deepspeed.initialize's broadcast, rank 1 in the ZeRO-3 step's reduce-scatter). So the ranks stop
     together, when any rank's budget is spent: the decision is all-reduced after each run, outside the timed span."""
-    fn()
-    sync()
+    if warm:
+        fn()
+        sync()
     times = []
     deadline = time.perf_counter() + budget_s
     for _ in range(repeats):
@@ -699,7 +712,9 @@ def _median_time(fn, sync, repeats: int, budget_s: float = 0.5, agree=None, cent
             fn()
         sync()
         times.append((time.perf_counter() - t0) / calls)
-        done = time.perf_counter() > deadline and len(times) >= 3
+        # 3 runs, or 2 where one run alone outlasts the budget (a CPU rank's attention at 4,096 tokens: ~1-2 s a
+        # call on an AVX2-only core in bf16): the profile takes the median of COMPUTE_ROUNDS sweeps besides.
+        done = time.perf_counter() > deadline and len(times) >= (2 if 0 < budget_s < min(times) * calls else 3)
         if agree is not None:
             done = agree(done)
         if done:
@@ -1288,25 +1303,39 @@ def rates_now(device: str, dtype: str, side: int, dev) -> dict:
 
 
 def _attention_rates(dev, tdtype, hd: int, seqs, device: str, sync, dist, queued: int) -> list:
-    """[[seq, causal FLOP/s forward + backward], ...] of torch SDPA at head dimension `hd`, ATTN_WIDTH[device] / hd
-    heads; on a GPU 4 sequences a call (16,384 tokens past 4,096)."""
+    """[[seq, causal FLOP/s forward + backward], ...] of torch SDPA at head dimension `hd`, _attention_heads heads
+    (ATTN_WIDTH[device] / hd, fewer on CPU ranks at long sequences); on a GPU 4 sequences a call (16,384 tokens past
+    4,096)."""
     import torch
     import torch.nn.functional as F
 
-    heads, batch = ATTN_WIDTH[device] // hd, 1 if device == "cpu" else 4
+    batch = 1 if device == "cpu" else 4
     shared = shares_cores(device)
     rows = []
     for s in seqs:
-        b = min(batch, max(1, 4 * 4096 // s))
+        b, heads = min(batch, max(1, 4 * 4096 // s)), _attention_heads(device, hd, s)
         q, k, v = (torch.randn(b, heads, s, hd, device=dev, dtype=tdtype, requires_grad=True) for _ in range(3))
         g = torch.randn(b, heads, s, hd, device=dev, dtype=tdtype)
 
         def step():
             F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(g)
         dist.barrier()
-        t = _window_s(step, dist) if shared else _median_time(step, sync, 10, calls=queued)
+        # Past ATTN_CPU_FULL_WIDTH_SEQ on CPU ranks the previous length's calls have warmed the kernel: a call's
+        # first time there is within 8% of its next ones (EPYC, 2026-12-08), and at 1-2 s a call it costs a third of
+        # the probe.
+        warm = device != "cpu" or s <= ATTN_CPU_FULL_WIDTH_SEQ
+        t = _window_s(step, dist, warm=warm) if shared else _median_time(step, sync, 10, calls=queued, warm=warm)
         rows.append([s, b * 4.0 * s * s * heads * hd / 2 * 3.5 / t])
     return rows
+
+
+def _attention_heads(device: str, hd: int, seq: int) -> int:
+    """Heads in one attention probe call: ATTN_WIDTH / hd, and on CPU ranks past ATTN_CPU_FULL_WIDTH_SEQ tokens only
+    as many as keep the call's work at the full width's at that length (one at least)."""
+    heads = ATTN_WIDTH[device] // hd
+    if device != "cpu" or seq <= ATTN_CPU_FULL_WIDTH_SEQ:
+        return heads
+    return max(1, heads * ATTN_CPU_FULL_WIDTH_SEQ ** 2 // seq ** 2)
 
 
 def _shared_copy_s(dst, src, dist) -> float:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.runtime.calibrate import (SPLIT_MICRO_BATCHES, _median_of, _median_time, fit_alpha_beta, fit_saturation,
+from launcher.runtime.calibrate import (ATTN_CPU_FULL_WIDTH_SEQ, ATTN_WIDTH, SPLIT_MICRO_BATCHES, _attention_heads,
+                                        _median_of, _median_time, fit_alpha_beta, fit_saturation,
                                         median_rows, noisy_sweeps, pooled_release, probe_repeats, release_seconds,
                                         zero3_split,
                                         split_by_micro_batches, sweep_spread, wait_fraction)
@@ -63,6 +64,35 @@ def test_median_time_queues_calls_between_synchronisations():
     # Per call: 4 calls of a 20 ms sleep time as one 20 ms call, not 80 ms.
     import time
     assert 0.015 < _median_time(lambda: time.sleep(0.02), lambda: None, repeats=3, budget_s=0.0, calls=4) < 0.07
+
+
+def test_median_time_takes_two_runs_of_a_call_longer_than_its_budget_and_three_otherwise():
+    # A call that alone outlasts the budget (a CPU rank's attention at 4,096 tokens: 1-2 s) is timed twice after its
+    # warm-up, or twice with none where the caller has warmed the kernel; a shorter one three times.
+    import time
+    calls = []
+
+    def slow():
+        calls.append(1)
+        time.sleep(0.06)
+    assert 0.05 < _median_time(slow, lambda: None, repeats=10, budget_s=0.04) < 0.2
+    assert len(calls) == 1 + 2
+    calls.clear()
+    _median_time(slow, lambda: None, repeats=10, budget_s=0.04, warm=False)
+    assert len(calls) == 2
+    calls.clear()
+    _median_time(slow, lambda: None, repeats=10, budget_s=0.1)     # 0.06 s a run: under the budget
+    assert len(calls) == 1 + 3
+
+
+def test_attention_probe_narrows_only_cpu_calls_past_the_full_width_length():
+    # Full width (256 / head dimension heads) up to 1,024 tokens; past it the heads that keep a call's work at the
+    # full width's at 1,024 (work ~ heads x seq^2), one at least; GPU calls always at the full width.
+    assert ATTN_WIDTH["cpu"] == 256 and ATTN_CPU_FULL_WIDTH_SEQ == 1024
+    assert [_attention_heads("cpu", 32, s) for s in (64, 1024, 2048, 4096)] == [8, 8, 2, 1]
+    assert [_attention_heads("cpu", 64, s) for s in (64, 1024, 2048, 4096)] == [4, 4, 1, 1]
+    assert [_attention_heads("cpu", 128, s) for s in (1024, 2048, 4096)] == [2, 1, 1]
+    assert [_attention_heads("cuda", 128, s) for s in (1024, 4096, 16384)] == [16, 16, 16]
 
 
 def test_fit_saturation_recovers_plateau_and_half():
