@@ -5,7 +5,7 @@ launcher/runtime/calibrate.py ATTN_CPU_FULL_WIDTH_SEQ; not a test)
 
 Every rank at once, as calibrate times them (_window_s): causal forward + backward at 1,024, 2,048 and 4,096 tokens,
 counted in causal FLOPs, with calibrate's full width (256 / head dimension heads) and with one head; the last column is
-one head's rate over the full width's. Readings: bench/steptime/results.md.
+one head's rate over the full width's. Readings: bench/steptime/epyc-avx2-2026-12-08/README.md and calibrate.py's ATTN_CPU_FULL_WIDTH_SEQ comment.
 """
 import torch
 import torch.distributed as dist
